@@ -1,0 +1,131 @@
+package bucket
+
+import "math/bits"
+
+const nsPerMS = int64(1_000_000)
+
+// decideSlidingWindow is the sliding-window counter: two fixed windows
+// aligned to the epoch, the previous one weighted by how much of it the
+// sliding window still covers:
+//
+//	estimate = floor(Prev × (W − elapsed) / W) + Count
+//
+// A request of hits is admitted when estimate + hits ≤ limit. The bound
+// (docs/algorithms.md): every aligned window admits at most limit, so any
+// trailing window of length W admits at most 2 × limit; the estimate itself
+// is exact when the previous window's hits were spread evenly.
+func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
+	w := lim.WindowMS * nsPerMS
+	if now < 0 {
+		now = 0
+	}
+	cur := now - now%w
+	if s.Algorithm != SlidingWindow && s.Algorithm != AlgorithmUnspecified {
+		*s = State{}
+	}
+	st := *s
+	st.Algorithm = SlidingWindow
+	switch {
+	case st.Start == cur:
+	case st.Start > cur:
+		// The state is ahead of this clock (another node's clock, or a
+		// window length that changed): keep counting in its window.
+		cur = st.Start
+	case st.Start == cur-w:
+		st.Prev, st.Count, st.Start = st.Count, 0, cur
+	default:
+		st.Prev, st.Count, st.Start = 0, 0, cur
+	}
+	elapsed := min(now-cur, w)
+	if elapsed < 0 {
+		elapsed = 0
+	}
+	estimate := weigh(st.Prev, w-elapsed, w) + st.Count
+
+	d := Decision{Limit: lim.Limit}
+	allowed := hits <= lim.Limit && estimate+hits <= lim.Limit
+	if hits == 0 {
+		allowed = estimate < lim.Limit
+	}
+	if allowed && hits > 0 {
+		st.Count += hits
+		estimate += hits
+		if st.Count == hits {
+			st.Expires = cur + 2*w
+		}
+		*s = st
+	}
+	if allowed {
+		d.Status = UnderLimit
+	} else {
+		d.Status = OverLimit
+		d.RetryAfterMS = ceilMS(retrySlidingWindow(st, lim.Limit, max(hits, 1), now, cur, w))
+	}
+	d.Remaining = max(lim.Limit-estimate, 0)
+	d.ResetAfterMS = ceilMS(resetSlidingWindow(st, now, cur, w))
+	return d
+}
+
+// weigh returns floor(n × part / whole) without overflow, for 0 ≤ part ≤
+// whole and n ≥ 0.
+func weigh(n, part, whole int64) int64 {
+	if n == 0 || part <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(part))
+	q, _ := bits.Div64(hi, lo, uint64(whole)) // hi < whole since part ≤ whole
+	return int64(q)
+}
+
+// waitFor returns the smallest e in [0, w] at which
+// floor(prev × (w − e) / w) ≤ room, for prev > 0 and room ≥ 0.
+func waitFor(prev, room, w int64) int64 {
+	if prev <= room {
+		return 0
+	}
+	// Largest x = w − e with prev × x < (room+1) × w, that is
+	// x = ceil((room+1) × w / prev) − 1.
+	hi, lo := bits.Mul64(uint64(room+1), uint64(w))
+	if hi >= uint64(prev) {
+		return 0
+	}
+	q, r := bits.Div64(hi, lo, uint64(prev))
+	if r != 0 {
+		q++
+	}
+	x := int64(q) - 1
+	if x >= w {
+		return 0
+	}
+	return w - x
+}
+
+// retrySlidingWindow returns how long, from now, until hits would be
+// admitted if nothing else arrived; for hits > limit, until the counter is
+// empty.
+func retrySlidingWindow(st State, limit, hits, now, cur, w int64) int64 {
+	if hits > limit {
+		return resetSlidingWindow(st, now, cur, w)
+	}
+	if st.Count+hits <= limit {
+		return max(cur+waitFor(st.Prev, limit-hits-st.Count, w)-now, 0)
+	}
+	// The current window's hits must first become the previous window's.
+	return max(cur+w+waitFor(st.Count, limit-hits, w)-now, 0)
+}
+
+// resetSlidingWindow returns how long, from now, until the estimate is 0.
+func resetSlidingWindow(st State, now, cur, w int64) int64 {
+	switch {
+	case st.Count > 0:
+		return max(cur+w+waitFor(st.Count, 0, w)-now, 0)
+	case st.Prev > 0:
+		return max(cur+waitFor(st.Prev, 0, w)-now, 0)
+	}
+	return 0
+}
+
+// ceilMS rounds nanoseconds up to milliseconds.
+func ceilMS(ns int64) int64 {
+	return (ns + nsPerMS - 1) / nsPerMS
+}
