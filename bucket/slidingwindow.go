@@ -1,6 +1,9 @@
 package bucket
 
-import "math/bits"
+import (
+	"math"
+	"math/bits"
+)
 
 const nsPerMS = int64(1_000_000)
 
@@ -20,10 +23,12 @@ func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
 		now = 0
 	}
 	cur := now - now%w
-	if s.Algorithm != SlidingWindow && s.Algorithm != AlgorithmUnspecified {
-		*s = State{}
-	}
 	st := *s
+	if st.Algorithm != SlidingWindow && st.Algorithm != AlgorithmUnspecified {
+		// Another algorithm's counter (the limit's algorithm changed):
+		// count afresh; only an admission replaces it.
+		st = State{}
+	}
 	st.Algorithm = SlidingWindow
 	switch {
 	case st.Start == cur:
@@ -50,9 +55,9 @@ func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
 	if allowed && hits > 0 {
 		st.Count += hits
 		estimate += hits
-		if st.Count == hits {
-			st.Expires = cur + 2*w
-		}
+		// Two windows after its start the state is forgotten. Set on
+		// every admission: the window may have grown since the last one.
+		st.Expires = addSat(cur, 2*w)
 		*s = st
 	}
 	if allowed {
@@ -101,31 +106,47 @@ func waitFor(prev, room, w int64) int64 {
 }
 
 // retrySlidingWindow returns how long, from now, until hits would be
-// admitted if nothing else arrived; for hits > limit, until the counter is
-// empty.
+// admitted if nothing else arrived. hits > limit is never admitted: it
+// returns the time until the counter is empty, and at least one window,
+// so that a refusal never says "retry now".
+//
+// cur − now is in (−w, 0] unless the state is ahead of this clock, when it
+// may be as large as MaxInt64: sums saturate rather than wrap.
 func retrySlidingWindow(st State, limit, hits, now, cur, w int64) int64 {
 	if hits > limit {
-		return resetSlidingWindow(st, now, cur, w)
+		return max(resetSlidingWindow(st, now, cur, w), w)
 	}
 	if st.Count+hits <= limit {
-		return max(cur+waitFor(st.Prev, limit-hits-st.Count, w)-now, 0)
+		return max(addSat(cur-now, waitFor(st.Prev, limit-hits-st.Count, w)), 0)
 	}
 	// The current window's hits must first become the previous window's.
-	return max(cur+w+waitFor(st.Count, limit-hits, w)-now, 0)
+	return max(addSat(cur-now, w+waitFor(st.Count, limit-hits, w)), 0)
 }
 
 // resetSlidingWindow returns how long, from now, until the estimate is 0.
 func resetSlidingWindow(st State, now, cur, w int64) int64 {
 	switch {
 	case st.Count > 0:
-		return max(cur+w+waitFor(st.Count, 0, w)-now, 0)
+		return max(addSat(cur-now, w+waitFor(st.Count, 0, w)), 0)
 	case st.Prev > 0:
-		return max(cur+waitFor(st.Prev, 0, w)-now, 0)
+		return max(addSat(cur-now, waitFor(st.Prev, 0, w)), 0)
 	}
 	return 0
 }
 
-// ceilMS rounds nanoseconds up to milliseconds.
+// addSat returns a + b, or MaxInt64 when that overflows, for b ≥ 0.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// ceilMS rounds nanoseconds (≥ 0) up to milliseconds without overflow.
 func ceilMS(ns int64) int64 {
-	return (ns + nsPerMS - 1) / nsPerMS
+	q := ns / nsPerMS
+	if ns%nsPerMS != 0 {
+		q++
+	}
+	return q
 }

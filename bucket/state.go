@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // State is the counter of one (name, key): a small fixed-size value. Its
@@ -14,7 +15,9 @@ import (
 // it and Prev the hits admitted in the window before.
 //
 // Expires is the time from which the state is equivalent to a fresh one; a
-// store may delete the state after it. The zero State is a fresh counter.
+// store may delete the state after it. MaxInt64 means never (the state's
+// horizon lies past the largest time an int64 holds). The zero State is a
+// fresh counter.
 type State struct {
 	Algorithm Algorithm
 	Start     int64
@@ -26,16 +29,21 @@ type State struct {
 // Fresh reports whether s is, at now, equivalent to a counter that never saw
 // a hit.
 func (s *State) Fresh(now int64) bool {
-	return s.Expires <= now
+	return s.Expires <= now && s.Expires != math.MaxInt64
 }
 
 // Decide applies a request of hits against lim to s at time now (Unix
 // nanoseconds), updates s when hits are admitted and returns the decision.
 // Refused hits change nothing; hits 0 peeks: it changes nothing and reports
-// OverLimit when no hit is left. lim must have passed Validate and have
-// Limit > 0 or be an explicit zero limit. Decide never panics or overflows
-// on valid input.
+// OverLimit when no hit is left. lim must have passed Limit.Validate: a
+// Request whose limit is all zero (take it from the rules) must be resolved
+// first. Decide never panics or overflows on valid input, for any now ≥ 0
+// and any state UnmarshalBinary accepts; it allocates nothing.
 func Decide(s *State, lim Limit, hits, now int64) Decision {
+	if lim.WindowMS < MinWindowMS {
+		// Not a valid limit: refuse rather than divide by zero.
+		return Decision{Status: OverLimit, Limit: lim.Limit}
+	}
 	// Limit.Validate refuses the algorithms that have no code yet, so every
 	// valid limit reaches its own algorithm here.
 	return decideSlidingWindow(s, lim, hits, now)

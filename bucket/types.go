@@ -90,7 +90,7 @@ type Decision struct {
 	Limit        int64
 	Remaining    int64
 	ResetAfterMS int64 // until the window or bucket is full again
-	RetryAfterMS int64 // 0 when allowed
+	RetryAfterMS int64 // 0 exactly when allowed; see docs/algorithms.md
 }
 
 // Allowed reports whether the request was admitted.

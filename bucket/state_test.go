@@ -1,0 +1,175 @@
+package bucket
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func randomValidState(rng *rand.Rand) State {
+	return State{
+		Algorithm: Algorithm(rng.IntN(int(GCRA) + 1)),
+		Start:     rng.Int64N(math.MaxInt64),
+		Count:     rng.Int64N(MaxLimit + 1),
+		Prev:      rng.Int64N(MaxLimit + 1),
+		Expires:   rng.Int64N(math.MaxInt64),
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(9, 10))
+	edges := []State{{}, {Algorithm: GCRA, Start: math.MaxInt64, Count: MaxLimit, Prev: MaxLimit, Expires: math.MaxInt64}}
+	for i := range 10000 {
+		s := randomValidState(rng)
+		if i < len(edges) {
+			s = edges[i]
+		}
+		b, err := s.MarshalBinary()
+		if err != nil || len(b) != EncodedSize {
+			t.Fatalf("MarshalBinary(%+v) = %d bytes, %v", s, len(b), err)
+		}
+		prefix := []byte("prefix")
+		b2, err := s.AppendBinary(prefix)
+		if err != nil || !bytes.Equal(b2[:len(prefix)], []byte("prefix")) || !bytes.Equal(b2[len(prefix):], b) {
+			t.Fatalf("AppendBinary does not append the encoding: %x vs %x", b2, b)
+		}
+		var back State
+		if err := back.UnmarshalBinary(b); err != nil || back != s {
+			t.Fatalf("round trip of %+v: %+v, %v", s, back, err)
+		}
+	}
+}
+
+func TestStateDecodeRefuses(t *testing.T) {
+	t.Parallel()
+	good, _ := State{Algorithm: SlidingWindow, Start: t0, Count: 3, Prev: 4, Expires: t0 + 2*sec}.MarshalBinary()
+	edit := func(f func(b []byte)) []byte {
+		b := bytes.Clone(good)
+		f(b)
+		return b
+	}
+	put := func(off int, v int64) func(b []byte) {
+		return func(b []byte) { binary.BigEndian.PutUint64(b[off:], uint64(v)) }
+	}
+	tests := []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"empty", nil, "0 bytes, want 34"},
+		{"one short", good[:EncodedSize-1], "33 bytes, want 34"},
+		{"one long", append(bytes.Clone(good), 0), "35 bytes, want 34"},
+		{"version 0", edit(func(b []byte) { b[0] = 0 }), "encoding version 0, want 1"},
+		{"version 2", edit(func(b []byte) { b[0] = 2 }), "encoding version 2, want 1"},
+		{"unknown algorithm", edit(func(b []byte) { b[1] = 7 }), "unknown algorithm 7"},
+		{"negative start", edit(put(2, -1)), "negative time"},
+		{"negative count", edit(put(10, -1)), "count -1 out of range"},
+		{"count over 2^40", edit(put(10, MaxLimit+1)), "count 1099511627777 out of range"},
+		{"negative previous count", edit(put(18, -5)), "previous count -5 out of range"},
+		{"previous count over 2^40", edit(put(18, math.MaxInt64)), "previous count 9223372036854775807 out of range"},
+		{"negative expiry", edit(put(26, math.MinInt64)), "negative time"},
+	}
+	sentinel := State{Algorithm: SlidingWindow, Start: 1, Count: 2, Prev: 3, Expires: 4}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := sentinel
+			err := s.UnmarshalBinary(tc.in)
+			if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("UnmarshalBinary = %v, want ErrBadState saying %q", err, tc.want)
+			}
+			if s != sentinel {
+				t.Fatalf("refused input changed the target: %+v", s)
+			}
+		})
+	}
+}
+
+// FuzzStateDecode: decoding never panics; anything accepted is a state
+// Decide can take and re-encodes to the same bytes.
+func FuzzStateDecode(f *testing.F) {
+	for _, s := range []State{{}, {Algorithm: SlidingWindow, Start: t0, Count: 3, Prev: 4, Expires: t0 + 2*sec}, {Algorithm: GCRA, Start: math.MaxInt64, Count: MaxLimit, Prev: MaxLimit, Expires: math.MaxInt64}} {
+		b, _ := s.MarshalBinary()
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{1})
+	f.Add(bytes.Repeat([]byte{0xff}, EncodedSize))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var s State
+		if err := s.UnmarshalBinary(in); err != nil {
+			if !errors.Is(err, ErrBadState) {
+				t.Fatalf("error %v does not wrap ErrBadState", err)
+			}
+			if s != (State{}) {
+				t.Fatalf("refused input changed the target: %+v", s)
+			}
+			return
+		}
+		out, err := s.MarshalBinary()
+		if err != nil || !bytes.Equal(out, in) {
+			t.Fatalf("re-encoding %+v: %x, %v; want %x", s, out, err, in)
+		}
+		d := Decide(&s, sw(MaxLimit, 1000), 1, t0)
+		if d.Remaining < 0 || s.Count > MaxLimit {
+			t.Fatalf("decoded state %+v gives %+v", s, d)
+		}
+	})
+}
+
+// FuzzDecide feeds arbitrary limits, hits, times and decodable states
+// through Validate and Decide and checks the invariants that hold for any
+// input: no panic, remaining in [0, limit], Count ≤ MaxLimit, retry 0 iff
+// allowed, refusals and peeks change nothing, an admission adds exactly
+// hits, the state stays decodable, and the same request passes after
+// RetryAfterMS.
+func FuzzDecide(f *testing.F) {
+	f.Add(int64(10), int64(1000), int64(1), t0, uint8(1), t0, int64(3), int64(4), t0+2*sec)
+	f.Add(MaxLimit, MaxWindowMS, int64(math.MaxInt64), int64(math.MaxInt64), uint8(1), int64(math.MaxInt64), MaxLimit, MaxLimit, int64(math.MaxInt64))
+	f.Add(int64(0), int64(1), int64(0), int64(0), uint8(0), int64(0), int64(0), int64(0), int64(0))
+	f.Add(int64(5), int64(1), int64(5), t0, uint8(3), t0+5*sec, int64(5), int64(5), int64(0))
+	f.Fuzz(func(t *testing.T, limit, window, hits, now int64, alg uint8, start, count, prev, expires int64) {
+		lim := Limit{Algorithm: SlidingWindow, Limit: limit, WindowMS: window}
+		req := Request{Name: "n", Key: "k", Hits: hits, Limit: lim}
+		// Request.Validate accepts an all-zero limit (take it from the
+		// rules); Decide needs the resolved limit, checked by Limit.Validate.
+		if req.Validate() != nil || lim.Validate() != nil || now < 0 {
+			return
+		}
+		s := State{Algorithm: Algorithm(alg), Start: start, Count: count, Prev: prev, Expires: expires}
+		if s.check() != nil {
+			return
+		}
+		before := s
+		d := Decide(&s, lim, hits, now)
+		switch {
+		case d.Limit != limit || d.Remaining < 0 || d.Remaining > limit:
+			t.Fatalf("decision %+v for limit %d", d, limit)
+		case d.Status != UnderLimit && d.Status != OverLimit:
+			t.Fatalf("status %v", d.Status)
+		case d.Allowed() != (d.RetryAfterMS == 0) || d.RetryAfterMS < 0 || d.ResetAfterMS < 0:
+			t.Fatalf("decision %+v: retry must be 0 exactly when allowed", d)
+		case s.Count > MaxLimit || s.Count < 0 || s.Prev > MaxLimit || s.Prev < 0:
+			t.Fatalf("state %+v out of range", s)
+		case (!d.Allowed() || hits == 0) && s != before:
+			t.Fatalf("refusal or peek changed %+v to %+v", before, s)
+		case d.Allowed() && hits > 0 && (s.Algorithm != SlidingWindow || s.Expires < now || s.Fresh(now)):
+			t.Fatalf("admitted into %+v", s)
+		case s.check() != nil:
+			t.Fatalf("Decide left an undecodable state %+v: %v", s, s.check())
+		}
+		if !d.Allowed() && max(hits, 1) <= limit {
+			if at := now + d.RetryAfterMS*ms; d.RetryAfterMS < math.MaxInt64/ms && at >= now {
+				c := before
+				if d2 := Decide(&c, lim, hits, at); !d2.Allowed() {
+					t.Fatalf("state %+v: not admitted after RetryAfter %d ms: %+v", before, d.RetryAfterMS, d2)
+				}
+			}
+		}
+	})
+}

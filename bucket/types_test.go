@@ -1,0 +1,132 @@
+package bucket
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestRequestValidate has one row per rule of DESIGN §5, on both sides of
+// each bound. want is "" for a valid request, else a piece of the message,
+// which must say what is wrong.
+func TestRequestValidate(t *testing.T) {
+	t.Parallel()
+	ok := Request{Name: "api.create_url", Key: "user:42", Hits: 1, Limit: sw(10, 60_000)}
+	with := func(f func(r *Request)) Request {
+		r := ok
+		f(&r)
+		return r
+	}
+	tests := []struct {
+		name string
+		req  Request
+		want string
+	}{
+		{"valid", ok, ""},
+		{"name empty", with(func(r *Request) { r.Name = "" }), "name is empty"},
+		{"name 1 byte", with(func(r *Request) { r.Name = "a" }), ""},
+		{"name 128 bytes", with(func(r *Request) { r.Name = strings.Repeat("n", 128) }), ""},
+		{"name 129 bytes", with(func(r *Request) { r.Name = strings.Repeat("n", 129) }), "name is 129 bytes, more than 128"},
+		{"name with NUL", with(func(r *Request) { r.Name = "api\x00x" }), "name contains a NUL byte at offset 3"},
+		{"name not UTF-8", with(func(r *Request) { r.Name = "\xff\xfe" }), ""},
+		{"key empty", with(func(r *Request) { r.Key = "" }), "key is empty"},
+		{"key 1 byte", with(func(r *Request) { r.Key = "k" }), ""},
+		{"key 1024 bytes", with(func(r *Request) { r.Key = strings.Repeat("k", 1024) }), ""},
+		{"key 1025 bytes", with(func(r *Request) { r.Key = strings.Repeat("k", 1025) }), "key is 1025 bytes, more than 1024"},
+		{"key with NUL and not UTF-8", with(func(r *Request) { r.Key = "\x00\xff" }), ""},
+		{"hits negative", with(func(r *Request) { r.Hits = -1 }), "hits is -1, must be >= 0"},
+		{"hits most negative", with(func(r *Request) { r.Hits = math.MinInt64 }), "hits is -9223372036854775808"},
+		{"hits 0 (peek)", with(func(r *Request) { r.Hits = 0 }), ""},
+		{"hits MaxInt64", with(func(r *Request) { r.Hits = math.MaxInt64 }), ""},
+		{"limit negative", with(func(r *Request) { r.Limit.Limit = -1 }), "limit is -1, must be >= 0"},
+		{"limit 0 with a window (explicit zero limit)", with(func(r *Request) { r.Limit.Limit = 0 }), ""},
+		{"limit 2^40", with(func(r *Request) { r.Limit.Limit = MaxLimit }), ""},
+		{"limit 2^40+1", with(func(r *Request) { r.Limit.Limit = MaxLimit + 1 }), "limit is 1099511627777, more than 2^40"},
+		{"limit MaxInt64", with(func(r *Request) { r.Limit.Limit = math.MaxInt64 }), "more than 2^40"},
+		{"window 0", with(func(r *Request) { r.WindowMS = 0 }), "window is 0 ms, must be at least 1 ms"},
+		{"window negative", with(func(r *Request) { r.WindowMS = -5 }), "window is -5 ms, must be at least 1 ms"},
+		{"window 1 ms", with(func(r *Request) { r.WindowMS = 1 }), ""},
+		{"window 366 days", with(func(r *Request) { r.WindowMS = 366 * 24 * 3600 * 1000 }), ""},
+		{"window 366 days + 1 ms", with(func(r *Request) { r.WindowMS = 366*24*3600*1000 + 1 }), "window is 31622400001 ms, more than 366 days"},
+		{"window MaxInt64", with(func(r *Request) { r.WindowMS = math.MaxInt64 }), "more than 366 days"},
+		{"burst negative", with(func(r *Request) { r.Burst = -1 }), "burst is -1, must be >= 0"},
+		{"burst 0", with(func(r *Request) { r.Burst = 0 }), ""},
+		{"burst 2^40", with(func(r *Request) { r.Burst = MaxLimit }), ""},
+		{"burst 2^40+1", with(func(r *Request) { r.Burst = MaxLimit + 1 }), "burst is 1099511627777, more than 2^40"},
+		{"algorithm unspecified", with(func(r *Request) { r.Algorithm = AlgorithmUnspecified }), ""},
+		{"algorithm 7", with(func(r *Request) { r.Algorithm = 7 }), "unknown algorithm 7"},
+		{"algorithm 255", with(func(r *Request) { r.Algorithm = 255 }), "unknown algorithm 255"},
+		{"sliding_log not yet", with(func(r *Request) { r.Algorithm = SlidingLog }), "algorithm sliding_log is not available yet (only sliding_window)"},
+		{"token_bucket not yet", with(func(r *Request) { r.Algorithm = TokenBucket }), "algorithm token_bucket is not available yet"},
+		{"leaky_bucket not yet", with(func(r *Request) { r.Algorithm = LeakyBucket }), "algorithm leaky_bucket is not available yet"},
+		{"fixed_window not yet", with(func(r *Request) { r.Algorithm = FixedWindow }), "algorithm fixed_window is not available yet"},
+		{"gcra not yet", with(func(r *Request) { r.Algorithm = GCRA }), "algorithm gcra is not available yet"},
+		// Limit, window and burst all 0: the limit comes from the rules for Name.
+		{"limit from rules", with(func(r *Request) { r.Limit = Limit{} }), ""},
+		{"limit from rules, algorithm named", with(func(r *Request) { r.Limit = Limit{Algorithm: GCRA} }), ""},
+		{"limit from rules, unknown algorithm", with(func(r *Request) { r.Limit = Limit{Algorithm: 9} }), "unknown algorithm 9"},
+		{"limit from rules, bad key still refused", with(func(r *Request) { r.Limit = Limit{}; r.Key = "" }), "key is empty"},
+		{"limit from rules, bad hits still refused", with(func(r *Request) { r.Limit = Limit{}; r.Hits = -2 }), "hits is -2"},
+		{"window without a limit", with(func(r *Request) { r.Limit = Limit{WindowMS: 1000} }), ""},
+		{"burst alone is checked", with(func(r *Request) { r.Limit = Limit{Burst: -1} }), "window is 0 ms"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.req.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tc.want != "" && err == nil:
+				t.Fatalf("Validate() = nil, want an error containing %q", tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("Validate() = %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	t.Parallel()
+	for a := SlidingWindow; a <= GCRA; a++ {
+		got, err := ParseAlgorithm(a.String())
+		if err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", a.String(), got, err, a)
+		}
+	}
+	for _, s := range []string{"", "unspecified", "SLIDING_WINDOW", "sliding-window", "algorithm(7)", "gcra "} {
+		_, err := ParseAlgorithm(s)
+		if err == nil || !strings.Contains(err.Error(), "unknown algorithm") || !strings.Contains(err.Error(), "sliding_window") {
+			t.Errorf("ParseAlgorithm(%q) = %v, want an unknown-algorithm error listing the names", s, err)
+		}
+	}
+	if s := Algorithm(7).String(); s != "algorithm(7)" {
+		t.Errorf("Algorithm(7).String() = %q", s)
+	}
+}
+
+// FuzzValidate: Validate never panics, and whatever it accepts is inside
+// the bounds of DESIGN §5.
+func FuzzValidate(f *testing.F) {
+	f.Add("api", "user:1", int64(1), uint8(1), int64(10), int64(1000), int64(0))
+	f.Add("", "", int64(-1), uint8(9), int64(-1), int64(0), int64(-1))
+	f.Add("a\x00", "k", int64(0), uint8(0), int64(0), int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, name, key string, hits int64, alg uint8, limit, window, burst int64) {
+		r := Request{Name: name, Key: key, Hits: hits, Limit: Limit{Algorithm: Algorithm(alg), Limit: limit, WindowMS: window, Burst: burst}}
+		err := r.Validate()
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error message")
+			}
+			return
+		}
+		if len(name) < 1 || len(name) > MaxNameLen || strings.IndexByte(name, 0) >= 0 || len(key) < 1 || len(key) > MaxKeyLen || hits < 0 || r.Algorithm > GCRA {
+			t.Fatalf("accepted %+v", r)
+		}
+		if r.Limit != (Limit{Algorithm: r.Algorithm}) {
+			if limit < 0 || limit > MaxLimit || window < MinWindowMS || window > MaxWindowMS || burst < 0 || burst > MaxLimit || (r.Algorithm != SlidingWindow && r.Algorithm != AlgorithmUnspecified) {
+				t.Fatalf("accepted %+v", r)
+			}
+		}
+	})
+}
