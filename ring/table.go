@@ -1,0 +1,207 @@
+package ring
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/buraksezer/consistent"
+	"github.com/cespare/xxhash/v2"
+)
+
+// Table is an immutable placement of partitions on members: for every
+// partition, its owner and replicas. It is safe for concurrent use; lookups
+// take no lock and allocate nothing.
+type Table struct {
+	partitions uint64   // Config.Partitions
+	r          int      // entries per partition in reps: min(ReplicationFactor, len(members))
+	members    []Member // sorted by name
+	reps       []int32  // reps[p*r : p*r+r]: owner of p, then its replicas, as indexes into members
+	owned      []int32  // owned[i]: partitions owned by members[i]
+}
+
+func emptyTable(cfg Config) *Table {
+	return &Table{partitions: uint64(cfg.Partitions)}
+}
+
+// cmember is the member type handed to consistent: its name.
+type cmember string
+
+func (m cmember) String() string { return string(m) }
+
+// hasher is consistent's Hasher: xxhash64, the same function as Hash.
+type hasher struct{}
+
+func (hasher) Sum64(b []byte) uint64 { return xxhash.Sum64(b) }
+
+// BuildTable places cfg.Partitions partitions on ms (any order) with
+// consistent's bounded-load hashing. The same cfg and member names give the
+// same table on every node. Names must be unique and non-empty.
+func BuildTable(cfg Config, ms []Member) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	members := slices.Clone(ms)
+	slices.SortFunc(members, func(a, b Member) int { return cmp.Compare(a.Name, b.Name) })
+	for i, m := range members {
+		if m.Name == "" {
+			return nil, fmt.Errorf("ring: member with empty name (addr %q)", m.Addr)
+		}
+		if i > 0 && members[i-1].Name == m.Name {
+			return nil, fmt.Errorf("%w: %q", ErrDuplicateMember, m.Name)
+		}
+	}
+	n := len(members)
+	if n == 0 {
+		return emptyTable(cfg), nil
+	}
+	// consistent panics when the members cannot hold every partition under
+	// the load bound; check its arithmetic first and say why.
+	perMember := math.Ceil(float64(cfg.Partitions/n) * cfg.Load)
+	if int(perMember)*n < cfg.Partitions {
+		return nil, fmt.Errorf("ring: %d members cannot hold %d partitions at Load %v (at most %v each): use more partitions or a higher load",
+			n, cfg.Partitions, cfg.Load, perMember)
+	}
+
+	owners, err := placeOwners(cfg, members)
+	if err != nil {
+		return nil, err
+	}
+
+	// Replicas follow consistent.GetClosestNForPartition: members ordered by
+	// the hash of their name; a partition's replicas are the members after its
+	// owner in that order. Ties are broken by name so the order is total.
+	byHash := make([]int32, n)
+	hashes := make([]uint64, n)
+	for i, m := range members {
+		byHash[i] = int32(i)
+		hashes[i] = xxhash.Sum64String(m.Name)
+	}
+	slices.SortFunc(byHash, func(a, b int32) int {
+		if c := cmp.Compare(hashes[a], hashes[b]); c != 0 {
+			return c
+		}
+		return cmp.Compare(members[a].Name, members[b].Name)
+	})
+	pos := make([]int, n) // pos[i]: place of members[i] in byHash
+	for k, i := range byHash {
+		pos[i] = k
+	}
+
+	r := min(cfg.ReplicationFactor, n)
+	t := &Table{
+		partitions: uint64(cfg.Partitions),
+		r:          r,
+		members:    members,
+		reps:       make([]int32, cfg.Partitions*r),
+		owned:      make([]int32, n),
+	}
+	for p, o := range owners {
+		t.owned[o]++
+		row := t.reps[p*r : p*r+r]
+		for k := range row {
+			row[k] = byHash[(pos[o]+k)%n]
+		}
+	}
+	return t, nil
+}
+
+// placeOwners asks consistent for the owner of every partition and returns
+// them as indexes into members (sorted by name, so adding them in this order
+// makes consistent's result independent of the caller's order).
+func placeOwners(cfg Config, members []Member) (owners []int32, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("ring: consistent could not place partitions: %v", v)
+		}
+	}()
+	index := make(map[string]int32, len(members))
+	cms := make([]consistent.Member, len(members))
+	for i, m := range members {
+		index[m.Name] = int32(i)
+		cms[i] = cmember(m.Name)
+	}
+	c := consistent.New(cms, consistentConfig(cfg))
+	owners = make([]int32, cfg.Partitions)
+	for p := range owners {
+		o := c.GetPartitionOwner(p)
+		if o == nil {
+			return nil, fmt.Errorf("ring: consistent left partition %d without owner", p)
+		}
+		owners[p] = index[o.String()]
+	}
+	return owners, nil
+}
+
+func consistentConfig(cfg Config) consistent.Config {
+	return consistent.Config{
+		Hasher:            hasher{},
+		PartitionCount:    cfg.Partitions,
+		ReplicationFactor: cfg.VirtualNodes,
+		Load:              cfg.Load,
+	}
+}
+
+// Partition returns the partition of a key hash (see Hash): hash % Partitions.
+func (t *Table) Partition(hash uint64) int { return int(hash % t.partitions) }
+
+// Partitions returns the number of partitions.
+func (t *Table) Partitions() int { return int(t.partitions) }
+
+// Owner returns the member owning the partition of hash; false when the table
+// has no members.
+func (t *Table) Owner(hash uint64) (Member, bool) {
+	if t.r == 0 {
+		return Member{}, false
+	}
+	return t.members[t.reps[(hash%t.partitions)*uint64(t.r)]], true
+}
+
+// Replicas appends to dst the owner of hash's partition followed by its
+// replicas: min(ReplicationFactor, Len()) distinct members, nothing when the
+// table is empty. It allocates nothing when dst has room.
+func (t *Table) Replicas(hash uint64, dst []Member) []Member {
+	return t.appendRow(int(hash%t.partitions), dst)
+}
+
+// PartitionOwner returns the owner of partition p; false when the table is
+// empty or p is out of range.
+func (t *Table) PartitionOwner(p int) (Member, bool) {
+	if t.r == 0 || p < 0 || p >= int(t.partitions) {
+		return Member{}, false
+	}
+	return t.members[t.reps[p*t.r]], true
+}
+
+// PartitionReplicas is Replicas for partition p; it appends nothing when p is
+// out of range.
+func (t *Table) PartitionReplicas(p int, dst []Member) []Member {
+	if p < 0 || p >= int(t.partitions) {
+		return dst
+	}
+	return t.appendRow(p, dst)
+}
+
+func (t *Table) appendRow(p int, dst []Member) []Member {
+	for _, i := range t.reps[p*t.r : p*t.r+t.r] {
+		dst = append(dst, t.members[i])
+	}
+	return dst
+}
+
+// Members returns a copy of the members, sorted by name.
+func (t *Table) Members() []Member { return slices.Clone(t.members) }
+
+// Shares returns, for each member name, the fraction of partitions it owns.
+// The fractions sum to 1 (an empty map for an empty table).
+func (t *Table) Shares() map[string]float64 {
+	s := make(map[string]float64, len(t.members))
+	for i, m := range t.members {
+		s[m.Name] = float64(t.owned[i]) / float64(t.partitions)
+	}
+	return s
+}
+
+// Len returns the number of members.
+func (t *Table) Len() int { return len(t.members) }
