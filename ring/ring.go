@@ -86,6 +86,15 @@ func (c Config) Validate() error {
 // The partition is Hash % Partitions; other packages derive cache shards from
 // the same value. It allocates nothing.
 func Hash(name, key string) uint64 {
+	// Short keys, the common case, are joined in a stack buffer and hashed in
+	// one call, which is faster than three streaming writes.
+	if n := len(name) + 1 + len(key); n <= hashBufLen {
+		var buf [hashBufLen]byte
+		copy(buf[:], name)
+		buf[len(name)] = 0
+		copy(buf[len(name)+1:], key)
+		return xxhash.Sum64(buf[:n])
+	}
 	var d xxhash.Digest
 	d.Reset()
 	_, _ = d.WriteString(name)
@@ -93,6 +102,9 @@ func Hash(name, key string) uint64 {
 	_, _ = d.WriteString(key)
 	return d.Sum64()
 }
+
+// hashBufLen is the longest joined key Hash hashes from a stack buffer.
+const hashBufLen = 128
 
 // ErrDuplicateMember is returned (wrapped) by SetMembers when two members share a name.
 var ErrDuplicateMember = errors.New("ring: duplicate member name")

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/buraksezer/consistent"
+	"github.com/cespare/xxhash/v2"
 )
 
 func newRing(t *testing.T, cfg Config, ms []Member) *Ring {
@@ -463,6 +464,17 @@ func TestBuildTableSmallConfigs(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+func TestHashIsXXHashOfJoinedKeyAtEveryLength(t *testing.T) {
+	t.Parallel()
+	for n := 0; n <= 3*hashBufLen; n += 7 {
+		name := strings.Repeat("n", 1+n%13)
+		key := strings.Repeat("k", n)
+		if got, want := Hash(name, key), xxhash.Sum64String(name+"\x00"+key); got != want {
+			t.Fatalf("len %d: Hash %x, xxhash of joined key %x", n, got, want)
 		}
 	}
 }
