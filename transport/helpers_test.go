@@ -1,0 +1,168 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// fakeHandler decides like a limiter with no memory: a valid request is over
+// its limit when Hits > Limit. Owner echoes the key (prefixed with the sender
+// for forwarded calls), so tests can check each answer belongs to its item.
+type fakeHandler struct {
+	calls     atomic.Int64 // Check calls
+	forwards  atomic.Int64 // CheckForwarded calls (= Forward RPCs)
+	mu        sync.Mutex
+	sizes     []int            // items per CheckForwarded call, in order
+	last      []bucket.Request // copy of the last Check's requests
+	lastFrom  string
+	block     chan struct{} // when set, CheckForwarded waits on it (or ctx, unless hang)
+	hang      bool          // wait on block even when the RPC's context ends
+	panicking bool
+}
+
+var _ Handler = (*fakeHandler)(nil)
+
+func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	h.calls.Add(1)
+	if h.panicking {
+		panic("fake handler panics")
+	}
+	h.mu.Lock()
+	h.last = append(h.last[:0], reqs...)
+	h.mu.Unlock()
+	decide(reqs, out, "")
+}
+
+func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.forwards.Add(1)
+	h.mu.Lock()
+	h.sizes = append(h.sizes, len(reqs))
+	h.lastFrom = from
+	block := h.block
+	h.mu.Unlock()
+	if block != nil && h.hang {
+		<-block
+	} else if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+		}
+	}
+	decide(reqs, out, from+"/")
+}
+
+func (h *fakeHandler) forwardSizes() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.sizes...)
+}
+
+func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
+	for i := range reqs {
+		r := &reqs[i]
+		if err := r.Validate(); err != nil {
+			out[i] = bucket.Outcome{Err: err.Error(), Owner: prefix + r.Key}
+			continue
+		}
+		d := bucket.Decision{Status: bucket.UnderLimit, Limit: r.Limit.Limit, Remaining: r.Limit.Limit - r.Hits, ResetAfterMS: r.WindowMS}
+		if r.Hits > r.Limit.Limit {
+			d = bucket.Decision{Status: bucket.OverLimit, Limit: r.Limit.Limit, ResetAfterMS: 11_200, RetryAfterMS: 1_500}
+		}
+		out[i] = bucket.Outcome{Decision: d, Owner: prefix + r.Key}
+	}
+}
+
+// req is a valid request for key k with the given hits against a limit of 10
+// per minute.
+func req(k string, hits int64) bucket.Request {
+	return bucket.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
+}
+
+func keys(prefix string, n int) []bucket.Request {
+	rs := make([]bucket.Request, n)
+	for i := range rs {
+		rs[i] = req(prefix+strconv.Itoa(i), 1)
+	}
+	return rs
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// startServer starts a Server with gRPC and HTTP on loopback ports chosen by
+// the kernel and shuts it down when the test ends.
+func startServer(t testing.TB, h Handler, edit ...func(*ServerConfig)) *Server {
+	t.Helper()
+	cfg := ServerConfig{GRPCListener: listen(t), HTTPListener: listen(t), Handler: h}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	return s
+}
+
+func dial(t testing.TB, addr string) *Client {
+	t.Helper()
+	c, err := Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// peerState reads a peer's batching state (0, 0 when not dialled yet).
+func peerState(pc *PeerClient, addr string) (inflight, queued int) {
+	v, ok := pc.peers.Load(addr)
+	if !ok {
+		return 0, 0
+	}
+	p := v.(*peer)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inflight, len(p.queue)
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,273 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+type httpResult struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func do(t *testing.T, method, url, body string) httpResult {
+	t.Helper()
+	r, err := http.NewRequestWithContext(testCtx(t), method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return httpResult{resp.StatusCode, resp.Header, b}
+}
+
+func jsonBatch(n int, hits int64) string {
+	var b strings.Builder
+	b.WriteString(`{"requests":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"name":"api","key":"k` + strconv.Itoa(i) + `","hits":` + strconv.FormatInt(hits, 10) + `,"limit":10,"window_ms":60000}`)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+var allResponseFields = []string{"status", "limit", "remaining", "reset_after_ms", "retry_after_ms", "error", "owner"}
+
+func TestHTTPCheck(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	url := "http://" + s.HTTPAddr() + "/v1/check"
+
+	// 200, proto names in, every field out with proto names.
+	r := do(t, "POST", url, `{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000,"algorithm":"ALGORITHM_SLIDING_WINDOW"}]}`)
+	if r.code != http.StatusOK {
+		t.Fatalf("allowed check: %d %s", r.code, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if r.header.Get("Retry-After") != "" || r.header.Get("RateLimit") != "" {
+		t.Errorf("allowed answer carries over-limit headers: %v", r.header)
+	}
+	var got struct {
+		Responses []map[string]any `json:"responses"`
+	}
+	if err := json.Unmarshal(r.body, &got); err != nil || len(got.Responses) != 1 {
+		t.Fatalf("body %s: %v", r.body, err)
+	}
+	for _, f := range allResponseFields {
+		if _, ok := got.Responses[0][f]; !ok {
+			t.Errorf("response lacks field %q: %s", f, r.body)
+		}
+	}
+	if got.Responses[0]["status"] != "STATUS_UNDER_LIMIT" || got.Responses[0]["remaining"] != "9" || got.Responses[0]["owner"] != "a" {
+		t.Errorf("unexpected answer %s", r.body)
+	}
+
+	// lowerCamel names and numeric enums are accepted too.
+	r = do(t, "POST", url, `{"requests":[{"name":"api","key":"b","hits":"2","limit":10,"windowMs":60000,"algorithm":1}]}`)
+	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte(`"remaining":"8"`)) {
+		t.Fatalf("lowerCamel check: %d %s", r.code, r.body)
+	}
+
+	// Empty batch.
+	r = do(t, "POST", url, `{}`)
+	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte(`"responses":[]`)) {
+		t.Fatalf("empty check: %d %s", r.code, r.body)
+	}
+
+	// An invalid item answers with its own error and does not fail the call.
+	r = do(t, "POST", url, `{"requests":[{"name":"","key":"x","limit":10,"window_ms":1000},{"name":"api","key":"c","hits":1,"limit":10,"window_ms":1000}]}`)
+	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte(`"error":"name is empty"`)) {
+		t.Fatalf("invalid item: %d %s", r.code, r.body)
+	}
+}
+
+func TestHTTPOverLimit(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &fakeHandler{})
+	url := "http://" + s.HTTPAddr() + "/v1/check"
+	// The second item is over its limit (11 hits > 10).
+	r := do(t, "POST", url, `{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000},{"name":"api.create","key":"b","hits":11,"limit":100,"window_ms":60000},{"name":"other","key":"c","hits":11,"limit":10,"window_ms":1000}]}`)
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("over-limit check: %d %s", r.code, r.body)
+	}
+	if got, want := r.header.Get("RateLimit-Policy"), `"other";q=10;w=1`; got != want {
+		t.Errorf("RateLimit-Policy = %q, want %q (the first over-limit item)", got, want)
+	}
+	r = do(t, "POST", url, `{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000},{"name":"api.create","key":"b","hits":101,"limit":100,"window_ms":60000}]}`)
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("over-limit check: %d %s", r.code, r.body)
+	}
+	for h, want := range map[string]string{
+		"Retry-After":      "2", // 1500 ms rounded up
+		"RateLimit-Policy": `"api.create";q=100;w=60`,
+		"RateLimit":        `"api.create";r=0;t=12`, // 11200 ms rounded up
+	} {
+		if got := r.header.Get(h); got != want {
+			t.Errorf("%s = %q, want %q", h, got, want)
+		}
+	}
+	if !bytes.Contains(r.body, []byte(`"status":"STATUS_OVER_LIMIT"`)) {
+		t.Errorf("body %s", r.body)
+	}
+}
+
+func TestPolicyName(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"api":       `"api"`,
+		`a"b\c`:     `"a\"b\\c"`,
+		"":          `"default"`,
+		"caf\u00e9": `"default"`,
+		"a\nb":      `"default"`,
+	} {
+		if got := policyName(in); got != want {
+			t.Errorf("policyName(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestHTTPBadInput(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	base := "http://" + s.HTTPAddr()
+	for _, tc := range []struct {
+		name, method, path, body string
+		want                     int
+	}{
+		{"malformed JSON", "POST", "/v1/check", `{"requests":[`, 400},
+		{"not an object", "POST", "/v1/check", `[1,2]`, 400},
+		{"unknown field", "POST", "/v1/check", `{"requests":[{"nom":"x"}]}`, 400},
+		{"wrong type", "POST", "/v1/check", `{"requests":[{"hits":"many"}]}`, 400},
+		{"bad enum", "POST", "/v1/check", `{"requests":[{"algorithm":"ALGORITHM_MAGIC"}]}`, 400},
+		{"too many items", "POST", "/v1/check", jsonBatch(bucket.MaxBatchSize+1, 1), 400},
+		{"too large", "POST", "/v1/check", `{"requests":[{"name":"` + strings.Repeat("x", DefaultMaxRecvMsgSize) + `"}]}`, 413},
+		{"GET check", "GET", "/v1/check", "", 405},
+		{"PUT check", "PUT", "/v1/check", `{}`, 405},
+		{"POST healthz", "POST", "/healthz", `{}`, 405},
+		{"unknown path", "GET", "/v2/check", "", 404},
+	} {
+		r := do(t, tc.method, base+tc.path, tc.body)
+		if r.code != tc.want {
+			t.Errorf("%s: %d %.200s, want %d", tc.name, r.code, r.body, tc.want)
+			continue
+		}
+		if tc.want == 400 || tc.want == 413 {
+			var e struct{ Error string }
+			if err := json.Unmarshal(r.body, &e); err != nil || e.Error == "" {
+				t.Errorf("%s: body %.200s has no error message", tc.name, r.body)
+			}
+		}
+	}
+	if n := h.calls.Load(); n != 0 {
+		t.Errorf("handler called %d times for bad input", n)
+	}
+	// A body of unknown length (chunked) is cut off at the limit too.
+	body := io.MultiReader(strings.NewReader(`{"requests":[{"name":"`), strings.NewReader(strings.Repeat("x", DefaultMaxRecvMsgSize)), strings.NewReader(`"}]}`))
+	r, err := http.NewRequestWithContext(testCtx(t), "POST", base+"/v1/check", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked 4 MiB body: %d, want 413", resp.StatusCode)
+	}
+	// Exactly 1000 items is fine.
+	if r := do(t, "POST", base+"/v1/check", jsonBatch(bucket.MaxBatchSize, 1)); r.code != 200 {
+		t.Errorf("1000 items: %d", r.code)
+	}
+}
+
+func TestHTTPProbesAndPages(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &fakeHandler{}, func(c *ServerConfig) {
+		c.Status = fakeStatus{}
+		c.Metrics = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "sluice_up 1\n") })
+	})
+	base := "http://" + s.HTTPAddr()
+	if r := do(t, "GET", base+"/healthz", ""); r.code != 200 {
+		t.Errorf("/healthz = %d", r.code)
+	}
+	if r := do(t, "GET", base+"/readyz", ""); r.code != 503 {
+		t.Errorf("/readyz before SetReady(true) = %d, want 503", r.code)
+	}
+	s.SetReady(true)
+	if r := do(t, "GET", base+"/readyz", ""); r.code != 200 {
+		t.Errorf("/readyz after SetReady(true) = %d, want 200", r.code)
+	}
+	s.SetReady(false)
+	if r := do(t, "GET", base+"/readyz", ""); r.code != 503 {
+		t.Errorf("/readyz after SetReady(false) = %d, want 503", r.code)
+	}
+	if r := do(t, "GET", base+"/", ""); r.code != 200 || !bytes.Contains(r.body, []byte("node-a")) {
+		t.Errorf("/ = %d %s", r.code, r.body)
+	}
+	if r := do(t, "GET", base+"/debug/pprof/", ""); r.code != 200 || !bytes.Contains(r.body, []byte("goroutine")) {
+		t.Errorf("/debug/pprof/ = %d", r.code)
+	}
+	if r := do(t, "GET", base+"/metrics", ""); r.code != 200 || string(r.body) != "sluice_up 1\n" {
+		t.Errorf("/metrics = %d %s", r.code, r.body)
+	}
+}
+
+// FuzzCheckJSON feeds arbitrary bodies to POST /v1/check: it never panics,
+// JSON protojson refuses answers 400, anything else 200 or 429.
+func FuzzCheckJSON(f *testing.F) {
+	for _, seed := range []string{
+		`{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000}]}`,
+		`{"requests":[{"name":"api","key":"a","hits":11,"limit":10,"windowMs":60000,"algorithm":"ALGORITHM_GCRA"}]}`,
+		`{"requests":[{"algorithm":300,"limit":-1,"burst":"9223372036854775807"}]}`,
+		`{}`, `[]`, `null`, `{"requests":[null]}`, `{"requests":[{"name":"\u0000"}]}`, "\xff",
+	} {
+		f.Add([]byte(seed))
+	}
+	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Handler: &fakeHandler{}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := s.httpHandler()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check", bytes.NewReader(body)))
+		code := rec.Code
+		parseErr := jsonIn.Unmarshal(body, new(sluicev1.CheckRequest))
+		switch {
+		case parseErr != nil:
+			if code != http.StatusBadRequest {
+				t.Fatalf("body %q refused by protojson (%v) answered %d", body, parseErr, code)
+			}
+		case code != http.StatusOK && code != http.StatusTooManyRequests && code != http.StatusBadRequest:
+			t.Fatalf("body %q answered %d", body, code)
+		}
+	})
+}

@@ -1,0 +1,357 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// checkOwn verifies that out answers exactly reqs, as forwarded by from.
+func checkOwn(from string, reqs []bucket.Request, out []bucket.Outcome) error {
+	for i := range reqs {
+		if out[i].Owner != from+"/"+reqs[i].Key || out[i].Err != "" {
+			return fmt.Errorf("out[%d] = %+v, want the answer for %s", i, out[i], reqs[i].Key)
+		}
+	}
+	return nil
+}
+
+// A lone caller is sent at once, alone: no timer, no waiting for company.
+func TestForwardLoneCallerSentAtOnce(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Hour})
+	defer pc.Close()
+	for i := range 5 {
+		rs := []bucket.Request{req("k"+strconv.Itoa(i), 1)}
+		out := make([]bucket.Outcome, 1)
+		if err := pc.Forward(context.Background(), s.GRPCAddr(), rs, out); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkOwn("a", rs, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sizes := h.forwardSizes()
+	if len(sizes) != 5 {
+		t.Fatalf("RPC sizes %v, want five RPCs of 1 item", sizes)
+	}
+	for _, n := range sizes {
+		if n != 1 {
+			t.Fatalf("RPC sizes %v, want five RPCs of 1 item", sizes)
+		}
+	}
+	if in, q := peerState(pc, s.GRPCAddr()); in != 0 || q != 0 {
+		t.Fatalf("after the calls: %d in flight, %d queued", in, q)
+	}
+}
+
+// While the in-flight slots are taken, callers queue; the queue then goes out
+// as one batch and each caller gets exactly its own answers.
+func TestForwardCoalescesConcurrentCallers(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{block: make(chan struct{})}
+	s := startServer(t, h)
+	const inFlight, callers = 2, 60
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: inFlight, Timeout: time.Minute})
+	defer pc.Close()
+	addr := s.GRPCAddr()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for i := range callers {
+		rs := keys("c"+strconv.Itoa(i)+"-", 1+i%3)
+		wg.Go(func() {
+			out := make([]bucket.Outcome, len(rs))
+			if err := pc.Forward(testCtx(t), addr, rs, out); err != nil {
+				errs <- err
+				return
+			}
+			errs <- checkOwn("a", rs, out)
+		})
+	}
+	waitFor(t, 10*time.Second, "two RPCs in flight and the rest queued", func() bool {
+		in, q := peerState(pc, addr)
+		return in == inFlight && q == callers-inFlight && h.forwards.Load() == inFlight
+	})
+	close(h.block)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sizes := h.forwardSizes()
+	if len(sizes) != inFlight+1 {
+		t.Fatalf("%d callers took RPCs of sizes %v; want %d direct and one batch", callers, sizes, inFlight)
+	}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	if want := callers + callers/3*3; total != want { // sizes 1,2,3 repeating
+		t.Fatalf("RPCs carried %d items, want %d", total, want)
+	}
+}
+
+// Under free-running load every caller gets its own answers, some callers
+// give up early, and no call is lost or crossed.
+func TestForwardStress(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxBatch: 50, Timeout: time.Minute})
+	defer pc.Close()
+	addr := s.GRPCAddr()
+	const workers, rounds = 16, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	calls := 0
+	for w := range workers {
+		calls += rounds
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := range rounds {
+				rs := keys(fmt.Sprintf("w%d-%d-", w, i), 1+rng.IntN(70))
+				out := make([]bucket.Outcome, len(rs))
+				ctx, cancel := context.WithCancel(context.Background())
+				if i%10 == 9 {
+					cancel() // gives up at once: error or answers, never a crossed answer
+				}
+				err := pc.Forward(ctx, addr, rs, out)
+				cancel()
+				if err == nil {
+					err = checkOwn("a", rs, out)
+				} else if i%10 == 9 && errors.Is(err, context.Canceled) {
+					err = nil
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d calls took %d RPCs", calls, h.forwards.Load())
+	waitFor(t, 10*time.Second, "the peer to go idle", func() bool {
+		in, q := peerState(pc, addr)
+		return in == 0 && q == 0
+	})
+}
+
+func TestForwardSplitsLargeCalls(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxBatch: 10})
+	defer pc.Close()
+	rs := keys("k", 25)
+	out := make([]bucket.Outcome, len(rs))
+	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOwn("a", rs, out); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(h.forwardSizes()); got != "[10 10 5]" {
+		t.Fatalf("RPC sizes %s, want [10 10 5]", got)
+	}
+}
+
+// A closed port fails fast with Unavailable, long before the deadline.
+func TestForwardUnreachablePeer(t *testing.T) {
+	t.Parallel()
+	l := listen(t)
+	addr := l.Addr().String()
+	l.Close()
+	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Minute})
+	defer pc.Close()
+	for range 3 { // the first dial and the reconnects after it
+		start := time.Now()
+		err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1))
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("forward to a closed port: %v (after %v), want Unavailable", err, time.Since(start))
+		}
+	}
+}
+
+// A peer that never answers costs each caller its deadline, no more: both the
+// callers on the wire and those queued behind them.
+func TestForwardHangingPeer(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{block: make(chan struct{}), hang: true}
+	s := startServer(t, h)
+	t.Cleanup(func() { close(h.block) }) // runs before the server's Shutdown
+	const timeout = 100 * time.Millisecond
+	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: timeout, MaxInFlight: 1})
+	defer pc.Close()
+	const callers = 6
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			start := time.Now()
+			err := pc.Forward(context.Background(), s.GRPCAddr(), keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1))
+			if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+				errs <- fmt.Errorf("caller %d: %v, want DeadlineExceeded", i, err)
+				return
+			}
+			if d := time.Since(start); d < timeout {
+				errs <- fmt.Errorf("caller %d gave up after %v, before its deadline", i, d)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range callers {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a forward to a hanging peer is still waiting after 30 s")
+		}
+	}
+}
+
+// A caller whose context ends while its items wait in the queue returns at
+// once with ctx.Err(), and the batch that later goes out skips it.
+func TestForwardCancelWhileQueued(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{block: make(chan struct{})}
+	s := startServer(t, h)
+	addr := s.GRPCAddr()
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: 1, Timeout: time.Minute})
+	defer pc.Close()
+
+	first := make(chan error, 1)
+	go func() { first <- pc.Forward(context.Background(), addr, keys("first", 1), make([]bucket.Outcome, 1)) }()
+	waitFor(t, 10*time.Second, "the first forward on the wire", func() bool { return h.forwards.Load() == 1 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	out := make([]bucket.Outcome, 1)
+	go func() { queued <- pc.Forward(ctx, addr, keys("queued", 1), out) }()
+	waitFor(t, 10*time.Second, "the second forward queued", func() bool { _, q := peerState(pc, addr); return q == 1 })
+	cancel()
+	select {
+	case err := <-queued:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("canceled queued forward: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("canceled queued forward did not return")
+	}
+
+	// A third caller queues behind the abandoned one; when the first RPC
+	// ends, the batch carries the third caller only.
+	third := make(chan error, 1)
+	rs := keys("third", 2)
+	out3 := make([]bucket.Outcome, 2)
+	go func() { third <- pc.Forward(context.Background(), addr, rs, out3) }()
+	waitFor(t, 10*time.Second, "the third forward queued", func() bool { _, q := peerState(pc, addr); return q == 2 })
+	close(h.block)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-third; err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOwn("a", rs, out3); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(h.forwardSizes()); got != "[1 2]" {
+		t.Fatalf("RPC sizes %s, want [1 2]", got)
+	}
+	if out[0] != (bucket.Outcome{}) {
+		t.Fatalf("the abandoned caller's out was written: %+v", out[0])
+	}
+}
+
+func TestForwardEdges(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	ctx := testCtx(t)
+	if err := pc.Forward(ctx, s.GRPCAddr(), nil, nil); err != nil {
+		t.Errorf("empty forward: %v", err)
+	}
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 2), make([]bucket.Outcome, 1)); err == nil {
+		t.Error("forward with a short out succeeded")
+	}
+	if err := pc.Forward(ctx, "", keys("k", 1), make([]bucket.Outcome, 1)); err == nil {
+		t.Error("forward to an empty address succeeded")
+	}
+	if h.forwards.Load() != 0 {
+		t.Errorf("%d RPCs for edge cases, want 0", h.forwards.Load())
+	}
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.ClosePeer(s.GRPCAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); err != nil {
+		t.Fatalf("forward after ClosePeer (redials): %v", err)
+	}
+	if err := pc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("forward after Close: %v, want ErrClosed", err)
+	}
+	if err := pc.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// Close fails what is on the wire and queued, and returns once nothing is.
+func TestPeerClientCloseFailsInFlight(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{block: make(chan struct{})}
+	s := startServer(t, h)
+	t.Cleanup(func() { close(h.block) })
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: 1, Timeout: time.Minute})
+	addr := s.GRPCAddr()
+	errs := make(chan error, 3)
+	for i := range 3 {
+		go func() {
+			errs <- pc.Forward(context.Background(), addr, keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1))
+		}()
+	}
+	waitFor(t, 10*time.Second, "one forward on the wire, two queued", func() bool {
+		in, q := peerState(pc, addr)
+		return in == 1 && q == 2 && h.forwards.Load() == 1
+	})
+	if err := pc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case err := <-errs:
+			if err == nil {
+				t.Error("a forward succeeded across Close")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("forward still waiting after Close")
+		}
+	}
+}

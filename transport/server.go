@@ -1,0 +1,392 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+// Handler decides checks. cluster.Node implements it; cmd/sluice passes it in.
+// Both methods are called concurrently from many goroutines. They return only
+// when every element of out is filled (len(out) == len(reqs)); the transport
+// reuses reqs and out after they return, so a Handler must not keep them.
+type Handler interface {
+	// Check decides reqs and fills out; it may forward to other nodes. It
+	// validates each item itself and answers an invalid one with Outcome.Err.
+	Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome)
+	// CheckForwarded decides reqs another node (named from) forwarded to this
+	// one; it never forwards again (hop limit 1).
+	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+}
+
+// StatusSource answers Admin.Status and the HTTP status page. Called
+// concurrently.
+type StatusSource interface {
+	Status(ctx context.Context) (*sluicev1.StatusResponse, error)
+}
+
+// DefaultMaxRecvMsgSize is the largest message the server accepts (DESIGN §5),
+// on gRPC and as an HTTP body.
+const DefaultMaxRecvMsgSize = 4 << 20
+
+// RateLimiterService is the health-checked service name of the public API.
+const RateLimiterService = "sluice.v1.RateLimiter"
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// GRPCAddr and HTTPAddr are the listen addresses ("host:port"). HTTPAddr ""
+	// (and no HTTPListener) means no HTTP server.
+	GRPCAddr, HTTPAddr string
+	// GRPCListener and HTTPListener, when set, are used instead of the
+	// addresses. The Server closes them on Shutdown.
+	GRPCListener, HTTPListener net.Listener
+	// Handler decides checks. Required.
+	Handler Handler
+	// Status answers Admin.Status and the status page; nil answers
+	// Unimplemented.
+	Status StatusSource
+	// MaxRecvMsgSize is the largest gRPC message and HTTP body in bytes;
+	// 0 means DefaultMaxRecvMsgSize (4 MiB).
+	MaxRecvMsgSize int
+	// Metrics, when set, is served at GET /metrics (e.g. promhttp.Handler()).
+	Metrics http.Handler
+	// GRPCOptions are added to the gRPC server's options (e.g. TLS
+	// credentials, keepalive).
+	GRPCOptions []grpc.ServerOption
+	// Logger receives serve errors and recovered panics; nil discards.
+	Logger *slog.Logger
+}
+
+// Validate reports a configuration NewServer cannot use.
+func (c *ServerConfig) Validate() error {
+	switch {
+	case c.Handler == nil:
+		return errors.New("transport: ServerConfig.Handler is nil")
+	case c.GRPCAddr == "" && c.GRPCListener == nil:
+		return errors.New("transport: ServerConfig needs GRPCAddr or GRPCListener")
+	case c.MaxRecvMsgSize < 0:
+		return fmt.Errorf("transport: ServerConfig.MaxRecvMsgSize is %d, must be >= 0", c.MaxRecvMsgSize)
+	}
+	return nil
+}
+
+// Server serves the gRPC services (RateLimiter, Admin, Peer, health,
+// reflection) and the HTTP API of one node. NewServer starts nothing; Start
+// starts serving; Shutdown stops and waits for every goroutine Start started.
+type Server struct {
+	cfg     ServerConfig
+	log     *slog.Logger
+	maxRecv int
+
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server // nil without HTTP
+
+	bufs   sync.Pool // *checkBuf
+	bodies sync.Pool // *bytes.Buffer for HTTP bodies
+
+	ready    atomic.Bool
+	stopping atomic.Bool
+
+	mu       sync.Mutex
+	started  bool
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	wg       sync.WaitGroup
+	shutOnce sync.Once
+}
+
+// NewServer builds a Server from cfg. It starts nothing and listens nowhere.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, maxRecv: cfg.MaxRecvMsgSize}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.maxRecv == 0 {
+		s.maxRecv = DefaultMaxRecvMsgSize
+	}
+	s.bufs.New = func() any { return new(checkBuf) }
+
+	opts := append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.maxRecv),
+		grpc.ChainUnaryInterceptor(s.recoverUnary),
+	}, cfg.GRPCOptions...)
+	s.grpc = grpc.NewServer(opts...)
+	sluicev1.RegisterRateLimiterServer(s.grpc, rateLimiterServer{s: s})
+	sluicev1.RegisterAdminServer(s.grpc, adminServer{s: s})
+	sluicev1.RegisterPeerServer(s.grpc, peerServer{s: s})
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.setHealth(false)
+
+	if cfg.HTTPAddr != "" || cfg.HTTPListener != nil {
+		s.http = &http.Server{
+			Addr:              cfg.HTTPAddr,
+			Handler:           s.httpHandler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		}
+	}
+	return s, nil
+}
+
+// Start listens (unless listeners were given) and serves gRPC, and HTTP when
+// configured, each in a goroutine. The server starts not ready: call
+// SetReady(true) once the node can answer.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("transport: Server already started")
+	}
+	if s.stopping.Load() {
+		return errors.New("transport: Server is shut down")
+	}
+	gl := s.cfg.GRPCListener
+	if gl == nil {
+		var err error
+		if gl, err = net.Listen("tcp", s.cfg.GRPCAddr); err != nil {
+			return fmt.Errorf("transport: gRPC listen: %w", err)
+		}
+	}
+	var hl net.Listener
+	if s.http != nil {
+		hl = s.cfg.HTTPListener
+		if hl == nil {
+			var err error
+			if hl, err = net.Listen("tcp", s.cfg.HTTPAddr); err != nil {
+				gl.Close()
+				return fmt.Errorf("transport: HTTP listen: %w", err)
+			}
+		}
+	}
+	s.started, s.grpcLis, s.httpLis = true, gl, hl
+	s.wg.Go(func() {
+		if err := s.grpc.Serve(gl); err != nil {
+			s.log.Error("gRPC server stopped", "addr", gl.Addr().String(), "err", err)
+		}
+	})
+	if hl != nil {
+		s.wg.Go(func() {
+			if err := s.http.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("HTTP server stopped", "addr", hl.Addr().String(), "err", err)
+			}
+		})
+	}
+	return nil
+}
+
+// GRPCAddr is the address the gRPC server is bound to ("" before Start).
+func (s *Server) GRPCAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.grpcLis == nil {
+		return ""
+	}
+	return s.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the address the HTTP server is bound to ("" before Start or
+// without HTTP).
+func (s *Server) HTTPAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.httpLis == nil {
+		return ""
+	}
+	return s.httpLis.Addr().String()
+}
+
+// SetReady sets what health checks report: grpc.health.v1 SERVING or
+// NOT_SERVING for "" and "sluice.v1.RateLimiter", and /readyz 200 or 503.
+// After Shutdown has begun the server stays not ready.
+func (s *Server) SetReady(ready bool) {
+	if s.stopping.Load() {
+		return
+	}
+	s.ready.Store(ready)
+	s.setHealth(ready)
+}
+
+func (s *Server) setHealth(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(RateLimiterService, st)
+}
+
+// Shutdown marks the server not serving, stops accepting, lets calls in
+// progress finish until ctx ends (then cuts them off), and waits for the
+// goroutines Start started. It returns ctx.Err() when it had to cut calls off.
+// A load balancer needs time between SetReady(false) and Shutdown to notice;
+// that wait is the caller's.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.shutOnce.Do(func() { err = s.shutdown(ctx) })
+	return err
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.stopping.Store(true)
+	s.mu.Unlock()
+	s.ready.Store(false)
+	s.health.Shutdown() // NOT_SERVING for every service, and stays so
+
+	var cut error
+	var hwg sync.WaitGroup
+	if s.http != nil {
+		hwg.Go(func() {
+			if err := s.http.Shutdown(ctx); err != nil {
+				s.http.Close()
+				cut = err
+			}
+		})
+	}
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-stopped
+		cut = ctx.Err()
+	}
+	hwg.Wait()
+	s.wg.Wait()
+	return cut
+}
+
+// recoverUnary turns a panic in a handler into codes.Internal and a log line.
+func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic in gRPC handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			resp, err = nil, status.Error(codes.Internal, "internal error")
+		}
+	}()
+	return next(ctx, req)
+}
+
+// checkBuf holds the per-call slices the handler works on; pooled.
+type checkBuf struct {
+	reqs []bucket.Request
+	outs []bucket.Outcome
+}
+
+func (s *Server) getBuf(n int) *checkBuf {
+	b := s.bufs.Get().(*checkBuf)
+	if cap(b.reqs) < n {
+		b.reqs = make([]bucket.Request, n)
+		b.outs = make([]bucket.Outcome, n)
+	}
+	b.reqs, b.outs = b.reqs[:n], b.outs[:n]
+	return b
+}
+
+func (s *Server) putBuf(b *checkBuf) {
+	clear(b.reqs) // drop references to names, keys and owners
+	clear(b.outs)
+	s.bufs.Put(b)
+}
+
+func batchTooLarge(n int) error {
+	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, bucket.MaxBatchSize)
+}
+
+// decide converts reqs, runs fn on pooled slices and returns the response.
+// from is "" for a client's check.
+func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) *sluicev1.CheckResponse {
+	n := len(reqs)
+	resp := &sluicev1.CheckResponse{}
+	if n == 0 {
+		return resp
+	}
+	b := s.getBuf(n)
+	for i, r := range reqs {
+		b.reqs[i] = RequestFromProto(r)
+	}
+	if forwarded {
+		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs)
+	} else {
+		s.cfg.Handler.Check(ctx, b.reqs, b.outs)
+	}
+	resp.Responses = AppendResponses(make([]*sluicev1.RateLimitResponse, 0, n), b.outs)
+	s.putBuf(b)
+	return resp
+}
+
+type rateLimiterServer struct {
+	sluicev1.UnimplementedRateLimiterServer
+	s *Server
+}
+
+func (g rateLimiterServer) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
+		return nil, batchTooLarge(n)
+	}
+	return g.s.decide(ctx, req.GetRequests(), false, ""), nil
+}
+
+type peerServer struct {
+	sluicev1.UnimplementedPeerServer
+	s *Server
+}
+
+func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.CheckResponse, error) {
+	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
+		g.s.log.Warn("refused forwarded batch", "from", req.GetFrom(), "requests", n)
+		return nil, batchTooLarge(n)
+	}
+	return g.s.decide(ctx, req.GetRequests(), true, req.GetFrom()), nil
+}
+
+type adminServer struct {
+	sluicev1.UnimplementedAdminServer
+	s *Server
+}
+
+func (g adminServer) Status(ctx context.Context, _ *sluicev1.StatusRequest) (*sluicev1.StatusResponse, error) {
+	if g.s.cfg.Status == nil {
+		return nil, status.Error(codes.Unimplemented, "status is not available on this server")
+	}
+	resp, err := g.s.cfg.Status.Status(ctx)
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	if resp == nil {
+		resp = &sluicev1.StatusResponse{}
+	}
+	return resp, nil
+}

@@ -1,0 +1,351 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+func protoReqs(rs []bucket.Request) *sluicev1.CheckRequest {
+	m := &sluicev1.CheckRequest{}
+	for _, r := range rs {
+		m.Requests = append(m.Requests, RequestToProto(r))
+	}
+	return m
+}
+
+func TestCheckRoundTripKeepsOrder(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	rs := keys("k", bucket.MaxBatchSize)
+	for i := range rs {
+		rs[i].Hits = int64(i % 15) // some over the limit of 10
+	}
+	resp, err := c.Check(testCtx(t), protoReqs(rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Responses) != len(rs) {
+		t.Fatalf("got %d responses for %d requests", len(resp.Responses), len(rs))
+	}
+	for i, r := range resp.Responses {
+		want := sluicev1.Status_STATUS_UNDER_LIMIT
+		if rs[i].Hits > 10 {
+			want = sluicev1.Status_STATUS_OVER_LIMIT
+		}
+		if r.Owner != rs[i].Key || r.Status != want {
+			t.Fatalf("response %d = %v, want owner %s status %v", i, r, rs[i].Key, want)
+		}
+	}
+}
+
+func TestCheckBatchLimits(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	ctx := testCtx(t)
+
+	resp, err := c.Check(ctx, &sluicev1.CheckRequest{})
+	if err != nil || len(resp.Responses) != 0 {
+		t.Fatalf("empty batch: %v, %v", resp, err)
+	}
+	_, err = c.Check(ctx, protoReqs(keys("k", bucket.MaxBatchSize+1)))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "1001 requests, more than 1000") {
+		t.Fatalf("1001 items: got %v, want InvalidArgument", err)
+	}
+	if n := h.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times, want 0", n)
+	}
+	// The Peer service refuses the same.
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	defer pc.Close()
+	p, _ := pc.peer(s.GRPCAddr())
+	_, err = p.client.Forward(ctx, &sluicev1.ForwardRequest{Requests: protoReqs(keys("k", 1001)).Requests})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("forward of 1001 items: got %v, want InvalidArgument", err)
+	}
+}
+
+func TestCheckOversizeMessageRefused(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	big := strings.Repeat("x", 1<<20)
+	m := &sluicev1.CheckRequest{}
+	for i := range 5 { // 5 MiB of keys
+		m.Requests = append(m.Requests, &sluicev1.RateLimitRequest{Name: "n", Key: big + strconv.Itoa(i), Limit: 1, WindowMs: 1000})
+	}
+	_, err := c.Check(testCtx(t), m)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("5 MiB message: got %v, want ResourceExhausted", err)
+	}
+	if n := h.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times, want 0", n)
+	}
+}
+
+func TestInvalidAlgorithmNeverBecomesValid(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	algs := []sluicev1.Algorithm{7, 255, 256, 257, 256 + 6, -1, -255, 1<<31 - 1, -1 << 31}
+	m := &sluicev1.CheckRequest{}
+	for _, a := range algs {
+		m.Requests = append(m.Requests, &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: 1, Limit: 10, WindowMs: 1000, Algorithm: a})
+	}
+	resp, err := c.Check(testCtx(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	got := append([]bucket.Request(nil), h.last...)
+	h.mu.Unlock()
+	for i, a := range algs {
+		if got[i].Algorithm <= bucket.GCRA {
+			t.Errorf("wire algorithm %d arrived as valid %v", a, got[i].Algorithm)
+		}
+		if got[i].Validate() == nil || resp.Responses[i].Error == "" {
+			t.Errorf("wire algorithm %d was not refused: %v", a, resp.Responses[i])
+		}
+	}
+}
+
+func TestRequestFromProtoAlgorithm(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   sluicev1.Algorithm
+		want bucket.Algorithm
+	}{
+		{0, bucket.AlgorithmUnspecified}, {1, bucket.SlidingWindow}, {6, bucket.GCRA},
+		{7, 7}, {255, 255}, {256, 255}, {257, 255}, {-1, 255}, {1<<31 - 1, 255},
+	} {
+		if got := RequestFromProto(&sluicev1.RateLimitRequest{Algorithm: tc.in}).Algorithm; got != tc.want {
+			t.Errorf("RequestFromProto(algorithm %d) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+	if r := RequestFromProto(nil); r.Validate() == nil {
+		t.Error("nil request converted to a valid one")
+	}
+	o := OutcomeFromProto(&sluicev1.RateLimitResponse{Status: 9})
+	if o.Status != bucket.StatusUnspecified || o.Err == "" {
+		t.Errorf("unknown status became %+v", o)
+	}
+}
+
+func TestHealthFollowsSetReady(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &fakeHandler{})
+	c := dial(t, s.GRPCAddr())
+	hc := healthpb.NewHealthClient(c.Conn())
+	ctx := testCtx(t)
+	check := func(want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		for _, svc := range []string{"", RateLimiterService} {
+			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
+			if err != nil || r.Status != want {
+				t.Fatalf("health %q = %v, %v; want %v", svc, r.GetStatus(), err, want)
+			}
+		}
+	}
+	check(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.SetReady(true)
+	check(healthpb.HealthCheckResponse_SERVING)
+	s.SetReady(false)
+	check(healthpb.HealthCheckResponse_NOT_SERVING)
+	s.SetReady(true)
+	check(healthpb.HealthCheckResponse_SERVING)
+}
+
+func TestReflectionListsServices(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &fakeHandler{})
+	c := dial(t, s.GRPCAddr())
+	stream, err := reflectionpb.NewServerReflectionClient(c.Conn()).ServerReflectionInfo(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, svc := range r.GetListServicesResponse().GetService() {
+		names = append(names, svc.Name)
+	}
+	for _, want := range []string{"sluice.v1.RateLimiter", "sluice.v1.Admin", "sluice.v1.Peer", "grpc.health.v1.Health"} {
+		if !strings.Contains(strings.Join(names, " "), want) {
+			t.Errorf("reflection lists %v, missing %s", names, want)
+		}
+	}
+}
+
+type fakeStatus struct{ err error }
+
+func (f fakeStatus) Status(context.Context) (*sluicev1.StatusResponse, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &sluicev1.StatusResponse{Node: "node-a", Keys: 7, Members: []*sluicev1.Member{{Name: "node-a", GrpcAddr: "127.0.0.1:1", State: "alive", Share: 1}}}, nil
+}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	s := startServer(t, &fakeHandler{})
+	if _, err := dial(t, s.GRPCAddr()).Status(ctx); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("no StatusSource: got %v, want Unimplemented", err)
+	}
+	s = startServer(t, &fakeHandler{}, func(c *ServerConfig) { c.Status = fakeStatus{} })
+	r, err := dial(t, s.GRPCAddr()).Status(ctx)
+	if err != nil || r.Node != "node-a" || len(r.Members) != 1 {
+		t.Fatalf("Status = %v, %v", r, err)
+	}
+	s = startServer(t, &fakeHandler{}, func(c *ServerConfig) { c.Status = fakeStatus{err: errors.New("boom")} })
+	if _, err := dial(t, s.GRPCAddr()).Status(ctx); status.Code(err) != codes.Unavailable {
+		t.Fatalf("failing StatusSource: got %v, want Unavailable", err)
+	}
+}
+
+func TestHandlerPanicIsInternal(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, &fakeHandler{panicking: true})
+	c := dial(t, s.GRPCAddr())
+	ctx := testCtx(t)
+	for range 2 { // and the server keeps serving
+		if _, err := c.Check(ctx, protoReqs(keys("k", 1))); status.Code(err) != codes.Internal {
+			t.Fatalf("panicking handler: got %v, want Internal", err)
+		}
+	}
+}
+
+func TestForwardRPCPassesSender(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "node-b"})
+	defer pc.Close()
+	rs := keys("k", 3)
+	out := make([]bucket.Outcome, len(rs))
+	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+		t.Fatal(err)
+	}
+	for i := range out {
+		if out[i].Owner != "node-b/"+rs[i].Key || !out[i].Allowed() {
+			t.Fatalf("out[%d] = %+v", i, out[i])
+		}
+	}
+	if h.calls.Load() != 0 || h.forwards.Load() != 1 {
+		t.Fatalf("Check %d times, CheckForwarded %d times; want 0 and 1", h.calls.Load(), h.forwards.Load())
+	}
+}
+
+func TestShutdownCutsOffAtDeadline(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{block: make(chan struct{})}
+	defer close(h.block)
+	cfg := ServerConfig{GRPCListener: listen(t), HTTPListener: listen(t), Handler: h}
+	s, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.SetReady(true)
+	pc := NewPeerClient(PeerConfig{Timeout: time.Minute})
+	defer pc.Close()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- pc.Forward(context.Background(), s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1))
+	}()
+	waitFor(t, 10*time.Second, "the forward to reach the handler", func() bool { return h.forwards.Load() == 1 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown with a hung call = %v, want DeadlineExceeded", err)
+	}
+	if s.ready.Load() {
+		t.Fatal("ready after Shutdown")
+	}
+	s.SetReady(true)
+	if s.ready.Load() {
+		t.Fatal("SetReady(true) after Shutdown made the server ready")
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the cut-off forward succeeded")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("forward still hanging after Shutdown")
+	}
+	if err := s.Start(); err == nil {
+		t.Fatal("Start after Shutdown succeeded")
+	}
+}
+
+func TestNewServerValidates(t *testing.T) {
+	t.Parallel()
+	if _, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0"}); err == nil {
+		t.Error("no Handler accepted")
+	}
+	if _, err := NewServer(ServerConfig{Handler: &fakeHandler{}}); err == nil {
+		t.Error("no gRPC address accepted")
+	}
+	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", Handler: &fakeHandler{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if s.GRPCAddr() == "" || s.HTTPAddr() != "" {
+		t.Errorf("addresses %q %q; want a gRPC address and no HTTP", s.GRPCAddr(), s.HTTPAddr())
+	}
+	if err := s.Start(); err == nil {
+		t.Error("second Start succeeded")
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The server allocates only the response messages: the request and outcome
+// slices the Handler works on are pooled.
+func TestDecideAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", Handler: &fakeHandler{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := protoReqs(keys("k", 100))
+	s.decide(context.Background(), m.Requests, true, "b") // warm the pool
+	allocs := testing.AllocsPerRun(100, func() { s.decide(context.Background(), m.Requests, true, "b") })
+	// CheckResponse, its pointer slice, one array of 100 messages; the fake
+	// handler's owner strings (100) and its record of sizes (amortised).
+	if allocs > 3+100+1 {
+		t.Fatalf("decide of 100 items: %.0f allocations", allocs)
+	}
+}
