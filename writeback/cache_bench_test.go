@@ -1,0 +1,170 @@
+package writeback
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+var benchLim = bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: bucket.MaxLimit, WindowMS: 60_000}
+
+func benchKeys(n int) ([]Key, []uint64) {
+	keys := make([]Key, n)
+	hashes := make([]uint64, n)
+	for i := range keys {
+		keys[i] = Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", 1_000_000+i)}
+		hashes[i] = hashKey(keys[i])
+	}
+	return keys, hashes
+}
+
+// BenchmarkDecideHit: checks on 10k keys already in memory.
+func BenchmarkDecideHit(b *testing.B) {
+	c, err := New(Config{Logger: quietLogger()}, nopStore{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys, hashes := benchKeys(10_000)
+	for i, k := range keys {
+		if _, err := c.Decide(hashes[i], k, benchLim, 1, base); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			j := i % len(keys)
+			if _, err := c.Decide(hashes[j], keys[j], benchLim, 1, base+int64(i)); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		var seed atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seed.Add(7919))
+			for pb.Next() {
+				j := i % len(keys)
+				if _, err := c.Decide(hashes[j], keys[j], benchLim, 1, base+int64(i)); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+}
+
+// BenchmarkDecideMiss: every check misses memory. "absent": the store does
+// not have the key (a new counter); "stored": the key is loaded from a
+// pebble store of 100k records through a 1024-entry cache.
+func BenchmarkDecideMiss(b *testing.B) {
+	b.Run("absent", func(b *testing.B) {
+		b.ReportAllocs()
+		c, err := New(Config{Shards: 64, Size: 1 << 16, Logger: quietLogger()}, nopStore{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys, hashes := benchKeys(1 << 20)
+		i := 0
+		for b.Loop() {
+			j := i % len(keys)
+			if _, err := c.Decide(hashes[j], keys[j], benchLim, 1, base); err != nil {
+				b.Fatal(err)
+			}
+			i++
+			if i%(1<<16) == 0 { // as the flush loop would: evicted entries leave pending
+				if err := c.Flush(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("stored", func(b *testing.B) {
+		b.ReportAllocs()
+		dir := b.TempDir()
+		st := openTestStore(b, dir)
+		recs := benchRecords(100_000, 1)
+		if err := st.Write(recs); err != nil {
+			b.Fatal(err)
+		}
+		if err := st.Close(); err != nil {
+			b.Fatal(err)
+		}
+		c, err := New(Config{Shards: 16, Size: 1024, Logger: quietLogger()}, openTestStore(b, dir))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		hashes := make([]uint64, len(recs))
+		for i := range recs {
+			hashes[i] = hashKey(recs[i].Key)
+		}
+		i := 0
+		for b.Loop() {
+			j := (i * 7919) % len(recs)
+			if _, err := c.Decide(hashes[j], recs[j].Key, benchLim, 0, base); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+		b.StopTimer()
+		if st := c.Stats(); st.Loads < uint64(b.N)/2 {
+			b.Fatalf("only %d loads for %d checks", st.Loads, b.N)
+		}
+	})
+}
+
+// BenchmarkHeapPerKey measures the heap held per live key after 1M keys
+// went through a cache of Size 1M (run with -benchtime=1x): dirtyHeapB/key
+// right after filling (dirty lists and pending entries included),
+// heapB/key after a flush emptied them. The caller's key strings are
+// allocated before and not counted; the cache's own copies are.
+func BenchmarkHeapPerKey(b *testing.B) {
+	b.ReportAllocs()
+	const n = 1_000_000
+	keys, hashes := benchKeys(n)
+	var c *Cache
+	var dirty, flushed float64
+	for b.Loop() {
+		c = nil
+		runtime.GC()
+		var before, mid, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		var err error
+		c, err = New(Config{Shards: 64, Size: n, Logger: quietLogger()}, nopStore{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, k := range keys {
+			if _, err := c.Decide(hashes[i], k, benchLim, 1, base); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&mid)
+		if err := c.Flush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		// Shards fill unevenly, so a little under n stay live.
+		live := float64(c.Len())
+		if live < 0.99*n {
+			b.Fatalf("only %v of %d keys live", live, n)
+		}
+		dirty = float64(mid.HeapAlloc-before.HeapAlloc) / live
+		flushed = float64(after.HeapAlloc-before.HeapAlloc) / live
+	}
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(keys)
+	b.ReportMetric(flushed, "heapB/key")
+	b.ReportMetric(dirty, "dirtyHeapB/key")
+}

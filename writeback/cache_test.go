@@ -1,0 +1,642 @@
+package writeback
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+	"unsafe"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+func pendingLen(c *Cache) int {
+	n := 0
+	for _, s := range c.shards {
+		s.mu.Lock()
+		n += len(s.pending)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+func mustLoad(t *testing.T, st Store, k Key) Record {
+	t.Helper()
+	rec, ok, err := st.Load(k)
+	if err != nil || !ok {
+		t.Fatalf("load %v: ok=%v err=%v", k, ok, err)
+	}
+	return rec
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("zero config (all defaults): %v", err)
+	}
+	for _, c := range []Config{
+		{Shards: 3}, {Shards: 1 << 20}, {Shards: 64, Size: 10},
+		{FlushInterval: -1}, {ExpiryInterval: -time.Second}, {ExpiryBatch: -1},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+		if _, err := New(c, nopStore{}); err == nil {
+			t.Errorf("New(%+v) accepted", c)
+		}
+	}
+}
+
+// TestFlush: decisions, one Flush, then the store (reopened) has the states
+// with their versions.
+func TestFlush(t *testing.T) {
+	t.Parallel()
+	c, dir := newTestCache(t, Config{Shards: 4, Size: 100})
+	a, b := Key{"api.create_url", "user:1"}, Key{"api.create_url", "user:2"}
+	for i := range int64(3) {
+		decide(t, c, a, lim10, 1, base+i)
+	}
+	decide(t, c, b, lim10, 2, base)
+	decide(t, c, b, lim10, 0, base+5) // a peek changes nothing
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Flushes != 1 || st.FlushedRecords != 2 {
+		t.Fatalf("stats after flush: %+v", st)
+	}
+	if err := c.Flush(t.Context()); err != nil { // nothing dirty: writes nothing
+		t.Fatal(err)
+	}
+	if err := c.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Flushes != 1 {
+		t.Fatalf("Close wrote although nothing was dirty: %+v", st)
+	}
+	st := openTestStore(t, dir)
+	defer st.Close()
+	ra, rb := mustLoad(t, st, a), mustLoad(t, st, b)
+	if ra.State.Count != 3 || ra.Version != uint64(base+2) {
+		t.Errorf("a: %+v, want count 3 version %d", ra, base+2)
+	}
+	if rb.State.Count != 2 || rb.Version != uint64(base) {
+		t.Errorf("b: %+v, want count 2 version %d", rb, base)
+	}
+	var n int
+	if err := st.ForEach(func(Record) bool { n++; return true }); err != nil || n != 2 {
+		t.Errorf("ForEach saw %d records (err %v), want 2", n, err)
+	}
+}
+
+// TestEvictThenReload: an evicted dirty entry waits in pending, is found
+// there by a miss, is written by the next flush and reloads from the store
+// with the same count.
+func TestEvictThenReload(t *testing.T) {
+	t.Parallel()
+	hs := &hookStore{Store: openTestStore(t, t.TempDir())}
+	c, err := New(Config{Shards: 1, Size: 2, Logger: quietLogger()}, hs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	k1, k2, k3 := Key{"n", "1"}, Key{"n", "2"}, Key{"n", "3"}
+	for range 3 {
+		decide(t, c, k1, lim10, 1, base)
+	}
+	decide(t, c, k2, lim10, 1, base)
+	decide(t, c, k3, lim10, 1, base) // evicts k1
+	if c.Len() != 2 || pendingLen(c) != 1 || c.Stats().Evictions != 1 {
+		t.Fatalf("len %d pending %d stats %+v", c.Len(), pendingLen(c), c.Stats())
+	}
+	// A miss finds k1 in pending, not in the (empty) store.
+	loads := c.Stats().Loads
+	if rec, ok, err := c.Get(hashKey(k1), k1, base); err != nil || !ok || rec.State.Count != 3 {
+		t.Fatalf("Get from pending: %+v %v %v", rec, ok, err)
+	}
+	if c.Stats().Loads != loads {
+		t.Fatalf("the miss read the store: %+v", c.Stats())
+	}
+	// k1 is back in the LRU; k2 went to pending. Flush writes all three and
+	// empties pending.
+	if pendingLen(c) != 1 {
+		t.Fatalf("pending %d, want 1", pendingLen(c))
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if pendingLen(c) != 0 {
+		t.Fatalf("pending %d after flush", pendingLen(c))
+	}
+	if got := len(hs.writes[0]); got != 3 {
+		t.Fatalf("flush wrote %d records, want 3", got)
+	}
+	// Evict k1 again (clean now: dropped), reload it from the store.
+	decide(t, c, k2, lim10, 0, base)
+	decide(t, c, k3, lim10, 0, base)
+	if pendingLen(c) != 0 || c.Len() != 2 {
+		t.Fatal("a clean entry went to pending")
+	}
+	loads = c.Stats().Loads
+	d := decide(t, c, k1, lim10, 1, base)
+	if d.Remaining != 6 || c.Stats().Loads != loads+1 {
+		t.Fatalf("reload: %+v stats %+v", d, c.Stats())
+	}
+}
+
+// TestEvictExpiredDropped: an evicted dirty entry that is already fresh is
+// not kept.
+func TestEvictExpiredDropped(t *testing.T) {
+	t.Parallel()
+	c, err := New(Config{Shards: 1, Size: 1, Logger: quietLogger()}, nopStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide(t, c, Key{"n", "1"}, lim10, 1, base)
+	later := base + 3*int64(time.Minute) // past Expires
+	decide(t, c, Key{"n", "2"}, lim10, 1, later)
+	if pendingLen(c) != 0 {
+		t.Fatal("expired entry kept in pending")
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.FlushedRecords != 1 {
+		t.Fatalf("flushed %d records, want only the live one", st.FlushedRecords)
+	}
+}
+
+// TestRestartReload: Close, reopen store and cache, and the count goes on.
+func TestRestartReload(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	lim := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 5, WindowMS: 60_000}
+	k := Key{"api.create_url", "user:7"}
+	c := newCacheAt(t, Config{}, dir)
+	for range 4 {
+		decide(t, c, k, lim, 1, base)
+	}
+	old, _, _ := c.Get(hashKey(k), k, base)
+	if err := c.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Decide(hashKey(k), k, lim, 1, base); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Decide after Close: %v", err)
+	}
+	if err := c.Flush(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Flush after Close: %v", err)
+	}
+
+	c = newCacheAt(t, Config{}, dir)
+	if d := decide(t, c, k, lim, 1, base+1); !d.Allowed() || d.Remaining != 0 {
+		t.Fatalf("5th hit after restart: %+v", d)
+	}
+	if d := decide(t, c, k, lim, 1, base+2); d.Allowed() {
+		t.Fatalf("6th hit after restart allowed: %+v", d)
+	}
+	rec, ok, err := c.Get(hashKey(k), k, base+2)
+	if err != nil || !ok || rec.Version <= old.Version || rec.State.Count != 5 {
+		t.Fatalf("after restart: %+v (before %+v) %v %v", rec, old, ok, err)
+	}
+}
+
+// TestCloseFlushesPending: Close writes dirty and pending entries.
+func TestCloseFlushesPending(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	c := newCacheAt(t, Config{Shards: 1, Size: 1}, dir)
+	a, b := Key{"n", "a"}, Key{"n", "b"}
+	decide(t, c, a, lim10, 2, base)
+	decide(t, c, b, lim10, 3, base) // a → pending
+	if pendingLen(c) != 1 {
+		t.Fatal("a not pending")
+	}
+	if err := c.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st := openTestStore(t, dir)
+	defer st.Close()
+	if mustLoad(t, st, a).State.Count != 2 || mustLoad(t, st, b).State.Count != 3 {
+		t.Fatal("Close lost a record")
+	}
+}
+
+// TestFreshRecordIsAbsent: a stored record whose state has expired counts as
+// absent, but the version keeps growing.
+func TestFreshRecordIsAbsent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	st := openTestStore(t, dir)
+	k := Key{"n", "k"}
+	old := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 10, Expires: base + 2*int64(time.Minute)}
+	if err := st.Write([]Record{{Key: k, State: old, Version: uint64(base + 99)}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Logger: quietLogger()}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	later := base + 5*int64(time.Minute)
+	if _, ok, err := c.Get(hashKey(k), k, later); ok || err != nil {
+		t.Fatalf("expired record present: %v %v", ok, err)
+	}
+	if d := decide(t, c, k, lim10, 1, base+int64(time.Second)); d.Allowed() {
+		t.Fatal("live record ignored")
+	}
+	st2 := openTestStore(t, t.TempDir())
+	if err := st2.Write([]Record{{Key: k, State: old, Version: uint64(later + 99)}}); err != nil {
+		t.Fatal(err)
+	}
+	c3, err := New(Config{Logger: quietLogger()}, st2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close(t.Context())
+	if d := decide(t, c3, k, lim10, 1, later); !d.Allowed() || d.Remaining != 9 {
+		t.Fatalf("expired record not fresh: %+v", d)
+	}
+	if rec, _, _ := c3.Get(hashKey(k), k, later); rec.Version != uint64(later+100) {
+		t.Fatalf("version %d, want %d", rec.Version, later+100)
+	}
+}
+
+// TestCorruptRecordSkipped: corrupt values written through the engine are
+// logged with the path and key, counted and treated as absent.
+func TestCorruptRecordSkipped(t *testing.T) {
+	t.Parallel()
+	good := appendRecordValue(nil, bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 3, Expires: base + 1e12}, 5)
+	badFormat := append([]byte(nil), good...)
+	badFormat[0] = 9
+	badState := append([]byte(nil), good...)
+	badState[9] = 77 // bucket.State encoding version
+	cases := map[string][]byte{
+		"checksum":  append(append([]byte(nil), good[:len(good)-1]...), good[len(good)-1]^1),
+		"truncated": good[:20],
+		"empty":     {},
+		"format":    resealRecord(badFormat), // right checksum, wrong content
+		"state":     resealRecord(badState),
+	}
+	for name, value := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			var logs logBuf
+			st, err := OpenStore(dir, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := Key{"api.create_url", "user:corrupt"}
+			if err := putRaw(st, appendStoreKey(nil, k), value); err != nil {
+				t.Fatal(err)
+			}
+			if rec, ok, err := st.Load(k); ok || err != nil || rec != (Record{}) {
+				t.Fatalf("Load of corrupt record: %+v %v %v", rec, ok, err)
+			}
+			if !strings.Contains(logs.String(), dir) || !strings.Contains(logs.String(), "user:corrupt") {
+				t.Fatalf("log does not name path and key: %s", logs.String())
+			}
+			c, err := New(Config{Logger: quietLogger()}, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close(t.Context())
+			if d := decide(t, c, k, lim10, 1, base); !d.Allowed() || d.Remaining != 9 {
+				t.Fatalf("cache did not start fresh: %+v", d)
+			}
+			if got := c.Stats().CorruptRecords; got != 2 {
+				t.Fatalf("corrupt records %d, want 2 (Load and the miss)", got)
+			}
+			n := 0
+			if err := st.ForEach(func(Record) bool { n++; return true }); err != nil || n != 0 {
+				t.Fatalf("ForEach returned %d records, err %v", n, err)
+			}
+		})
+	}
+}
+
+// resealRecord recomputes the checksum of a stored value.
+func resealRecord(v []byte) []byte {
+	body := append([]byte(nil), v[:len(v)-4]...)
+	return binary.BigEndian.AppendUint32(body, crc32.Checksum(body, castagnoli))
+}
+
+// TestOpenStoreBadPath: an unopenable or corrupt store names its path.
+func TestOpenStoreBadPath(t *testing.T) {
+	t.Parallel()
+	t.Run("file", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "notadir")
+		if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := OpenStore(path, quietLogger())
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("error %v does not name %s", err, path)
+		}
+	})
+	t.Run("corrupt", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		st := openTestStore(t, dir)
+		if err := st.Write([]Record{{Key: Key{"n", "k"}, Version: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		corruptStoreFiles(t, dir)
+		_, err := OpenStore(dir, quietLogger())
+		if err == nil || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("error %v does not name %s", err, dir)
+		}
+	})
+}
+
+// TestExpiryDeletion: expired and corrupt records are deleted in bounded
+// passes; live ones stay.
+func TestExpiryDeletion(t *testing.T) {
+	t.Parallel()
+	st := openTestStore(t, t.TempDir())
+	c, err := New(Config{ExpiryBatch: 3, Logger: quietLogger()}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	var recs []Record
+	for i := range 10 {
+		exp := base + 1000 // expired at base+1000
+		if i%2 == 0 {
+			exp = base + 1e12 // live
+		}
+		recs = append(recs, Record{Key: Key{"n", fmt.Sprint(i)}, Version: 1,
+			State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: exp}})
+	}
+	if err := st.Write(recs); err != nil {
+		t.Fatal(err)
+	}
+	if err := putRaw(st, []byte("n\x00junk"), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.DeleteExpired(base+1000, 3); err != nil || n > 3 {
+		t.Fatalf("one pass of 3 deleted %d (err %v)", n, err)
+	}
+	for range 4 { // 11 records, 3 per pass: 4 passes cover them all
+		c.expire(base + 1000)
+	}
+	if got := c.Stats().ExpiredDeleted; got < 1 {
+		t.Fatalf("expired deleted %d", got)
+	}
+	var left []string
+	if err := st.ForEach(func(r Record) bool { left = append(left, r.Key.Key); return true }); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(left, ",") != "0,2,4,6,8" {
+		t.Fatalf("left %v, want the live ones", left)
+	}
+	if _, ok, _ := st.Load(Key{"n", "junk"}); ok {
+		t.Fatal("corrupt record not deleted")
+	}
+}
+
+// TestFlushLoop: in a synctest bubble, the flush loop writes a change once
+// fake time passes FlushInterval, and the expiry loop runs its pass.
+func TestFlushLoop(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// An in-memory store: pebble's own goroutines would live outside
+		// the bubble and blur when it is idle.
+		hs := newMemStore()
+		c, err := New(Config{Logger: quietLogger(), ExpiryInterval: 10 * time.Second}, hs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		c.Start(ctx)
+		k := Key{"api.create_url", "user:9"}
+		decide(t, c, k, lim10, 4, time.Now().UnixNano())
+		time.Sleep(DefaultFlushInterval / 2)
+		synctest.Wait()
+		if _, ok, _ := hs.Load(k); ok {
+			t.Fatal("written before FlushInterval")
+		}
+		time.Sleep(DefaultFlushInterval / 2)
+		synctest.Wait()
+		if rec, ok, err := hs.Load(k); err != nil || !ok || rec.State.Count != 4 {
+			t.Fatalf("after FlushInterval: %+v %v %v", rec, ok, err)
+		}
+		if st := c.Stats(); st.Flushes != 1 {
+			t.Fatalf("stats %+v", st)
+		}
+		// The record expires two minutes later; the expiry loop deletes it.
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if _, ok, _ := hs.Load(k); ok || c.Stats().ExpiredDeleted != 1 {
+			t.Fatalf("expired record not deleted: %+v", c.Stats())
+		}
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestFailedFlushKeepsDirty: a failed write keeps entries dirty (and
+// counted); a change made during a write stays dirty; the write never holds
+// a shard lock (the hook's Decide would deadlock).
+func TestFailedFlushKeepsDirty(t *testing.T) {
+	t.Parallel()
+	hs := &hookStore{Store: openTestStore(t, t.TempDir()), failWrites: 1}
+	c, err := New(Config{Shards: 1, Size: 1, Logger: quietLogger()}, hs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	a, b := Key{"n", "a"}, Key{"n", "b"}
+	decide(t, c, a, lim10, 1, base)
+	decide(t, c, b, lim10, 1, base) // a → pending
+	if err := c.Flush(t.Context()); !errors.Is(err, errInjected) {
+		t.Fatalf("flush: %v", err)
+	}
+	if st := c.Stats(); st.FlushErrors != 1 || st.Flushes != 0 || pendingLen(c) != 1 {
+		t.Fatalf("after failure: %+v pending %d", st, pendingLen(c))
+	}
+	hs.onWrite = func([]Record) {
+		hs.onWrite = nil
+		decide(t, c, b, lim10, 1, base+1) // during the write
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if pendingLen(c) != 0 || mustLoad(t, hs, a).State.Count != 1 || mustLoad(t, hs, b).State.Count != 1 {
+		t.Fatal("second flush did not write the first batch")
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLoad(t, hs, b).State.Count; got != 2 {
+		t.Fatalf("change made during a write was lost: count %d", got)
+	}
+}
+
+// TestMerge: a newer version is installed and written, an older one is not,
+// also when the newer one is only in the store.
+func TestMerge(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 1})
+	k, other := Key{"n", "k"}, Key{"n", "other"}
+	st := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 4, Expires: base + 1e12}
+	if !c.Merge(hashKey(k), Record{Key: k, State: st, Version: 10}) {
+		t.Fatal("first merge refused")
+	}
+	if c.Merge(hashKey(k), Record{Key: k, State: bucket.State{}, Version: 10}) {
+		t.Fatal("same version installed")
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	decide(t, c, other, lim10, 1, base) // evicts k (clean): now only in the store
+	if c.Merge(hashKey(k), Record{Key: k, State: bucket.State{}, Version: 9}) {
+		t.Fatal("older version installed over the stored one")
+	}
+	st.Count = 6
+	if !c.Merge(hashKey(k), Record{Key: k, State: st, Version: 11}) {
+		t.Fatal("newer version refused")
+	}
+	if rec, ok, _ := c.Get(hashKey(k), k, base); !ok || rec.Version != 11 || rec.State.Count != 6 {
+		t.Fatalf("after merge: %+v", rec)
+	}
+}
+
+// TestConcurrentNeverOverAdmits: many goroutines on overlapping keys, with
+// a cache small enough to evict and reload all the time and flushes running
+// concurrently: per key, exactly the limit is admitted.
+func TestConcurrentNeverOverAdmits(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 2, Size: 4})
+	const keys, workers, perWorker, limit = 12, 8, 400, 100
+	lim := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: limit, WindowMS: 3_600_000}
+	var admitted [keys]atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var flushErr error
+	var fwg sync.WaitGroup
+	fwg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := c.Flush(t.Context()); err != nil {
+				flushErr = err
+				return
+			}
+		}
+	})
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				ki := (w + i) % keys
+				k := Key{"api.create_url", fmt.Sprintf("user:%d", ki)}
+				d, err := c.Decide(hashKey(k), k, lim, 1, base+int64(i))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed() {
+					admitted[ki].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	fwg.Wait()
+	if flushErr != nil {
+		t.Fatal(flushErr)
+	}
+	for ki := range admitted {
+		if got := admitted[ki].Load(); got != limit {
+			t.Errorf("key %d: admitted %d, want exactly %d", ki, got, limit)
+		}
+	}
+	if st := c.Stats(); st.Evictions == 0 || st.Loads == 0 {
+		t.Errorf("test did not exercise eviction and reload: %+v", st)
+	}
+}
+
+// TestDecideHitAllocs: a check that hits allocates nothing, whether it
+// changes the state or not. Not parallel: testing.AllocsPerRun counts the
+// whole process's allocations and panics in a parallel test.
+func TestDecideHitAllocs(t *testing.T) {
+	c, err := New(Config{Logger: quietLogger()}, nopStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := Key{"api.create_url", "user:1234567"}
+	h := hashKey(k)
+	lim := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: bucket.MaxLimit, WindowMS: 60_000}
+	decide(t, c, k, lim, 1, base)
+	now := base
+	if n := testing.AllocsPerRun(1000, func() {
+		now++
+		if _, err := c.Decide(h, k, lim, 1, now); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("admitting hit: %v allocs", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, err := c.Decide(h, k, lim10, 1, now); err != nil { // refused
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("refused hit: %v allocs", n)
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		now++
+		if _, err := c.Decide(h, k, lim, 1, now); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("hit after a flush: %v allocs", n)
+	}
+}
+
+// TestNameInterned: entries of one name share one copy of the name.
+func TestNameInterned(t *testing.T) {
+	t.Parallel()
+	c, err := New(Config{Shards: 1, Size: 10, Logger: quietLogger()}, nopStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		name := strings.Clone("api.create_url")
+		decide(t, c, Key{name, fmt.Sprint(i)}, lim10, 1, base)
+	}
+	s := c.shards[0]
+	keys := s.lru.Keys()
+	if len(s.names) != 1 || len(keys) != 3 {
+		t.Fatalf("names %d keys %d", len(s.names), len(keys))
+	}
+	for _, k := range keys[1:] {
+		if unsafe.StringData(k.Name) != unsafe.StringData(keys[0].Name) {
+			t.Fatal("name not shared")
+		}
+	}
+}

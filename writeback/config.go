@@ -1,0 +1,93 @@
+package writeback
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Config configures a Cache. The zero value of a field means its default.
+type Config struct {
+	// Shards is the number of independently locked parts of the cache; a
+	// power of two. Default 64.
+	Shards int
+	// Size is the most live entries held in memory across all shards; each
+	// shard holds at most Size/Shards. Default 1_000_000.
+	Size int
+	// FlushInterval is how often dirty entries are written to the store, as
+	// one batch. It bounds what a crash loses. Default 1 s.
+	FlushInterval time.Duration
+	// ExpiryInterval is how often expired records are deleted from the
+	// store. Default 1 min.
+	ExpiryInterval time.Duration
+	// ExpiryBatch is the most store records one expiry pass examines; a
+	// pass resumes where the previous one stopped. Default 100_000.
+	ExpiryBatch int
+	// Logger receives flush failures and corrupt records. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultShards         = 64
+	DefaultSize           = 1_000_000
+	DefaultFlushInterval  = time.Second
+	DefaultExpiryInterval = time.Minute
+	DefaultExpiryBatch    = 100_000
+	maxShards             = 1 << 16
+)
+
+// DefaultConfig returns the defaults (Logger slog.Default()).
+func DefaultConfig() Config {
+	return Config{
+		Shards:         DefaultShards,
+		Size:           DefaultSize,
+		FlushInterval:  DefaultFlushInterval,
+		ExpiryInterval: DefaultExpiryInterval,
+		ExpiryBatch:    DefaultExpiryBatch,
+		Logger:         slog.Default(),
+	}
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Shards == 0 {
+		c.Shards = d.Shards
+	}
+	if c.Size == 0 {
+		c.Size = d.Size
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = d.FlushInterval
+	}
+	if c.ExpiryInterval == 0 {
+		c.ExpiryInterval = d.ExpiryInterval
+	}
+	if c.ExpiryBatch == 0 {
+		c.ExpiryBatch = d.ExpiryBatch
+	}
+	if c.Logger == nil {
+		c.Logger = d.Logger
+	}
+	return c
+}
+
+// Validate checks c after zero fields take their defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Shards < 1 || c.Shards > maxShards || c.Shards&(c.Shards-1) != 0:
+		return fmt.Errorf("writeback: Shards is %d, want a power of two from 1 to %d", c.Shards, maxShards)
+	case c.Size < c.Shards:
+		return fmt.Errorf("writeback: Size is %d, want at least Shards (%d)", c.Size, c.Shards)
+	case c.FlushInterval < 0:
+		return fmt.Errorf("writeback: FlushInterval is %v, want > 0", c.FlushInterval)
+	case c.ExpiryInterval < 0:
+		return fmt.Errorf("writeback: ExpiryInterval is %v, want > 0", c.ExpiryInterval)
+	case c.ExpiryBatch < 0:
+		return fmt.Errorf("writeback: ExpiryBatch is %d, want > 0", c.ExpiryBatch)
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package writeback
+
+import (
+	"log/slog"
+)
+
+// Store is the durable store the Cache flushes to and loads from.
+//
+// Concurrency: every method except Close is safe for concurrent use. The
+// Cache calls Load from many goroutines at once (one per missing key, never
+// while holding a shard lock), and Write and DeleteExpired from its
+// background loops, one call at a time. A Write and a DeleteExpired never
+// lose each other's effects: a record written with a live state is not
+// deleted by an expiry pass that examined the older, expired one. Close is
+// called once, after every other call has returned; no call follows it.
+type Store interface {
+	// Load returns the record of k. A missing record is (zero, false, nil);
+	// so is a corrupt one (bad checksum, bad encoding, unknown format),
+	// which Load logs with the store's path and the key and counts. An I/O
+	// failure is an error.
+	Load(k Key) (Record, bool, error)
+	// Write stores recs as one atomic batch that is durable (synced to
+	// disk) when Write returns nil. A failed Write stores none of them.
+	Write(recs []Record) error
+	// DeleteExpired examines at most max records, resuming after the last
+	// one the previous call examined and wrapping around at the end, and
+	// deletes those whose State is Fresh(now) (now in Unix nanoseconds) and
+	// those that are corrupt. It returns how many it deleted.
+	DeleteExpired(now int64, max int) (int, error)
+	// ForEach calls fn for every record in key order until fn returns
+	// false. Corrupt records are logged, counted and skipped.
+	ForEach(fn func(Record) bool) error
+	// Close releases the store.
+	Close() error
+}
+
+// OpenStore opens (creating if needed) the default store under dir: a
+// pebble database in dir itself (see docs/store.md for why pebble). A store
+// that cannot be opened, or whose files are corrupt, gives an error naming
+// the path. logger nil means slog.Default().
+func OpenStore(dir string, logger *slog.Logger) (Store, error) {
+	return openPebble(dir, logger)
+}
