@@ -1,0 +1,242 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
+)
+
+var t0 = time.Date(2026, 11, 22, 12, 0, 30, 0, time.UTC)
+
+func memCluster(t *testing.T, k int, mutate func(*Config)) ([]*Node, *MemNetwork) {
+	t.Helper()
+	net := NewMemNetwork()
+	cfgs := make([]Config, k)
+	for i := range cfgs {
+		cfgs[i] = NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
+		cfgs[i].Now = FixedClock(t0)
+		if mutate != nil {
+			mutate(&cfgs[i])
+		}
+	}
+	nodes := StartNodes(t, cfgs, func(i int) Peers { return net.Peers(memAddr(i)) })
+	for i, n := range nodes {
+		net.Register(memAddr(i), n)
+	}
+	return nodes, net
+}
+
+func req(name, key string, hits, limit int64) bucket.Request {
+	return bucket.Request{Name: name, Key: key, Hits: hits, Limit: bucket.Limit{Limit: limit, WindowMS: 60_000}}
+}
+
+func check1(n *Node, r bucket.Request) bucket.Outcome {
+	out := make([]bucket.Outcome, 1)
+	n.Check(context.Background(), []bucket.Request{r}, out)
+	return out[0]
+}
+
+func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
+	t.Parallel()
+	nodes, net := memCluster(t, 3, nil)
+	owner, _ := nodes[0].Ring().Owner(ring.Hash("api", "user:42"))
+	admitted := 0
+	for i := range 300 {
+		o := check1(nodes[i%3], req("api", "user:42", 1, 100))
+		if o.Err != "" {
+			t.Fatalf("check %d: %s", i, o.Err)
+		}
+		if o.Owner != owner.Name {
+			t.Fatalf("check %d decided by %s, owner is %s", i, o.Owner, owner.Name)
+		}
+		if o.Allowed() {
+			admitted++
+		}
+	}
+	if admitted != 100 {
+		t.Fatalf("admitted %d of 300 with limit 100, want exactly 100", admitted)
+	}
+	if net.Calls() == 0 {
+		t.Fatal("no check was forwarded")
+	}
+}
+
+func TestEveryNodeAgreesOnOwners(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	for k := range 1000 {
+		h := ring.Hash("api", fmt.Sprint("k", k))
+		want, _ := nodes[0].Ring().Owner(h)
+		for _, n := range nodes[1:] {
+			if got, _ := n.Ring().Owner(h); got != want {
+				t.Fatalf("key %d: %s says owner %v, n0 says %v", k, n.Name(), got, want)
+			}
+		}
+	}
+}
+
+func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	var reqs []bucket.Request
+	for k := range 30 {
+		reqs = append(reqs, req("api", fmt.Sprint("user:", k), 1, 5))
+	}
+	reqs = append(reqs, bucket.Request{Name: "", Key: "x", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}})
+	reqs = append(reqs, bucket.Request{Name: "api", Key: "no-limit", Hits: 1})
+	out := make([]bucket.Outcome, len(reqs))
+	nodes[1].Check(context.Background(), reqs, out)
+	owners := map[string]bool{}
+	for i := range 30 {
+		if out[i].Err != "" || !out[i].Allowed() || out[i].Remaining != 4 {
+			t.Fatalf("item %d: %+v", i, out[i])
+		}
+		owners[out[i].Owner] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("30 keys decided by %d owners, want 3", len(owners))
+	}
+	if out[30].Err == "" || out[30].Status != bucket.StatusUnspecified {
+		t.Fatalf("empty name answered %+v", out[30])
+	}
+	if out[31].Err == "" {
+		t.Fatalf("no limit and no rule answered %+v", out[31])
+	}
+}
+
+func TestOwnerUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy OwnerUnavailable
+		fault  Fault
+	}{
+		{OwnerUnavailableServe, Refuse},
+		{OwnerUnavailableServe, Blackhole},
+		{OwnerUnavailableDeny, Refuse},
+		{OwnerUnavailableDeny, Blackhole},
+	} {
+		t.Run(fmt.Sprint(tc.policy, tc.fault), func(t *testing.T) {
+			t.Parallel()
+			nodes, net := memCluster(t, 2, func(c *Config) {
+				c.OwnerUnavailable = tc.policy
+				c.ForwardTimeout = 50 * time.Millisecond
+			})
+			// A key owned by n1, asked at n0, with the link cut.
+			var key string
+			for k := 0; ; k++ {
+				key = fmt.Sprint("user:", k)
+				if o, _ := nodes[0].Ring().Owner(ring.Hash("api", key)); o.Name == "n1" {
+					break
+				}
+			}
+			net.Cut(memAddr(0), memAddr(1), tc.fault)
+			start := time.Now()
+			o := check1(nodes[0], req("api", key, 1, 10))
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("check took %v", took)
+			}
+			if o.Err != "" || o.Owner != "n0" {
+				t.Fatalf("answer %+v, want a decision by n0", o)
+			}
+			if tc.policy == OwnerUnavailableDeny && o.Allowed() {
+				t.Fatalf("deny policy admitted: %+v", o)
+			}
+			if tc.policy == OwnerUnavailableServe && (!o.Allowed() || o.Remaining != 9) {
+				t.Fatalf("serve policy answered %+v", o)
+			}
+			if nodes[0].Status().ForwardErrors == 0 {
+				t.Fatal("forward error not counted")
+			}
+		})
+	}
+}
+
+func TestForwardedIsNeverForwardedAgain(t *testing.T) {
+	t.Parallel()
+	nodes, net := memCluster(t, 2, nil)
+	var key string
+	for k := 0; ; k++ {
+		key = fmt.Sprint("user:", k)
+		if o, _ := nodes[0].Ring().Owner(ring.Hash("api", key)); o.Name == "n1" {
+			break
+		}
+	}
+	// n0 receives a forward for a key it does not own: it decides itself.
+	before := net.Calls()
+	out := make([]bucket.Outcome, 1)
+	nodes[0].CheckForwarded(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out)
+	if out[0].Owner != "n0" || !out[0].Allowed() {
+		t.Fatalf("forwarded check answered %+v", out[0])
+	}
+	if net.Calls() != before {
+		t.Fatal("a forwarded check was forwarded again")
+	}
+}
+
+func TestStatusListsMembersAndShares(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	st := nodes[2].Status()
+	if len(st.Members) != 3 {
+		t.Fatalf("status lists %d members: %+v", len(st.Members), st.Members)
+	}
+	sum := 0.0
+	for i, m := range st.Members {
+		if m.Name != fmt.Sprint("n", i) || m.GRPCAddr != memAddr(i) || m.State != StateAlive {
+			t.Fatalf("member %d: %+v", i, m)
+		}
+		sum += m.Share
+	}
+	if sum < 0.999 || sum > 1.001 {
+		t.Fatalf("shares sum to %v", sum)
+	}
+}
+
+func TestLeaveShrinksEveryRing(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	if err := nodes[2].Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, 10*time.Second, "the others drop n2", func() bool {
+		return nodes[0].Ring().Table().Len() == 2 && nodes[1].Ring().Table().Len() == 2
+	})
+	WaitFor(t, 10*time.Second, "status shows n2 left", func() bool {
+		for _, m := range nodes[0].Status().Members {
+			if m.Name == "n2" {
+				return m.State == StateLeft
+			}
+		}
+		return false
+	})
+}
+
+func TestMetadataRoundTripAndRefusal(t *testing.T) {
+	t.Parallel()
+	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}} {
+		got, err := decodeMeta(encodeMeta(m))
+		if err != nil || got != m {
+			t.Fatalf("round trip of %+v: %+v %v", m, got, err)
+		}
+	}
+	for _, b := range [][]byte{nil, {1}, {1, 0}, {2, 0, 1, 'x'}, {1, 0, 5, 'x'}, {1, 0, 0}, {1, 2, 1, 'x'}} {
+		if _, err := decodeMeta(b); err == nil {
+			t.Errorf("decodeMeta(%v) accepted", b)
+		}
+	}
+}
+
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add(encodeMeta(meta{grpcAddr: "127.0.0.1:8081"}))
+	f.Add([]byte{1, 1, 3, 'a'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMeta(b)
+		if err == nil && string(encodeMeta(m)) != string(b) {
+			t.Fatalf("accepted %v does not re-encode", b)
+		}
+	})
+}

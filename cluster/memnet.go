@@ -1,0 +1,151 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// ForwardHandler is the receiving side of a forward: Node implements it.
+type ForwardHandler interface {
+	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+}
+
+// MemNetwork connects nodes in one process without sockets, with failure
+// controls for tests: a link can be cut so that forwards fail at once
+// (Refuse) or hang until their deadline (Blackhole), and every forward can
+// be delayed. Sends never block past the caller's context. Safe for
+// concurrent use.
+type MemNetwork struct {
+	mu     sync.Mutex
+	nodes  map[string]ForwardHandler // by gRPC address
+	faults map[[2]string]Fault       // by (from, to) address
+	delay  time.Duration
+	calls  int
+}
+
+// Fault is how a cut link fails.
+type Fault uint8
+
+const (
+	// Refuse fails the forward at once, like a closed port.
+	Refuse Fault = iota + 1
+	// Blackhole never answers: the forward fails when its context ends.
+	Blackhole
+)
+
+// ErrUnreachable is returned by a forward over a refused link or to an
+// address nobody registered.
+var ErrUnreachable = errors.New("memnet: peer unreachable")
+
+// NewMemNetwork returns an empty network.
+func NewMemNetwork() *MemNetwork {
+	return &MemNetwork{nodes: make(map[string]ForwardHandler), faults: make(map[[2]string]Fault)}
+}
+
+// Register makes h reachable at addr.
+func (m *MemNetwork) Register(addr string, h ForwardHandler) {
+	m.mu.Lock()
+	m.nodes[addr] = h
+	m.mu.Unlock()
+}
+
+// Unregister makes addr unreachable, as if its process died.
+func (m *MemNetwork) Unregister(addr string) {
+	m.mu.Lock()
+	delete(m.nodes, addr)
+	m.mu.Unlock()
+}
+
+// Cut makes forwards from → to fail with f; Cut(a, b, 0) heals the link.
+func (m *MemNetwork) Cut(from, to string, f Fault) {
+	m.mu.Lock()
+	if f == 0 {
+		delete(m.faults, [2]string{from, to})
+	} else {
+		m.faults[[2]string{from, to}] = f
+	}
+	m.mu.Unlock()
+}
+
+// Partition cuts, both ways and with f, every link between a node of one
+// group and a node of another.
+func (m *MemNetwork) Partition(f Fault, groups ...[]string) {
+	for i, g := range groups {
+		for j, h := range groups {
+			if i == j {
+				continue
+			}
+			for _, a := range g {
+				for _, b := range h {
+					m.Cut(a, b, f)
+				}
+			}
+		}
+	}
+}
+
+// Heal removes every fault.
+func (m *MemNetwork) Heal() {
+	m.mu.Lock()
+	clear(m.faults)
+	m.mu.Unlock()
+}
+
+// SetDelay delays every forward by d (0: none).
+func (m *MemNetwork) SetDelay(d time.Duration) {
+	m.mu.Lock()
+	m.delay = d
+	m.mu.Unlock()
+}
+
+// Calls returns the number of forwards made so far.
+func (m *MemNetwork) Calls() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls
+}
+
+// Peers returns the Peers of the node at address from.
+func (m *MemNetwork) Peers(from string) Peers { return memPeers{m: m, from: from} }
+
+type memPeers struct {
+	m    *MemNetwork
+	from string
+}
+
+var _ Peers = memPeers{}
+
+func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	p.m.mu.Lock()
+	h, ok := p.m.nodes[addr]
+	fault := p.m.faults[[2]string{p.from, addr}]
+	delay := p.m.delay
+	p.m.calls++
+	p.m.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	switch {
+	case fault == Blackhole:
+		<-ctx.Done()
+		return ctx.Err()
+	case fault == Refuse || !ok:
+		return fmt.Errorf("%w: %s → %s", ErrUnreachable, p.from, addr)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h.CheckForwarded(ctx, p.from, reqs, out)
+	return nil
+}

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/bits"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// benchResult is the summary `sluice bench --json` prints.
+type benchResult struct {
+	Addrs        []string `json:"addrs"`
+	Concurrency  int      `json:"concurrency"`
+	Batch        int      `json:"batch"`
+	Keys         int      `json:"keys"`
+	Seconds      float64  `json:"seconds"`
+	Calls        int64    `json:"calls"`
+	Checks       int64    `json:"checks"`
+	Allowed      int64    `json:"allowed"`
+	Over         int64    `json:"over"`
+	ItemErrors   int64    `json:"item_errors"`
+	CallErrors   int64    `json:"call_errors"`
+	ChecksPerSec float64  `json:"checks_per_sec"`
+	CallsPerSec  float64  `json:"calls_per_sec"`
+	P50us        float64  `json:"p50_us"`
+	P90us        float64  `json:"p90_us"`
+	P99us        float64  `json:"p99_us"`
+	MaxUs        float64  `json:"max_us"`
+	FirstError   string   `json:"first_error,omitempty"`
+}
+
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addrs := fs.String("addr", "127.0.0.1:8081", "gRPC address(es) of the node(s) to load, comma-separated (callers spread over them)")
+	conc := fs.Int("concurrency", 50, "concurrent callers")
+	batch := fs.Int("batch", 1, "checks per call (1..1000)")
+	keys := fs.Int("keys", 10_000, "distinct keys")
+	name := fs.String("name", "bench", "limit name of every check")
+	limit := fs.Int64("limit", 1<<40, "limit of every key (the default admits everything)")
+	window := fs.Duration("window", time.Minute, "window of every key")
+	duration := fs.Duration("duration", 10*time.Second, "how long to run (the run also stops after --calls)")
+	maxCalls := fs.Int64("calls", 0, "stop after this many calls (0: only --duration)")
+	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
+	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case *conc < 1 || *conc > 10_000:
+		return fmt.Errorf("--concurrency %d: want 1..10000", *conc)
+	case *batch < 1 || *batch > 1000:
+		return fmt.Errorf("--batch %d: want 1..1000", *batch)
+	case *keys < 1:
+		return fmt.Errorf("--keys %d: want at least 1", *keys)
+	case *duration <= 0 || *duration > 24*time.Hour:
+		return fmt.Errorf("--duration %v: want a positive duration up to 24h", *duration)
+	case *window < time.Millisecond:
+		return fmt.Errorf("--window %v: want at least 1ms", *window)
+	}
+	var clients []*transport.Client
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	list := strings.Split(*addrs, ",")
+	for _, a := range list {
+		c, err := transport.Dial(strings.TrimSpace(a))
+		if err != nil {
+			return fmt.Errorf("%s: %w", a, err)
+		}
+		clients = append(clients, c)
+	}
+
+	keyNames := make([]string, *keys)
+	for i := range keyNames {
+		keyNames[i] = fmt.Sprint("key:", i)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, *duration)
+	defer cancel()
+	var (
+		lat                                     histogram
+		issued, checks, allowed, over, itemErrs atomic.Int64
+		callErrs                                atomic.Int64
+		firstErr                                atomic.Pointer[string]
+		wg                                      sync.WaitGroup
+		budget                                  = *maxCalls
+	)
+	start := time.Now()
+	for w := range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clients[w%len(clients)]
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			req := &sluicev1.CheckRequest{Requests: make([]*sluicev1.RateLimitRequest, *batch)}
+			for i := range req.Requests {
+				req.Requests[i] = &sluicev1.RateLimitRequest{Name: *name, Hits: 1, Limit: *limit, WindowMs: window.Milliseconds()}
+			}
+			for runCtx.Err() == nil {
+				if budget > 0 && issued.Add(1) > budget {
+					return
+				}
+				for _, r := range req.Requests {
+					r.Key = keyNames[rng.IntN(len(keyNames))]
+				}
+				t := time.Now()
+				resp, err := c.Check(runCtx, req)
+				d := time.Since(t)
+				if err != nil {
+					if runCtx.Err() != nil {
+						return
+					}
+					callErrs.Add(1)
+					msg := err.Error()
+					firstErr.CompareAndSwap(nil, &msg)
+					continue
+				}
+				lat.record(d)
+				checks.Add(int64(len(resp.Responses)))
+				for _, r := range resp.Responses {
+					switch {
+					case r.Error != "":
+						itemErrs.Add(1)
+						firstErr.CompareAndSwap(nil, &r.Error)
+					case r.Status == sluicev1.Status_STATUS_OVER_LIMIT:
+						over.Add(1)
+					default:
+						allowed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	if *every > 0 && !*asJSON {
+		t := time.NewTicker(*every)
+		var lastChecks int64
+		lastAt := start
+	progress:
+		for {
+			select {
+			case <-done:
+				break progress
+			case now := <-t.C:
+				c := checks.Load()
+				fmt.Fprintf(stdout, "%6.1fs  %9d checks  %9.0f checks/s  p50 %7.0fµs  p99 %7.0fµs  errors %d\n",
+					now.Sub(start).Seconds(), c, float64(c-lastChecks)/now.Sub(lastAt).Seconds(),
+					lat.quantile(0.50), lat.quantile(0.99), callErrs.Load()+itemErrs.Load())
+				lastChecks, lastAt = c, now
+			}
+		}
+		t.Stop()
+	}
+	<-done
+	secs := time.Since(start).Seconds()
+	res := benchResult{
+		Addrs: list, Concurrency: *conc, Batch: *batch, Keys: *keys, Seconds: secs,
+		Calls: lat.count(), Checks: checks.Load(), Allowed: allowed.Load(), Over: over.Load(),
+		ItemErrors: itemErrs.Load(), CallErrors: callErrs.Load(),
+		ChecksPerSec: float64(checks.Load()) / secs, CallsPerSec: float64(lat.count()) / secs,
+		P50us: lat.quantile(0.50), P90us: lat.quantile(0.90), P99us: lat.quantile(0.99), MaxUs: lat.quantile(1),
+	}
+	if p := firstErr.Load(); p != nil {
+		res.FirstError = *p
+	}
+	if *asJSON {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		fmt.Fprintf(stdout, "\n%d calls of %d checks, %d callers, %d keys, %.1fs\n", res.Calls, res.Batch, res.Concurrency, res.Keys, res.Seconds)
+		fmt.Fprintf(stdout, "checks/s %.0f   calls/s %.0f\n", res.ChecksPerSec, res.CallsPerSec)
+		fmt.Fprintf(stdout, "latency per call: p50 %.0fµs  p90 %.0fµs  p99 %.0fµs  max %.0fµs\n", res.P50us, res.P90us, res.P99us, res.MaxUs)
+		fmt.Fprintf(stdout, "allowed %d  over limit %d  item errors %d  call errors %d\n", res.Allowed, res.Over, res.ItemErrors, res.CallErrors)
+		if res.FirstError != "" {
+			fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
+		}
+	}
+	if res.Calls == 0 {
+		if res.FirstError != "" {
+			return fmt.Errorf("no call succeeded: %s", res.FirstError)
+		}
+		return errors.New("no call succeeded")
+	}
+	return nil
+}
+
+// histogram is a lock-free log-linear latency histogram: 16 sub-buckets per
+// power of two of nanoseconds (relative error ≤ 6.25%).
+type histogram struct {
+	buckets [64 * 16]atomic.Int64
+	n       atomic.Int64
+}
+
+func bucketOf(ns uint64) int {
+	if ns < 16 {
+		return int(ns)
+	}
+	e := bits.Len64(ns) - 5 // keep the top 5 bits: 1xxxx
+	return (e+1)*16 + int(ns>>uint(e)&15)
+}
+
+func bucketValue(i int) float64 {
+	if i < 16 {
+		return float64(i)
+	}
+	e := i/16 - 1
+	return float64(uint64(16+i%16) << uint(e))
+}
+
+func (h *histogram) record(d time.Duration) {
+	h.buckets[bucketOf(uint64(max(d, 0)))].Add(1)
+	h.n.Add(1)
+}
+
+func (h *histogram) count() int64 { return h.n.Load() }
+
+// quantile returns the q-quantile in microseconds.
+func (h *histogram) quantile(q float64) float64 {
+	n := h.n.Load()
+	if n == 0 {
+		return 0
+	}
+	rank := int64(q*float64(n-1)) + 1
+	var seen int64
+	last := 0
+	for i := range h.buckets {
+		c := h.buckets[i].Load()
+		if c == 0 {
+			continue
+		}
+		seen += c
+		last = i
+		if seen >= rank {
+			return bucketValue(i) / 1000
+		}
+	}
+	return bucketValue(last) / 1000
+}

@@ -1,0 +1,63 @@
+// Command sluice is the Sluice rate limiter: one binary that runs a node
+// (serve) and talks to one (check, status, bench).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `sluice: a peer-to-peer rate limiter cluster
+
+Usage:
+  sluice serve   [flags]   run a node (sluice serve -h for flags)
+  sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
+  sluice status  [flags]   show the cluster as one node sees it
+  sluice bench   [flags]   generate load against a node and summarise it
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command and returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serve(ctx, args[1:], stderr)
+	case "check":
+		return check(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = status(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = bench(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice %s: %v\n", args[0], err)
+		return 2
+	}
+	return 0
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/cluster"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// serveFlags are the flags of `sluice serve`; each also reads SLUICE_<NAME>
+// (upper case, dashes as underscores) when not given on the command line.
+type serveFlags struct {
+	nodeName, grpcAddr, httpAddr, gossipAddr, advertiseAddr string
+	join, dataDir, onOwnerUnavailable, logLevel, logFormat  string
+	cacheSize, replicas                                     int
+	flushInterval, forwardTimeout, shutdownTimeout          time.Duration
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	fs.StringVar(&f.nodeName, "node-name", host, "unique name of this node in the cluster")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (public API and peer traffic)")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, health, status page); empty disables")
+	fs.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address, TCP and UDP")
+	fs.StringVar(&f.advertiseAddr, "advertise-addr", "", "host other nodes use to reach this one (default: the listen host, or this machine's first private address)")
+	fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses (host:port) of nodes to join")
+	fs.StringVar(&f.dataDir, "data-dir", "./sluice-data", "directory of the durable counter store")
+	fs.IntVar(&f.cacheSize, "cache-size", 1_000_000, "live counters kept in memory")
+	fs.DurationVar(&f.flushInterval, "flush-interval", time.Second, "how often changed counters are written to disk")
+	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
+	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
+	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+}
+
+// parseWithEnv parses args, then gives every flag that was not on the
+// command line the value of its SLUICE_ environment variable, if set.
+func parseWithEnv(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !given[f.Name] && err == nil {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	f.register(fs)
+	if err := parseWithEnv(fs, args); err != nil {
+		return err
+	}
+	lg, err := newLogger(stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.clusterConfig(lg)
+	if err != nil {
+		return err
+	}
+
+	grpcLn, err := net.Listen("tcp", f.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	cfg.GRPCAddr, err = advertised(grpcLn.Addr().String(), f.grpcAddr, f.advertiseAddr)
+	if err != nil {
+		grpcLn.Close()
+		return err
+	}
+	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, Timeout: f.forwardTimeout})
+	defer peers.Close()
+	node, err := cluster.New(cfg, peers)
+	if err != nil {
+		grpcLn.Close()
+		return err
+	}
+	srv, err := transport.NewServer(transport.ServerConfig{
+		GRPCListener: grpcLn,
+		HTTPAddr:     f.httpAddr,
+		Handler:      node,
+		Status:       statusSource{node},
+		Logger:       lg,
+	})
+	if err != nil {
+		grpcLn.Close()
+		node.Shutdown(context.Background())
+		return err
+	}
+	if err := srv.Start(); err != nil {
+		node.Shutdown(context.Background())
+		return err
+	}
+	if err := node.Start(ctx); err != nil {
+		srv.Shutdown(context.Background())
+		node.Shutdown(context.Background())
+		return err
+	}
+	lg.Info("sluice serving", "node", cfg.Name, "grpc", srv.GRPCAddr(), "http", srv.HTTPAddr(),
+		"gossip", node.GossipAddr(), "advertised_grpc", cfg.GRPCAddr, "data_dir", cfg.DataDir)
+	go markReady(ctx, node, srv)
+
+	<-ctx.Done()
+	lg.Info("stopping: leaving the cluster, draining, flushing")
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	srv.SetReady(false)
+	errs := []error{node.Leave(sctx), srv.Shutdown(sctx), node.Shutdown(sctx)}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("graceful stop: %w", err)
+	}
+	lg.Info("stopped")
+	return nil
+}
+
+// markReady reports ready once the node has joined.
+func markReady(ctx context.Context, node *cluster.Node, srv *transport.Server) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !node.Ready() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	srv.SetReady(true)
+}
+
+func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
+	cfg := cluster.DefaultConfig()
+	ml := memberlist.DefaultLANConfig()
+	ml.Name = f.nodeName
+	host, port, err := splitHostPort(f.gossipAddr)
+	if err != nil {
+		return cfg, fmt.Errorf("--gossip-addr: %w", err)
+	}
+	ml.BindAddr, ml.BindPort = host, port
+	if ml.BindAddr == "" {
+		ml.BindAddr = "0.0.0.0"
+	}
+	if f.advertiseAddr != "" {
+		ml.AdvertiseAddr, ml.AdvertisePort = f.advertiseAddr, port
+	}
+	cfg.Config = ml
+	if f.join != "" {
+		for _, s := range strings.Split(f.join, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				cfg.Join = append(cfg.Join, s)
+			}
+		}
+	}
+	cfg.DataDir = f.dataDir
+	cfg.Cache.Size = f.cacheSize
+	cfg.Cache.FlushInterval = f.flushInterval
+	cfg.Ring.ReplicationFactor = f.replicas
+	cfg.ForwardTimeout = f.forwardTimeout
+	cfg.Log = lg
+	if cfg.OwnerUnavailable, err = cluster.ParseOwnerUnavailable(f.onOwnerUnavailable); err != nil {
+		return cfg, fmt.Errorf("--on-owner-unavailable: %w", err)
+	}
+	return cfg, nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", ps)
+	}
+	return host, port, nil
+}
+
+// advertised returns the gRPC address peers should dial: the advertise host
+// if given, else the listen host, else this machine's first private address,
+// with the port actually bound.
+func advertised(bound, flagAddr, advertiseHost string) (string, error) {
+	_, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return "", err
+	}
+	if advertiseHost != "" {
+		return net.JoinHostPort(advertiseHost, port), nil
+	}
+	host, _, err := net.SplitHostPort(flagAddr)
+	if err != nil {
+		return "", fmt.Errorf("--grpc-addr: %w", err)
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return net.JoinHostPort(host, port), nil
+	}
+	ip, err := privateIP()
+	if err != nil {
+		return "", fmt.Errorf("--grpc-addr %s listens on every interface: give --advertise-addr (%v)", flagAddr, err)
+	}
+	return net.JoinHostPort(ip, port), nil
+}
+
+// privateIP returns the first non-loopback IPv4 address of an interface that
+// is up.
+func privateIP() (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
+				return ipn.IP.String(), nil
+			}
+		}
+	}
+	return "", errors.New("no non-loopback IPv4 address")
+}
+
+// statusSource answers Admin.Status from the node.
+type statusSource struct{ node *cluster.Node }
+
+func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) {
+	st := s.node.Status()
+	resp := &sluicev1.StatusResponse{
+		Node:              st.Node,
+		Keys:              int64(st.Keys),
+		ChecksPerSecond:   st.ChecksPerSecond,
+		ReplicationFactor: int64(st.ReplicationFactor),
+		Partitions:        int64(st.Partitions),
+	}
+	for _, m := range st.Members {
+		keys := int64(-1)
+		if m.Name == st.Node {
+			keys = int64(st.Keys)
+		}
+		resp.Members = append(resp.Members, &sluicev1.Member{
+			Name: m.Name, GrpcAddr: m.GRPCAddr, State: m.State, Share: m.Share, Keys: keys,
+		})
+	}
+	return resp, nil
+}

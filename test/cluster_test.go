@@ -1,0 +1,170 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+// A window this long never crosses its (epoch-aligned) edge during a test.
+const longWindow = bucket.MaxWindowMS
+
+// admitted sends n single-hit checks on one key, round-robin over the nodes,
+// and returns how many were admitted.
+func admitted(t *testing.T, ps []*proc, name, key string, n int, limit int64) int {
+	t.Helper()
+	clients := make([]interface {
+		Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
+	}, len(ps))
+	for i, p := range ps {
+		clients[i] = dial(t, p.grpc)
+	}
+	ok := 0
+	owners := map[string]bool{}
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := clients[i%len(ps)].Check(ctx, checkReq(name, key, 1, limit, longWindow))
+		cancel()
+		if err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		r := resp.Responses[0]
+		if r.Error != "" {
+			t.Fatalf("check %d: item error %q", i, r.Error)
+		}
+		owners[r.Owner] = true
+		if r.Status == sluicev1.Status_STATUS_UNDER_LIMIT {
+			ok++
+		}
+	}
+	if len(owners) != 1 {
+		t.Fatalf("one key was decided by %d nodes: %v", len(owners), owners)
+	}
+	return ok
+}
+
+func TestThreeProcessesAdmitExactlyTheLimitAndSurviveRestart(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	if got := admitted(t, ps, "api", "user:42", 300, 100); got != 100 {
+		t.Fatalf("3 processes admitted %d of 300 checks with limit 100, want exactly 100", got)
+	}
+
+	// Stop every node gracefully; each must exit 0.
+	for _, p := range ps {
+		if err := p.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Fatalf("%s exited with %v after SIGTERM", p.name, err)
+		}
+	}
+	// Start them again on the same names, ports and data dirs.
+	for _, p := range ps {
+		p.start(t)
+	}
+	waitMembers(t, ps)
+	if got := admitted(t, ps, "api", "user:42", 30, 100); got != 0 {
+		t.Fatalf("after a restart of every node %d more checks were admitted, want 0 (count lost)", got)
+	}
+	// A different key is unaffected.
+	if got := admitted(t, ps, "api", "user:43", 5, 100); got != 5 {
+		t.Fatalf("fresh key admitted %d of 5", got)
+	}
+}
+
+func runCLI(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(sluiceBinary(t), args...)
+	var out strings.Builder
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), ee.ExitCode()
+	}
+	t.Fatalf("sluice %v: %v", args, err)
+	return "", -1
+}
+
+func TestCLICheckAndStatus(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	base := []string{"check", "--addr", ps[1].grpc, "--name", "cli", "--key", "k", "--limit", "2", "--window", "8760h"}
+	for i, want := range []int{0, 0, 1} {
+		out, code := runCLI(t, base...)
+		if code != want {
+			t.Fatalf("check %d exited %d, want %d: %s", i, code, want, out)
+		}
+	}
+	out, code := runCLI(t, append(base, "--json")...)
+	if code != 1 {
+		t.Fatalf("--json over limit exited %d: %s", code, out)
+	}
+	var resp map[string]any
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("--json printed %q: %v", out, err)
+	}
+	for _, f := range []string{"status", "limit", "remaining", "reset_after_ms", "retry_after_ms", "error", "owner"} {
+		if _, ok := resp[f]; !ok {
+			t.Fatalf("--json lacks %q: %s", f, out)
+		}
+	}
+	if resp["status"] != "STATUS_OVER_LIMIT" {
+		t.Fatalf("--json status %v", resp["status"])
+	}
+
+	// Bad input and no rule exit 2; an unreachable node exits 2.
+	for _, args := range [][]string{
+		{"check", "--addr", ps[0].grpc, "--name", "", "--key", "k", "--limit", "2", "--window", "1m"},
+		{"check", "--addr", ps[0].grpc, "--name", "norule", "--key", "k"},
+		{"check", "--addr", ps[0].grpc, "--name", "x", "--key", "k", "--limit", "2", "--window", "1m", "--hits", "-1"},
+		{"check", "--addr", ps[0].grpc, "--name", "x", "--key", "k", "--limit", "2", "--window", "1m", "--algorithm", "nope"},
+		{"check", "--addr", "127.0.0.1:1", "--name", "x", "--key", "k", "--limit", "2", "--window", "1m", "--timeout", "2s"},
+	} {
+		if out, code := runCLI(t, args...); code != 2 {
+			t.Fatalf("%v exited %d, want 2: %s", args, code, out)
+		}
+	}
+
+	out, code = runCLI(t, "status", "--addr", ps[2].grpc, "--json")
+	if code != 0 {
+		t.Fatalf("status exited %d: %s", code, out)
+	}
+	var st struct {
+		Members []struct {
+			Name     string  `json:"name"`
+			GRPCAddr string  `json:"grpc_addr"`
+			State    string  `json:"state"`
+			Share    float64 `json:"share"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", out, err)
+	}
+	if len(st.Members) != 3 {
+		t.Fatalf("status lists %d members: %s", len(st.Members), out)
+	}
+	sum := 0.0
+	for i, m := range st.Members {
+		if m.Name != ps[i].name || m.GRPCAddr != ps[i].grpc || m.State != "alive" || m.Share <= 0 {
+			t.Fatalf("member %d: %+v", i, m)
+		}
+		sum += m.Share
+	}
+	if sum < 0.999 || sum > 1.001 {
+		t.Fatalf("shares sum to %v", sum)
+	}
+	if out, code := runCLI(t, "status", "--addr", ps[0].grpc); code != 0 || !strings.Contains(out, ps[2].name) {
+		t.Fatalf("status exited %d: %s", code, out)
+	}
+}
