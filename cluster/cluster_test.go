@@ -240,3 +240,18 @@ func FuzzDecodeMeta(f *testing.F) {
 		}
 	})
 }
+
+func TestOwnerDecisionAllocatesNothing(t *testing.T) {
+	cfg := NodeConfig(t, "solo", "127.0.0.1:1")
+	n, err := New(cfg, NoPeers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	reqs := []bucket.Request{req("api", "user:1", 1, 1<<40)}
+	out := make([]bucket.Outcome, 1)
+	n.Check(context.Background(), reqs, out) // load the key
+	if a := testing.AllocsPerRun(1000, func() { n.Check(context.Background(), reqs, out) }); a != 0 {
+		t.Fatalf("a decision on the owner allocates %v times", a)
+	}
+}

@@ -1,0 +1,159 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// grpcCluster runs k nodes in this process over real loopback sockets: real
+// memberlist gossip, real gRPC servers and peer clients.
+func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
+	t.Helper()
+	cfgs := make([]cluster.Config, k)
+	lns := make([]net.Listener, k)
+	peers := make([]*transport.PeerClient, k)
+	t0 := time.Date(2026, 11, 22, 12, 0, 30, 0, time.UTC)
+	for i := range cfgs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i] = ln
+		name := fmt.Sprintf("g%d", i)
+		cfgs[i] = cluster.NodeConfig(t, name, ln.Addr().String())
+		cfgs[i].Now = cluster.FixedClock(t0)
+		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name})
+		t.Cleanup(func() { peers[i].Close() })
+	}
+	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })
+	srvs := make([]*transport.Server, k)
+	for i, n := range nodes {
+		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		srv.SetReady(true)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+		})
+		srvs[i] = srv
+	}
+	return nodes, srvs
+}
+
+func TestThreeNodesOverGRPCAdmitExactlyTheLimit(t *testing.T) {
+	t.Parallel()
+	_, srvs := grpcCluster(t, 3)
+	clients := make([]*transport.Client, len(srvs))
+	for i, s := range srvs {
+		c, err := transport.Dial(s.GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients[i] = c
+	}
+	admitted := 0
+	owners := map[string]int{}
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := clients[i%3].Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
+			Name: "api", Key: "user:42", Hits: 1, Limit: 100, WindowMs: 60_000,
+		}}})
+		cancel()
+		if err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		r := resp.Responses[0]
+		if r.Error != "" {
+			t.Fatalf("check %d: %s", i, r.Error)
+		}
+		owners[r.Owner]++
+		if r.Status == sluicev1.Status_STATUS_UNDER_LIMIT {
+			admitted++
+		}
+	}
+	if admitted != 100 {
+		t.Fatalf("admitted %d of 300 with limit 100 over gRPC, want exactly 100", admitted)
+	}
+	if len(owners) != 1 {
+		t.Fatalf("one key decided by several nodes: %v", owners)
+	}
+}
+
+func TestGRPCBatchAcrossOwnersKeepsOrderAndErrors(t *testing.T) {
+	t.Parallel()
+	_, srvs := grpcCluster(t, 3)
+	c, err := transport.Dial(srvs[0].GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := &sluicev1.CheckRequest{}
+	for k := range 50 {
+		req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: fmt.Sprint("k", k), Hits: int64(k % 4), Limit: 2, WindowMs: 60_000})
+	}
+	req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: "", Hits: 1, Limit: 2, WindowMs: 60_000})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.Check(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]bool{}
+	for k := range 50 {
+		r := resp.Responses[k]
+		hits := int64(k % 4)
+		wantAllowed := hits <= 2
+		if got := r.Status == sluicev1.Status_STATUS_UNDER_LIMIT; got != wantAllowed || r.Error != "" {
+			t.Fatalf("item %d (hits %d): %v", k, hits, r)
+		}
+		if want := 2 - hits; wantAllowed && r.Remaining != want {
+			t.Fatalf("item %d (hits %d): remaining %d, want %d", k, hits, r.Remaining, want)
+		}
+		owners[r.Owner] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("50 keys decided by %d owners", len(owners))
+	}
+	if last := resp.Responses[50]; last.Error == "" || last.Status != sluicev1.Status_STATUS_UNSPECIFIED {
+		t.Fatalf("empty key answered %v", last)
+	}
+}
+
+// The in-process decision on the owner: hash, route, shard lock, LRU,
+// algorithm.
+func BenchmarkNodeCheckOwner(b *testing.B) {
+	cfg := cluster.NodeConfig(b, "solo", "127.0.0.1:1")
+	n, err := cluster.New(cfg, cluster.NoPeers{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("user:", i)
+	}
+	reqs := make([]bucket.Request, 1)
+	out := make([]bucket.Outcome, 1)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		reqs[0] = bucket.Request{Name: "api", Key: keys[i%len(keys)], Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}
+		n.Check(ctx, reqs, out)
+	}
+}
