@@ -47,15 +47,15 @@ func sluiceBinary(t *testing.T) string {
 
 // proc is one `sluice serve` process.
 type proc struct {
-	name                       string
-	grpc, http, gossip         string
-	dataDir                    string
-	cmd                        *exec.Cmd
-	log                        *bytes.Buffer
-	exited                     chan struct{}
-	err                        error
-	join                       []string
-	extra                      []string
+	name               string
+	grpc, http, gossip string
+	dataDir            string
+	cmd                *exec.Cmd
+	log                *bytes.Buffer
+	exited             chan struct{}
+	err                error
+	join               []string
+	extra              []string
 }
 
 // freePort returns a port free for TCP (and UDP when udp) on ip.
