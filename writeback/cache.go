@@ -18,6 +18,10 @@ import (
 // ErrClosed is returned by calls on a Cache after Close.
 var ErrClosed = errors.New("writeback: cache closed")
 
+// ErrMoved is returned by Decide for a key that Release handed to another
+// node, until the release expires or Adopt or Reclaim takes the key back.
+var ErrMoved = errors.New("writeback: key released to another node")
+
 // Stats are the Cache's counters since New.
 type Stats struct {
 	Hits           uint64 // Decide, Get and Merge calls that found the key in memory
@@ -90,7 +94,10 @@ type shard struct {
 	dirty   []dirtyRef // entries to write at the next flush
 	spare   []dirtyRef // the previous dirty list, reused
 	names   map[string]string
-	now     int64 // the now of the call that may evict, for onEvict
+	// moved holds the keys Release handed to another node, with the Unix
+	// nanosecond time until which Decide refuses them.
+	moved map[Key]int64
+	now   int64 // the now of the call that may evict, for onEvict
 	// writeSeq is bumped whenever a flush completes in this shard: a load
 	// that raced with one may have read an older record and must retry.
 	writeSeq uint64
@@ -194,7 +201,7 @@ func New(cfg Config, store Store) (*Cache, error) {
 	}
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
-		s := &shard{pending: map[Key]*entry{}, names: map[string]string{}}
+		s := &shard{pending: map[Key]*entry{}, names: map[string]string{}, moved: map[Key]int64{}}
 		lru, err := simplelru.NewLRU(per, s.onEvict)
 		if err != nil {
 			return nil, err
@@ -266,6 +273,9 @@ func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
 func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (bucket.Decision, error) {
 	s := c.shardFor(hash)
 	e, err := c.find(s, k, now, true)
+	if err == nil && len(s.moved) > 0 && s.isMoved(k, now) {
+		err = ErrMoved
+	}
 	if err != nil {
 		s.mu.Unlock()
 		return bucket.Decision{}, err
@@ -274,9 +284,128 @@ func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (b
 	d := bucket.Decide(&e.state, lim, hits, now)
 	if e.state != before {
 		s.changed(k, e, now)
+		if c.cfg.OnChange != nil {
+			c.cfg.OnChange(hash, k)
+		}
 	}
 	s.mu.Unlock()
 	return d, nil
+}
+
+// isMoved reports whether k is released at now, forgetting an expired
+// release. s.mu must be held.
+func (s *shard) isMoved(k Key, now int64) bool {
+	until, ok := s.moved[k]
+	if ok && until <= now {
+		delete(s.moved, k)
+		ok = false
+	}
+	return ok
+}
+
+// Release returns k's current record, like Get, and atomically stops this
+// cache from deciding k until now+ttl (Decide answers ErrMoved): the key now
+// belongs to another node, which got the returned record. Every change
+// Decide made before Release is in the record.
+func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
+	s := c.shardFor(hash)
+	e, err := c.find(s, k, now, false)
+	defer s.mu.Unlock()
+	if err != nil {
+		return Record{}, false, err
+	}
+	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = now + int64(ttl)
+	if e == nil || e.state.Fresh(now) {
+		return Record{}, false, nil
+	}
+	return Record{Key: k, State: e.state, Version: e.version}, true, nil
+}
+
+// Released reports whether k is released at now.
+func (c *Cache) Released(hash uint64, k Key, now int64) bool {
+	s := c.shardFor(hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.moved) > 0 && s.isMoved(k, now)
+}
+
+// Reclaim makes this cache decide k again (this node owns it again).
+func (c *Cache) Reclaim(hash uint64, k Key) {
+	s := c.shardFor(hash)
+	s.mu.Lock()
+	delete(s.moved, k)
+	s.mu.Unlock()
+}
+
+// Adopt takes ownership of rec's key: it ends a release of the key and
+// installs rec when it is newer than what is held, like Merge, reporting
+// whether it did. An installed record counts as a change (OnChange).
+func (c *Cache) Adopt(hash uint64, rec Record) bool {
+	s := c.shardFor(hash)
+	e, err := c.find(s, rec.Key, 0, true)
+	defer s.mu.Unlock()
+	if err != nil {
+		if !errors.Is(err, ErrClosed) {
+			c.log.Error("writeback: adopt: store read failed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
+		}
+		return false
+	}
+	delete(s.moved, rec.Key)
+	if rec.Version <= e.version {
+		return false
+	}
+	e.state, e.version = rec.State, rec.Version
+	s.queue(rec.Key, e)
+	if c.cfg.OnChange != nil {
+		c.cfg.OnChange(hash, rec.Key)
+	}
+	return true
+}
+
+// Range calls fn with the record of every live key in memory (including
+// evicted ones waiting for their write), shard by shard, until fn returns
+// false. fn runs without any lock held; a key changed meanwhile may be
+// seen before or after its change.
+func (c *Cache) Range(now int64, fn func(Record) bool) {
+	var recs []Record
+	for _, s := range c.shards {
+		recs = recs[:0]
+		s.mu.Lock()
+		add := func(k Key, e *entry) {
+			if !e.state.Fresh(now) {
+				recs = append(recs, Record{Key: k, State: e.state, Version: e.version})
+			}
+		}
+		for _, k := range s.lru.Keys() {
+			if e, ok := s.lru.Peek(k); ok {
+				add(k, e)
+			}
+		}
+		for k, e := range s.pending {
+			add(k, e)
+		}
+		s.mu.Unlock()
+		for _, r := range recs {
+			if !fn(r) {
+				return
+			}
+		}
+	}
+}
+
+// RangeStored calls fn with every record in the store that is live at now,
+// until fn returns false. Call Flush first for the store to hold every
+// change made so far.
+func (c *Cache) RangeStored(now int64, fn func(Record) bool) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return c.store.ForEach(func(r Record) bool {
+		if r.State.Fresh(now) {
+			return true
+		}
+		return fn(r)
+	})
 }
 
 // Get returns the current record of k, loading it from the store on a miss.

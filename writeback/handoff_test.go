@@ -1,0 +1,155 @@
+package writeback
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+func TestReleaseStopsDecisionsUntilTTLOrAdopt(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{})
+	k := Key{Name: "api", Key: "u1"}
+	h := hashKey(k)
+	for range 3 {
+		if _, err := c.Decide(h, k, lim10, 1, base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, ok, err := c.Release(h, k, base, time.Second)
+	if err != nil || !ok || rec.State.Count != 3 {
+		t.Fatalf("release: %+v %v %v", rec, ok, err)
+	}
+	if _, err := c.Decide(h, k, lim10, 1, base+1); !errors.Is(err, ErrMoved) {
+		t.Fatalf("decide after release: %v, want ErrMoved", err)
+	}
+	if !c.Released(h, k, base+1) {
+		t.Fatal("Released is false after Release")
+	}
+	// After the TTL the key is decided here again, from the state it had.
+	d, err := c.Decide(h, k, lim10, 1, base+int64(time.Second))
+	if err != nil || d.Remaining != 6 {
+		t.Fatalf("decide after ttl: %+v %v", d, err)
+	}
+	// Adopt ends a release at once and installs a newer record.
+	if _, _, err := c.Release(h, k, base+int64(time.Second), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	newer := rec
+	newer.State.Count = 9
+	newer.Version = rec.Version + uint64(time.Hour)
+	if !c.Adopt(h, newer) {
+		t.Fatal("adopt of a newer record did not install it")
+	}
+	d, err = c.Decide(h, k, lim10, 1, base+2*int64(time.Second))
+	if err != nil || d.Remaining != 0 {
+		t.Fatalf("decide after adopt: %+v %v", d, err)
+	}
+	// Reclaim ends a release without a record.
+	c.Release(h, k, base+3*int64(time.Second), time.Hour)
+	c.Reclaim(h, k)
+	if _, err := c.Decide(h, k, lim10, 0, base+3*int64(time.Second)); err != nil {
+		t.Fatalf("decide after reclaim: %v", err)
+	}
+}
+
+func TestReleaseIsAtomicWithDecide(t *testing.T) {
+	t.Parallel()
+	// Every hit admitted before the release is in the released record; none
+	// is admitted after it.
+	c, _ := newTestCache(t, Config{})
+	k := Key{Name: "api", Key: "race"}
+	h := hashKey(k)
+	lim := lim10
+	lim.Limit = 1_000_000
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := int64(0)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				d, err := c.Decide(h, k, lim, 1, base)
+				if errors.Is(err, ErrMoved) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed() {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	rec, _, err := c.Release(h, k, base, time.Hour)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State.Count != admitted {
+		t.Fatalf("released record counts %d, %d were admitted", rec.State.Count, admitted)
+	}
+}
+
+func TestOnChangeAndRange(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	changed := map[Key]int{}
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 2, OnChange: func(h uint64, k Key) {
+		mu.Lock()
+		changed[k]++
+		mu.Unlock()
+	}})
+	keys := []Key{{"a", "1"}, {"a", "2"}, {"a", "3"}}
+	for _, k := range keys {
+		c.Decide(hashKey(k), k, lim10, 1, base)
+	}
+	c.Decide(hashKey(keys[0]), keys[0], lim10, 0, base) // a peek changes nothing
+	for _, k := range keys {
+		if changed[k] != 1 {
+			t.Fatalf("OnChange calls %v", changed)
+		}
+	}
+	// Size 2: one key was evicted into pending; Range still sees all three.
+	seen := map[Key]bool{}
+	c.Range(base, func(r Record) bool { seen[r.Key] = r.State.Count == 1; return true })
+	if len(seen) != 3 || !seen[keys[0]] || !seen[keys[1]] || !seen[keys[2]] {
+		t.Fatalf("Range saw %v", seen)
+	}
+	if err := c.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if err := c.RangeStored(base, func(Record) bool { n++; return true }); err != nil || n != 3 {
+		t.Fatalf("RangeStored saw %d records, err %v", n, err)
+	}
+	n = 0
+	c.RangeStored(base+int64(3*time.Minute), func(Record) bool { n++; return true })
+	if n != 0 {
+		t.Fatalf("RangeStored saw %d expired records", n)
+	}
+	// Adopt counts as a change.
+	k := Key{"b", "1"}
+	c.Adopt(hashKey(k), Record{Key: k, State: mustState(t, c, keys[0]), Version: uint64(base) + 100})
+	if changed[k] != 1 {
+		t.Fatal("Adopt did not call OnChange")
+	}
+}
+
+func mustState(t *testing.T, c *Cache, k Key) bucket.State {
+	t.Helper()
+	rec, ok, err := c.Get(hashKey(k), k, base)
+	if err != nil || !ok {
+		t.Fatalf("get %v: %v %v", k, ok, err)
+	}
+	return rec.State
+}
