@@ -7,7 +7,12 @@
 // writeback cache holds one lock per shard). Windows and waits in limits
 // and decisions are milliseconds; times in State are nanoseconds.
 //
-// Only the sliding-window counter exists so far; [Limit.Validate] refuses
-// the other algorithms. docs/algorithms.md gives its semantics, bound and
-// measured accuracy.
+// Every algorithm of [Algorithm] is here: the sliding-window counter (with
+// [Limit.SubWindows], the sub-window counter), the sliding log, the token
+// bucket, the leaky bucket (meter, or shaping with [Limit.Shaping]), the
+// fixed window (epoch-aligned or [Limit.Calendar]) and GCRA; the modes of
+// [Limit.Mode]; [DecideAll] for several limits at once. Every algorithm
+// but the sliding log and the sub-window counter keeps a fixed-size State
+// and decides without allocating. docs/algorithms.md gives each one's
+// semantics, answer, bytes per key, bound and measured accuracy.
 package bucket

@@ -17,17 +17,22 @@ const nsPerMS = int64(1_000_000)
 // (docs/algorithms.md): every aligned window admits at most limit, so any
 // trailing window of length W admits at most 2 × limit; the estimate itself
 // is exact when the previous window's hits were spread evenly.
-func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
-	w := lim.WindowMS * nsPerMS
-	if now < 0 {
-		now = 0
-	}
+func decideSlidingWindow(s *State, p params, hits, now int64) Decision {
+	w, limit := p.w, p.limit
 	cur := now - now%w
 	st := *s
-	if st.Algorithm != SlidingWindow && st.Algorithm != AlgorithmUnspecified {
-		// Another algorithm's counter (the limit's algorithm changed):
-		// count afresh; only an admission replaces it.
-		st = State{}
+	if st.Algorithm != SlidingWindow && st.Algorithm != AlgorithmUnspecified || st.Ext != nil {
+		// Another algorithm's counter (the limit's algorithm changed), or
+		// a sub-window counter's: count afresh; only an admission
+		// replaces it. (A sub-window state read here is counted
+		// conservatively below.)
+		if st.Ext != nil && st.Algorithm == SlidingWindow && !st.Fresh(now) {
+			// Its hits, in the window that keeps them until its Expires.
+			last := st.Expires - 1
+			st = State{Start: max(last-last%w-w, 0), Count: min(extSum(st.Ext), MaxLimit)}
+		} else {
+			st = State{}
+		}
 	}
 	st.Algorithm = SlidingWindow
 	switch {
@@ -47,14 +52,22 @@ func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
 	}
 	estimate := weigh(st.Prev, w-elapsed, w) + st.Count
 
-	d := Decision{Limit: lim.Limit}
-	allowed := hits <= lim.Limit && estimate+hits <= lim.Limit
+	var d Decision
+	allowed := hits <= limit && estimate+hits <= limit
 	if hits == 0 {
-		allowed = estimate < lim.Limit
+		allowed = estimate < limit
 	}
-	if allowed && hits > 0 {
-		st.Count += hits
-		estimate += hits
+	add := int64(0)
+	switch {
+	case allowed:
+		add = hits
+	case p.refused && hits > 0 && st.Count < limit:
+		// Refused hits count too, up to a full window.
+		add = min(hits, limit-st.Count)
+	}
+	if add > 0 {
+		st.Count += add
+		estimate += add
 		// Two windows after its start the state is forgotten. Set on
 		// every admission: the window may have grown since the last one.
 		st.Expires = addSat(cur, 2*w)
@@ -64,9 +77,9 @@ func decideSlidingWindow(s *State, lim Limit, hits, now int64) Decision {
 		d.Status = UnderLimit
 	} else {
 		d.Status = OverLimit
-		d.RetryAfterMS = ceilMS(retrySlidingWindow(st, lim.Limit, max(hits, 1), now, cur, w))
+		d.RetryAfterMS = ceilMS(retrySlidingWindow(st, limit, max(hits, 1), now, cur, w))
 	}
-	d.Remaining = max(lim.Limit-estimate, 0)
+	d.Remaining = max(limit-estimate, 0)
 	d.ResetAfterMS = ceilMS(resetSlidingWindow(st, now, cur, w))
 	return d
 }

@@ -65,7 +65,8 @@ func TestStateDecodeRefuses(t *testing.T) {
 		{"one short", good[:EncodedSize-1], "33 bytes, want 34"},
 		{"one long", append(bytes.Clone(good), 0), "35 bytes, want 34"},
 		{"version 0", edit(func(b []byte) { b[0] = 0 }), "encoding version 0, want 1"},
-		{"version 2", edit(func(b []byte) { b[0] = 2 }), "encoding version 2, want 1"},
+		{"version 2 without its count", edit(func(b []byte) { b[0] = 2 }), "34 bytes, want at least 38 for encoding version 2"},
+		{"version 3", edit(func(b []byte) { b[0] = 3 }), "encoding version 3, want 1 or 2"},
 		{"unknown algorithm", edit(func(b []byte) { b[1] = 7 }), "unknown algorithm 7"},
 		{"negative start", edit(put(2, -1)), "negative time"},
 		{"negative count", edit(put(10, -1)), "count -1 out of range"},
@@ -97,8 +98,14 @@ func FuzzStateDecode(f *testing.F) {
 		b, _ := s.MarshalBinary()
 		f.Add(b)
 	}
+	for _, alg := range []Algorithm{SlidingLog, SlidingWindow} {
+		s := State{Algorithm: alg, Start: t0, Count: 1000, Prev: 10, Expires: t0 + sec, Ext: &Ext{vals: []int64{t0, t0, t0 + 5}}}
+		b, _ := s.MarshalBinary()
+		f.Add(b)
+	}
 	f.Add([]byte{})
 	f.Add([]byte{1})
+	f.Add([]byte{2})
 	f.Add(bytes.Repeat([]byte{0xff}, EncodedSize))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var s State
@@ -111,6 +118,9 @@ func FuzzStateDecode(f *testing.F) {
 			}
 			return
 		}
+		if s.EncodedLen() != len(in) {
+			t.Fatalf("EncodedLen %d for %d bytes", s.EncodedLen(), len(in))
+		}
 		out, err := s.MarshalBinary()
 		if err != nil || !bytes.Equal(out, in) {
 			t.Fatalf("re-encoding %+v: %x, %v; want %x", s, out, err, in)
@@ -122,19 +132,41 @@ func FuzzStateDecode(f *testing.F) {
 	})
 }
 
-// FuzzDecide feeds arbitrary limits, hits, times and decodable states
-// through Validate and Decide and checks the invariants that hold for any
-// input: no panic, remaining in [0, limit], Count ≤ MaxLimit, retry 0 iff
-// allowed, refusals and peeks change nothing, an admission adds exactly
-// hits, the state stays decodable, and the same request passes after
-// RetryAfterMS.
+// FuzzDecide feeds arbitrary limits of every algorithm and mode, hits,
+// times, loads and decodable states (sub-window counts or log timestamps
+// included) through Validate and Decide and checks the invariants that
+// hold for any input: no panic, remaining in [0, capacity], retry 0 iff
+// allowed (save shaping delays), refusals and peeks change nothing unless
+// refused hits count, the state stays decodable, and the same request
+// passes after RetryAfterMS.
 func FuzzDecide(f *testing.F) {
-	f.Add(int64(10), int64(1000), int64(1), t0, uint8(1), t0, int64(3), int64(4), t0+2*sec)
-	f.Add(MaxLimit, MaxWindowMS, int64(math.MaxInt64), int64(math.MaxInt64), uint8(1), int64(math.MaxInt64), MaxLimit, MaxLimit, int64(math.MaxInt64))
-	f.Add(int64(0), int64(1), int64(0), int64(0), uint8(0), int64(0), int64(0), int64(0), int64(0))
-	f.Add(int64(5), int64(1), int64(5), t0, uint8(3), t0+5*sec, int64(5), int64(5), int64(0))
-	f.Fuzz(func(t *testing.T, limit, window, hits, now int64, alg uint8, start, count, prev, expires int64) {
-		lim := Limit{Algorithm: SlidingWindow, Limit: limit, WindowMS: window}
+	f.Add(int64(10), int64(1000), int64(1), t0, uint8(1), t0, int64(3), int64(4), t0+2*sec, uint8(1), int64(0), uint8(0), int64(0), 0.5, []byte(nil))
+	f.Add(MaxLimit, MaxWindowMS, int64(math.MaxInt64), int64(math.MaxInt64), uint8(1), int64(math.MaxInt64), MaxLimit, MaxLimit, int64(math.MaxInt64), uint8(1), int64(0), uint8(0), int64(0), 0.0, []byte(nil))
+	f.Add(int64(0), int64(1), int64(0), int64(0), uint8(0), int64(0), int64(0), int64(0), int64(0), uint8(0), int64(0), uint8(0), int64(0), 0.0, []byte(nil))
+	f.Add(int64(5), int64(1), int64(5), t0, uint8(3), t0+5*sec, int64(5), int64(5), int64(0), uint8(3), int64(7), uint8(4), int64(0), 0.0, []byte(nil))
+	for alg := range uint8(7) {
+		f.Add(int64(7), int64(60_000), int64(2), t0, alg, t0, int64(3), int64(4), t0+sec, alg, int64(9), alg*37, int64(alg)*13, 0.3, []byte{0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 9})
+		f.Add(MaxLimit, MaxWindowMS, int64(math.MaxInt64), int64(math.MaxInt64)-1, alg, int64(math.MaxInt64), MaxLimit, MaxLimit, int64(math.MaxInt64), alg, MaxLimit, uint8(0xff), int64(math.MaxInt64), math.NaN(), []byte(nil))
+	}
+	f.Fuzz(func(t *testing.T, limit, window, hits, now int64, alg uint8, start, count, prev, expires int64, limAlg uint8, burst int64, opts uint8, extra int64, load float64, ext []byte) {
+		lim := Limit{Algorithm: Algorithm(limAlg), Limit: limit, WindowMS: window, Burst: burst, CountRefused: opts&4 != 0}
+		lim.Mode = Mode(opts & 3)
+		switch lim.Mode {
+		case ModeSoft:
+			lim.SoftPercent = extra
+		case ModeElastic:
+			lim.ElasticCeiling, lim.ElasticLoadPercent = extra, 1+int64(opts>>5)*14
+		default:
+			if lim.Algorithm == SlidingWindow && extra > 0 {
+				lim.SubWindows = extra % (MaxSubWindows + 1)
+			}
+		}
+		if lim.Algorithm == LeakyBucket {
+			lim.Shaping = opts&8 != 0
+		}
+		if lim.Algorithm == FixedWindow {
+			lim.Calendar = Calendar(opts>>4) & 3
+		}
 		req := Request{Name: "n", Key: "k", Hits: hits, Limit: lim}
 		// Request.Validate accepts an all-zero limit (take it from the
 		// rules); Decide needs the resolved limit, checked by Limit.Validate.
@@ -145,28 +177,48 @@ func FuzzDecide(f *testing.F) {
 		if s.check() != nil {
 			return
 		}
+		if len(ext) >= 8 {
+			vals := make([]int64, len(ext)/8)
+			for i := range vals {
+				vals[i] = int64(binary.BigEndian.Uint64(ext[8*i:]))
+			}
+			if s.checkExt(vals) == nil {
+				s.Ext = &Ext{vals: vals}
+			}
+		}
+		capacity := limit
+		switch lim.Algorithm {
+		case TokenBucket, LeakyBucket, GCRA:
+			if burst > 0 {
+				capacity = burst
+			}
+		}
 		before := s
-		d := Decide(&s, lim, hits, now)
+		d := DecideLoad(&s, lim, hits, now, load)
 		switch {
-		case d.Limit != limit || d.Remaining < 0 || d.Remaining > limit:
-			t.Fatalf("decision %+v for limit %d", d, limit)
+		case d.Limit != limit || d.Remaining < 0 || d.Remaining > capacity:
+			t.Fatalf("decision %+v for %+v", d, lim)
 		case d.Status != UnderLimit && d.Status != OverLimit:
 			t.Fatalf("status %v", d.Status)
-		case d.Allowed() != (d.RetryAfterMS == 0) || d.RetryAfterMS < 0 || d.ResetAfterMS < 0:
+		case d.Allowed() != (d.RetryAfterMS == 0) && !lim.Shaping || d.RetryAfterMS < 0 || d.ResetAfterMS < 0:
 			t.Fatalf("decision %+v: retry must be 0 exactly when allowed", d)
-		case s.Count > MaxLimit || s.Count < 0 || s.Prev > MaxLimit || s.Prev < 0:
-			t.Fatalf("state %+v out of range", s)
-		case (!d.Allowed() || hits == 0) && s != before:
+		case (!d.Allowed() && !lim.CountRefused || hits == 0) && s != before:
 			t.Fatalf("refusal or peek changed %+v to %+v", before, s)
-		case d.Allowed() && hits > 0 && (s.Algorithm != SlidingWindow || s.Expires < now || s.Fresh(now)):
+		case d.Allowed() && hits > 0 && (s.Expires < now || s.Fresh(now)):
 			t.Fatalf("admitted into %+v", s)
 		case s.check() != nil:
 			t.Fatalf("Decide left an undecodable state %+v: %v", s, s.check())
 		}
-		if !d.Allowed() && max(hits, 1) <= limit {
-			if at := now + d.RetryAfterMS*ms; d.RetryAfterMS < math.MaxInt64/ms && at >= now {
+		if s.Ext != nil {
+			if err := s.checkExt(s.Ext.vals); err != nil {
+				t.Fatalf("Decide left an undecodable state %+v: %v", s, err)
+			}
+		}
+		// A zero limit refuses everything, whatever the burst.
+		if !d.Allowed() && max(hits, 1) <= capacity && limit > 0 {
+			if at := now + d.RetryAfterMS*ms; d.RetryAfterMS < math.MaxInt64/ms && at >= now && at < math.MaxInt64-MaxWindowMS*ms {
 				c := before
-				if d2 := Decide(&c, lim, hits, at); !d2.Allowed() {
+				if d2 := DecideLoad(&c, lim, hits, at, load); !d2.Allowed() {
 					t.Fatalf("state %+v: not admitted after RetryAfter %d ms: %+v", before, d.RetryAfterMS, d2)
 				}
 			}

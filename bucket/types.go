@@ -66,13 +66,133 @@ const (
 	MaxBatchSize = 1000
 )
 
+// More limits of this package, checked by Limit.Validate.
+const (
+	// MaxLogLimit is the largest limit the sliding log accepts (with its
+	// soft or elastic headroom): it keeps one 8-byte timestamp per hit
+	// admitted in the trailing window.
+	MaxLogLimit = int64(10_000)
+	// MaxSubWindows is the largest number of sub-windows of a sliding
+	// window.
+	MaxSubWindows = int64(1000)
+	// MaxSoftPercent is the largest SoftPercent.
+	MaxSoftPercent = int64(1000)
+)
+
 // Limit is one limit: at most Limit hits per WindowMS milliseconds, counted by
 // Algorithm. Burst is the capacity of the bucket algorithms (0 means Limit).
+//
+// The fields after Burst are optional; their zero values give the plain
+// behaviour: one sliding-window counter, hard limits, refused hits consume
+// nothing, windows aligned to the epoch. docs/algorithms.md describes each.
 type Limit struct {
 	Algorithm Algorithm
 	Limit     int64
 	WindowMS  int64
 	Burst     int64
+
+	// SubWindows, for SlidingWindow only: 0 or 1 is the classic counter of
+	// two windows; n in 2..MaxSubWindows counts the window in n
+	// sub-windows of ceil(window / n) each, the oldest weighted by its
+	// overlap, so that the error is bounded by one sub-window.
+	SubWindows int64
+	// Shaping, for LeakyBucket only: admit a request while the queue has
+	// room, with RetryAfterMS on the allowed answer saying how long to
+	// delay it (the time for the queue ahead of it to drain).
+	Shaping bool
+	// Mode is how hard the limit is: ModeHard (the default), ModeSoft or
+	// ModeElastic.
+	Mode Mode
+	// SoftPercent, for ModeSoft: admit up to this many percent over the
+	// limit (1..MaxSoftPercent), while Remaining counts against Limit.
+	SoftPercent int64
+	// ElasticCeiling, for ModeElastic: the limit in force while the node's
+	// load is below ElasticLoadPercent (> Limit, ≤ 2^40).
+	ElasticCeiling int64
+	// ElasticLoadPercent, for ModeElastic: the load, in percent of the
+	// node's capacity (1..100), below which ElasticCeiling applies. See
+	// DecideLoad for what load means.
+	ElasticLoadPercent int64
+	// CountRefused: refused hits consume too (saturating at the limit: a
+	// client that keeps retrying stays refused until it pauses).
+	CountRefused bool
+	// Calendar, for FixedWindow only: windows follow UTC calendar edges
+	// (day, week from Monday, month) instead of multiples of WindowMS.
+	Calendar Calendar
+}
+
+// Mode is the throttling mode of a limit.
+type Mode uint8
+
+// The modes.
+const (
+	// ModeHard refuses every hit over the limit.
+	ModeHard Mode = 0
+	// ModeSoft admits up to SoftPercent over the limit.
+	ModeSoft Mode = 1
+	// ModeElastic admits up to ElasticCeiling while the node's load is
+	// below ElasticLoadPercent, and up to Limit otherwise.
+	ModeElastic Mode = 2
+)
+
+var modeNames = [...]string{ModeHard: "hard", ModeSoft: "soft", ModeElastic: "elastic"}
+
+// String returns the name used in rules files.
+func (m Mode) String() string {
+	if int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode returns the mode named s ("hard", "soft", "elastic"); "" is
+// ModeHard.
+func ParseMode(s string) (Mode, error) {
+	if s == "" {
+		return ModeHard, nil
+	}
+	for i, n := range modeNames {
+		if n == s {
+			return Mode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown mode %q (want hard, soft or elastic)", s)
+}
+
+// Calendar selects calendar windows in UTC for FixedWindow.
+type Calendar uint8
+
+// The calendars. CalendarNone aligns windows to multiples of WindowMS since
+// the epoch.
+const (
+	CalendarNone  Calendar = 0
+	CalendarDay   Calendar = 1 // from 00:00 UTC
+	CalendarWeek  Calendar = 2 // from Monday 00:00 UTC
+	CalendarMonth Calendar = 3 // from the 1st, 00:00 UTC
+)
+
+var calendarNames = [...]string{CalendarNone: "none", CalendarDay: "day", CalendarWeek: "week", CalendarMonth: "month"}
+
+// String returns the name used in rules files.
+func (c Calendar) String() string {
+	if int(c) < len(calendarNames) {
+		return calendarNames[c]
+	}
+	return fmt.Sprintf("calendar(%d)", uint8(c))
+}
+
+// ParseCalendar returns the calendar named s ("day", "week", "month",
+// "none"); "" is CalendarNone.
+func ParseCalendar(s string) (Calendar, error) {
+	if s == "" {
+		return CalendarNone, nil
+	}
+	for i, n := range calendarNames {
+		if n == s {
+			return Calendar(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown calendar %q (want day, week, month or none)", s)
 }
 
 // Request is one check: Hits against the limit for (Name, Key). Hits 0 peeks.
@@ -90,7 +210,9 @@ type Decision struct {
 	Limit        int64
 	Remaining    int64
 	ResetAfterMS int64 // until the window or bucket is full again
-	RetryAfterMS int64 // 0 exactly when allowed; see docs/algorithms.md
+	// RetryAfterMS is 0 exactly when allowed, except for a shaping leaky
+	// bucket, whose allowed answers carry the delay; see docs/algorithms.md.
+	RetryAfterMS int64
 }
 
 // Allowed reports whether the request was admitted.
@@ -103,6 +225,9 @@ type Outcome struct {
 	Decision
 	Owner string
 	Err   string
+	// MovedTo, between nodes only, is the gRPC address of the node that now
+	// holds the key: the item was not decided and must be asked there.
+	MovedTo string
 }
 
 // ValidateKey checks name and key against DESIGN §5.
@@ -144,13 +269,12 @@ func (r *Request) Validate() error {
 	return r.Limit.Validate()
 }
 
-// Validate checks a limit against DESIGN §5.
+// Validate checks a limit against DESIGN §5 and the rules of its optional
+// fields.
 func (l Limit) Validate() error {
 	switch {
 	case l.Algorithm > GCRA:
 		return fmt.Errorf("unknown algorithm %d", l.Algorithm)
-	case l.Algorithm != AlgorithmUnspecified && l.Algorithm != SlidingWindow:
-		return fmt.Errorf("algorithm %s is not available yet (only sliding_window)", l.Algorithm)
 	case l.Limit < 0:
 		return fmt.Errorf("limit is %d, must be >= 0", l.Limit)
 	case l.Limit > MaxLimit:
@@ -163,6 +287,44 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst is %d, must be >= 0", l.Burst)
 	case l.Burst > MaxLimit:
 		return fmt.Errorf("burst is %d, more than 2^40", l.Burst)
+	case l.SubWindows < 0:
+		return fmt.Errorf("sub_windows is %d, must be >= 0", l.SubWindows)
+	case l.SubWindows > MaxSubWindows:
+		return fmt.Errorf("sub_windows is %d, more than %d", l.SubWindows, MaxSubWindows)
+	case l.SubWindows > 1 && l.Algorithm != SlidingWindow && l.Algorithm != AlgorithmUnspecified:
+		return fmt.Errorf("sub_windows applies only to sliding_window, not %s", l.Algorithm)
+	case l.Shaping && l.Algorithm != LeakyBucket:
+		return fmt.Errorf("shaping applies only to leaky_bucket, not %s", l.Algorithm)
+	case l.Calendar > CalendarMonth:
+		return fmt.Errorf("unknown calendar %d", l.Calendar)
+	case l.Calendar != CalendarNone && l.Algorithm != FixedWindow:
+		return fmt.Errorf("calendar windows apply only to fixed_window, not %s", l.Algorithm)
+	}
+	if err := l.validateMode(); err != nil {
+		return err
+	}
+	if l.Algorithm == SlidingLog {
+		if top := max(l.Limit, l.ElasticCeiling, softLimit(l.Limit, l.SoftPercent)); top > MaxLogLimit {
+			return fmt.Errorf("sliding_log keeps one timestamp per hit: a limit of %d (with its soft or elastic headroom) is more than its cap of %d; use sliding_window with sub_windows", top, MaxLogLimit)
+		}
+	}
+	return nil
+}
+
+func (l Limit) validateMode() error {
+	switch {
+	case l.Mode > ModeElastic:
+		return fmt.Errorf("unknown mode %d", l.Mode)
+	case l.SoftPercent != 0 && l.Mode != ModeSoft:
+		return fmt.Errorf("soft_percent applies only to mode soft, not %s", l.Mode)
+	case l.Mode == ModeSoft && (l.SoftPercent < 1 || l.SoftPercent > MaxSoftPercent):
+		return fmt.Errorf("mode soft needs soft_percent in 1..%d, not %d", MaxSoftPercent, l.SoftPercent)
+	case (l.ElasticCeiling != 0 || l.ElasticLoadPercent != 0) && l.Mode != ModeElastic:
+		return fmt.Errorf("elastic_ceiling and elastic_load_percent apply only to mode elastic, not %s", l.Mode)
+	case l.Mode == ModeElastic && (l.ElasticCeiling <= l.Limit || l.ElasticCeiling > MaxLimit):
+		return fmt.Errorf("mode elastic needs elastic_ceiling above the limit %d and at most 2^40, not %d", l.Limit, l.ElasticCeiling)
+	case l.Mode == ModeElastic && (l.ElasticLoadPercent < 1 || l.ElasticLoadPercent > 100):
+		return fmt.Errorf("mode elastic needs elastic_load_percent in 1..100, not %d", l.ElasticLoadPercent)
 	}
 	return nil
 }

@@ -56,11 +56,47 @@ func TestRequestValidate(t *testing.T) {
 		{"algorithm unspecified", with(func(r *Request) { r.Algorithm = AlgorithmUnspecified }), ""},
 		{"algorithm 7", with(func(r *Request) { r.Algorithm = 7 }), "unknown algorithm 7"},
 		{"algorithm 255", with(func(r *Request) { r.Algorithm = 255 }), "unknown algorithm 255"},
-		{"sliding_log not yet", with(func(r *Request) { r.Algorithm = SlidingLog }), "algorithm sliding_log is not available yet (only sliding_window)"},
-		{"token_bucket not yet", with(func(r *Request) { r.Algorithm = TokenBucket }), "algorithm token_bucket is not available yet"},
-		{"leaky_bucket not yet", with(func(r *Request) { r.Algorithm = LeakyBucket }), "algorithm leaky_bucket is not available yet"},
-		{"fixed_window not yet", with(func(r *Request) { r.Algorithm = FixedWindow }), "algorithm fixed_window is not available yet"},
-		{"gcra not yet", with(func(r *Request) { r.Algorithm = GCRA }), "algorithm gcra is not available yet"},
+		{"sliding_log", with(func(r *Request) { r.Algorithm = SlidingLog }), ""},
+		{"token_bucket", with(func(r *Request) { r.Algorithm = TokenBucket; r.Burst = 5 }), ""},
+		{"leaky_bucket", with(func(r *Request) { r.Algorithm = LeakyBucket }), ""},
+		{"leaky_bucket shaping", with(func(r *Request) { r.Algorithm = LeakyBucket; r.Shaping = true }), ""},
+		{"fixed_window", with(func(r *Request) { r.Algorithm = FixedWindow }), ""},
+		{"gcra", with(func(r *Request) { r.Algorithm = GCRA }), ""},
+		{"sliding_log at its cap", with(func(r *Request) { r.Algorithm = SlidingLog; r.Limit.Limit = MaxLogLimit }), ""},
+		{"sliding_log over its cap", with(func(r *Request) { r.Algorithm = SlidingLog; r.Limit.Limit = MaxLogLimit + 1 }), "sliding_log keeps one timestamp per hit: a limit of 10001 (with its soft or elastic headroom) is more than its cap of 10000"},
+		{"sliding_log soft headroom over its cap", with(func(r *Request) {
+			r.Algorithm, r.Limit.Limit, r.Mode, r.SoftPercent = SlidingLog, 10_000, ModeSoft, 1
+		}), "a limit of 10100"},
+		{"sliding_log elastic ceiling over its cap", with(func(r *Request) {
+			r.Algorithm, r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = SlidingLog, ModeElastic, 20_000, 50
+		}), "a limit of 20000"},
+		{"sub_windows 60", with(func(r *Request) { r.SubWindows = 60 }), ""},
+		{"sub_windows 1000", with(func(r *Request) { r.SubWindows = MaxSubWindows }), ""},
+		{"sub_windows 1001", with(func(r *Request) { r.SubWindows = 1001 }), "sub_windows is 1001, more than 1000"},
+		{"sub_windows negative", with(func(r *Request) { r.SubWindows = -1 }), "sub_windows is -1, must be >= 0"},
+		{"sub_windows on unspecified", with(func(r *Request) { r.Algorithm = AlgorithmUnspecified; r.SubWindows = 2 }), ""},
+		{"sub_windows 1 on gcra", with(func(r *Request) { r.Algorithm = GCRA; r.SubWindows = 1 }), ""},
+		{"sub_windows on gcra", with(func(r *Request) { r.Algorithm = GCRA; r.SubWindows = 2 }), "sub_windows applies only to sliding_window, not gcra"},
+		{"shaping on gcra", with(func(r *Request) { r.Algorithm = GCRA; r.Shaping = true }), "shaping applies only to leaky_bucket, not gcra"},
+		{"calendar day", with(func(r *Request) { r.Algorithm = FixedWindow; r.Calendar = CalendarDay }), ""},
+		{"calendar month", with(func(r *Request) { r.Algorithm = FixedWindow; r.Calendar = CalendarMonth }), ""},
+		{"calendar unknown", with(func(r *Request) { r.Algorithm = FixedWindow; r.Calendar = 4 }), "unknown calendar 4"},
+		{"calendar on sliding_window", with(func(r *Request) { r.Calendar = CalendarWeek }), "calendar windows apply only to fixed_window, not sliding_window"},
+		{"mode unknown", with(func(r *Request) { r.Mode = 3 }), "unknown mode 3"},
+		{"soft 10%", with(func(r *Request) { r.Mode, r.SoftPercent = ModeSoft, 10 }), ""},
+		{"soft 1000%", with(func(r *Request) { r.Mode, r.SoftPercent = ModeSoft, 1000 }), ""},
+		{"soft 0%", with(func(r *Request) { r.Mode = ModeSoft }), "mode soft needs soft_percent in 1..1000, not 0"},
+		{"soft 1001%", with(func(r *Request) { r.Mode, r.SoftPercent = ModeSoft, 1001 }), "mode soft needs soft_percent in 1..1000, not 1001"},
+		{"soft_percent without mode soft", with(func(r *Request) { r.SoftPercent = 10 }), "soft_percent applies only to mode soft, not hard"},
+		{"elastic", with(func(r *Request) { r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = ModeElastic, 20, 70 }), ""},
+		{"elastic ceiling 2^40", with(func(r *Request) { r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = ModeElastic, MaxLimit, 100 }), ""},
+		{"elastic ceiling at the limit", with(func(r *Request) { r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = ModeElastic, 10, 70 }), "mode elastic needs elastic_ceiling above the limit 10 and at most 2^40, not 10"},
+		{"elastic ceiling over 2^40", with(func(r *Request) { r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = ModeElastic, MaxLimit+1, 70 }), "not 1099511627777"},
+		{"elastic load 0%", with(func(r *Request) { r.Mode, r.ElasticCeiling = ModeElastic, 20 }), "mode elastic needs elastic_load_percent in 1..100, not 0"},
+		{"elastic load 101%", with(func(r *Request) { r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = ModeElastic, 20, 101 }), "not 101"},
+		{"elastic fields without mode elastic", with(func(r *Request) { r.ElasticCeiling = 20 }), "elastic_ceiling and elastic_load_percent apply only to mode elastic, not hard"},
+		{"elastic load without mode elastic", with(func(r *Request) { r.Mode, r.SoftPercent, r.ElasticLoadPercent = ModeSoft, 5, 50 }), "apply only to mode elastic, not soft"},
+		{"count_refused", with(func(r *Request) { r.CountRefused = true }), ""},
 		// Limit, window and burst all 0: the limit comes from the rules for Name.
 		{"limit from rules", with(func(r *Request) { r.Limit = Limit{} }), ""},
 		{"limit from rules, algorithm named", with(func(r *Request) { r.Limit = Limit{Algorithm: GCRA} }), ""},
@@ -105,6 +141,35 @@ func TestParseAlgorithm(t *testing.T) {
 	}
 }
 
+func TestParseModeAndCalendar(t *testing.T) {
+	t.Parallel()
+	for m := ModeHard; m <= ModeElastic; m++ {
+		if got, err := ParseMode(m.String()); err != nil || got != m {
+			t.Errorf("ParseMode(%q) = %v, %v", m.String(), got, err)
+		}
+	}
+	for c := CalendarNone; c <= CalendarMonth; c++ {
+		if got, err := ParseCalendar(c.String()); err != nil || got != c {
+			t.Errorf("ParseCalendar(%q) = %v, %v", c.String(), got, err)
+		}
+	}
+	if m, err := ParseMode(""); m != ModeHard || err != nil {
+		t.Errorf("ParseMode(\"\") = %v, %v", m, err)
+	}
+	if c, err := ParseCalendar(""); c != CalendarNone || err != nil {
+		t.Errorf("ParseCalendar(\"\") = %v, %v", c, err)
+	}
+	if _, err := ParseMode("Soft"); err == nil || !strings.Contains(err.Error(), "want hard, soft or elastic") {
+		t.Errorf("ParseMode(Soft) = %v", err)
+	}
+	if _, err := ParseCalendar("year"); err == nil || !strings.Contains(err.Error(), "want day, week, month or none") {
+		t.Errorf("ParseCalendar(year) = %v", err)
+	}
+	if Mode(9).String() != "mode(9)" || Calendar(9).String() != "calendar(9)" {
+		t.Error("String of unknown values")
+	}
+}
+
 // FuzzValidate: Validate never panics, and whatever it accepts is inside
 // the bounds of DESIGN §5.
 func FuzzValidate(f *testing.F) {
@@ -124,7 +189,7 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("accepted %+v", r)
 		}
 		if r.Limit != (Limit{Algorithm: r.Algorithm}) {
-			if limit < 0 || limit > MaxLimit || window < MinWindowMS || window > MaxWindowMS || burst < 0 || burst > MaxLimit || (r.Algorithm != SlidingWindow && r.Algorithm != AlgorithmUnspecified) {
+			if limit < 0 || limit > MaxLimit || window < MinWindowMS || window > MaxWindowMS || burst < 0 || burst > MaxLimit || (r.Algorithm == SlidingLog && limit > MaxLogLimit) {
 				t.Fatalf("accepted %+v", r)
 			}
 		}

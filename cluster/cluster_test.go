@@ -27,6 +27,7 @@ func memCluster(t *testing.T, k int, mutate func(*Config)) ([]*Node, *MemNetwork
 	for i, n := range nodes {
 		net.Register(memAddr(i), n)
 	}
+	t.Cleanup(net.Heal) // runs before the nodes shut down
 	return nodes, net
 }
 
@@ -124,6 +125,7 @@ func TestOwnerUnavailable(t *testing.T) {
 			nodes, net := memCluster(t, 2, func(c *Config) {
 				c.OwnerUnavailable = tc.policy
 				c.ForwardTimeout = 50 * time.Millisecond
+				c.Ring.ReplicationFactor = 1 // no replica to fail over to
 			})
 			// A key owned by n1, asked at n0, with the link cut.
 			var key string

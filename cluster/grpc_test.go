@@ -36,7 +36,7 @@ func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
 	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })
 	srvs := make([]*transport.Server, k)
 	for i, n := range nodes {
-		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n})
+		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n, Peer: n})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -86,3 +86,39 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 func FixedClock(t0 time.Time) func() time.Time { return func() time.Time { return t0 } }
 
 func memAddr(i int) string { return fmt.Sprintf("mem-%d", i) }
+
+// StartNode builds and starts one node joining seed (none when empty) and
+// shuts it down when the test ends (a no-op if the test did already).
+func StartNode(t testing.TB, cfg Config, peers Peers, seed string) *Node {
+	t.Helper()
+	if seed != "" {
+		cfg.Join = []string{seed}
+	}
+	n, err := New(cfg, peers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.Shutdown(ctx)
+	})
+	return n
+}
+
+// WaitRings waits until every node's ring holds exactly the given nodes.
+func WaitRings(t testing.TB, nodes []*Node) {
+	t.Helper()
+	WaitFor(t, 20*time.Second, "every ring holds exactly the live nodes", func() bool {
+		for _, n := range nodes {
+			ms := n.Ring().Table().Members()
+			if len(ms) != len(nodes) {
+				return false
+			}
+		}
+		return true
+	})
+}

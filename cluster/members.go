@@ -80,10 +80,14 @@ type roster struct {
 	gone map[string]MemberStatus
 }
 
-func (r *roster) joined(name string) {
+// joined forgets name's departure and reports whether it had been declared
+// dead (not left): a partition healed, or the node restarted.
+func (r *roster) joined(name string) (wasDead bool) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	wasDead = r.gone[name].State == StateDead
 	delete(r.gone, name)
-	r.mu.Unlock()
+	return wasDead
 }
 
 func (r *roster) departed(n *memberlist.Node) {
@@ -135,9 +139,10 @@ func stateName(s memberlist.NodeStateType) string {
 // delegate is the node's memberlist.Delegate and EventDelegate. Its methods
 // never block: they record and signal the node's rebuild goroutine.
 type delegate struct {
-	meta    atomic.Pointer[[]byte]
-	roster  *roster
-	changed chan struct{} // capacity 1: a pending rebuild
+	meta     atomic.Pointer[[]byte]
+	roster   *roster
+	changed  chan struct{}     // capacity 1: a pending rebuild
+	onRejoin func(name string) // a member declared dead is alive again
 }
 
 var (
@@ -163,7 +168,9 @@ func (d *delegate) LocalState(join bool) []byte                { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
 
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
-	d.roster.joined(n.Name)
+	if d.roster.joined(n.Name) && d.onRejoin != nil {
+		d.onRejoin(n.Name)
+	}
 	d.signal()
 }
 

@@ -10,9 +10,11 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// ForwardHandler is the receiving side of a forward: Node implements it.
+// ForwardHandler is the receiving side of the peer calls: Node implements it.
 type ForwardHandler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
+	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
 }
 
 // MemNetwork connects nodes in one process without sockets, with failure
@@ -103,7 +105,7 @@ func (m *MemNetwork) SetDelay(d time.Duration) {
 	m.mu.Unlock()
 }
 
-// Calls returns the number of forwards made so far.
+// Calls returns the number of forwards tried so far.
 func (m *MemNetwork) Calls() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -122,10 +124,40 @@ var _ Peers = memPeers{}
 
 func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
 	p.m.mu.Lock()
+	p.m.calls++
+	p.m.mu.Unlock()
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return err
+	}
+	h.CheckForwarded(ctx, p.from, reqs, out)
+	return nil
+}
+
+func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (int, int, error) {
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	in, st := h.Replicate(ctx, p.from, handoff, counters)
+	return in, st, nil
+}
+
+func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error {
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return err
+	}
+	h.Pull(ctx, p.from, keys, release, ttl)
+	return nil
+}
+
+// reach applies the link's delay and fault and returns the handler at addr.
+func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error) {
+	p.m.mu.Lock()
 	h, ok := p.m.nodes[addr]
 	fault := p.m.faults[[2]string{p.from, addr}]
 	delay := p.m.delay
-	p.m.calls++
 	p.m.mu.Unlock()
 	if delay > 0 {
 		t := time.NewTimer(delay)
@@ -133,19 +165,18 @@ func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Reques
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	switch {
 	case fault == Blackhole:
 		<-ctx.Done()
-		return ctx.Err()
+		return nil, ctx.Err()
 	case fault == Refuse || !ok:
-		return fmt.Errorf("%w: %s → %s", ErrUnreachable, p.from, addr)
+		return nil, fmt.Errorf("%w: %s → %s", ErrUnreachable, p.from, addr)
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	h.CheckForwarded(ctx, p.from, reqs, out)
-	return nil
+	return h, nil
 }

@@ -42,11 +42,30 @@ type Node struct {
 	shutOnce sync.Once
 	shutErr  error
 
-	checks        atomic.Uint64 // requests answered through Check
-	forwarded     atomic.Uint64 // requests sent to an owner
-	forwardErrors atomic.Uint64 // requests whose owner could not be reached
-	rate          atomic.Uint64 // math.Float64bits of checks per second
-	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
+	rebuildMu  sync.Mutex
+	joinedAt   int64                   // Unix ns of the first join through seeds; guarded by rebuildMu
+	preJoin    atomic.Bool             // joining through seeds, no multi-member ring built yet
+	repl       replSet                 // keys changed since the last replication round
+	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
+	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it
+	handoffs   chan handoffJob         // ring changes that moved partitions away
+	draining   atomic.Bool             // leaving: decide nothing, redirect everything
+	gate       sync.RWMutex            // held shared by every local decision; drain takes it
+
+	checks            atomic.Uint64 // requests answered through Check
+	forwarded         atomic.Uint64 // requests sent to an owner
+	forwardErrors     atomic.Uint64 // requests whose owner could not be reached
+	failovers         atomic.Uint64 // requests answered by a replica after the owner failed
+	redirects         atomic.Uint64 // requests re-sent to the node a key moved to
+	replicated        atomic.Uint64 // counters sent to replicas
+	replicationErrors atomic.Uint64 // counters whose replication failed (retried)
+	handedOff         atomic.Uint64 // counters pushed to new owners
+	handoffErrors     atomic.Uint64 // counters whose push failed
+	pulls             atomic.Uint64 // first-touch pulls of moved keys
+	pullErrors        atomic.Uint64 // pulls whose previous owner did not answer
+	rejoins           atomic.Uint64 // members alive again after being declared dead
+	rate              atomic.Uint64 // math.Float64bits of checks per second
+	lastWarn          atomic.Int64  // Unix ns of the last owner-unavailable log line
 }
 
 // New validates cfg, opens the durable store under cfg.DataDir and builds a
@@ -76,26 +95,34 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	n := &Node{
+		cfg:      cfg,
+		name:     cfg.Name,
+		log:      lg,
+		now:      cfg.Now,
+		ring:     r,
+		peers:    peers,
+		stop:     make(chan struct{}),
+		handoffs: make(chan handoffJob, 16),
+	}
 	cc := cfg.Cache
 	if cc.Logger == nil {
 		cc.Logger = lg
 	}
-	cache, err := writeback.New(cc, store)
+	if cfg.Ring.ReplicationFactor > 1 {
+		cc.OnChange = n.repl.add
+	}
+	n.cache, err = writeback.New(cc, store)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n := &Node{
-		cfg:   cfg,
-		name:  cfg.Name,
-		log:   lg,
-		now:   cfg.Now,
-		ring:  r,
-		cache: cache,
-		peers: peers,
-		stop:  make(chan struct{}),
-	}
-	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1)}
+	n.preJoin.Store(len(cfg.Join) > 0)
+	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1), onRejoin: func(name string) {
+		n.rejoins.Add(1)
+		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
+			"each key's newest counter version wins", "member", name)
+	}}
 	n.deleg.setMeta(meta{grpcAddr: cfg.GRPCAddr})
 	return n, nil
 }
@@ -139,9 +166,11 @@ func (n *Node) Start(ctx context.Context) error {
 	n.ml.Store(ml)
 	n.rebuild()
 	n.cache.Start(ctx)
-	n.wg.Add(2)
+	n.wg.Add(4)
 	go n.rebuildLoop()
 	go n.rateLoop()
+	go n.replicateLoop()
+	go n.handoffLoop()
 	if len(n.cfg.Join) == 0 {
 		n.joined.Store(true)
 		return nil
@@ -206,10 +235,17 @@ func (n *Node) rebuildLoop() {
 	}
 }
 
-// rebuild sets the ring to memberlist's current alive and suspect members.
-// A member whose metadata does not decode is left out and logged.
+// rebuild sets the ring to memberlist's current alive and suspect members,
+// less those leaving (and this node itself once it drains), then registers
+// what moved. A member whose metadata does not decode is left out and
+// logged.
 func (n *Node) rebuild() {
 	ml := n.ml.Load()
+	if ml == nil {
+		return
+	}
+	n.rebuildMu.Lock()
+	defer n.rebuildMu.Unlock()
 	nodes := ml.Members()
 	ms := make([]ring.Member, 0, len(nodes))
 	for _, m := range nodes {
@@ -218,13 +254,26 @@ func (n *Node) rebuild() {
 			n.log.Warn("member left out of the ring: bad metadata", "member", m.Name, "gossip_addr", m.Address(), "err", err)
 			continue
 		}
+		// A leaving member is routed around at once; this node routes
+		// around itself only once it drains (until then it decides what
+		// nobody has pulled yet).
+		if (m.Name == n.name && n.draining.Load()) || (m.Name != n.name && md.leaving) {
+			continue
+		}
 		ms = append(ms, ring.Member{Name: m.Name, Addr: md.grpcAddr})
 	}
+	if len(ms) == 0 {
+		return // a draining node alone: nothing to route to
+	}
+	old := n.ring.Table()
 	if err := n.ring.SetMembers(ms); err != nil {
 		n.log.Error("ring not rebuilt", "err", err)
 		return
 	}
 	n.log.Debug("ring rebuilt", "members", len(ms))
+	if !n.draining.Load() {
+		n.tableChanged(old, n.ring.Table(), ms)
+	}
 }
 
 func (n *Node) rateLoop() {
@@ -264,15 +313,30 @@ func (n *Node) Leave(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
-	// Tell the others this is a graceful leave, then leave.
+	// First tell the others this is a graceful leave: they drop this node
+	// from their rings and pull its keys on first touch (each pull releases
+	// the key here), while this node still decides the keys nobody pulled.
+	// Once the news has spread, stop deciding, route around this node, hand
+	// every remaining counter to its next owner, then leave.
 	n.deleg.setMeta(meta{grpcAddr: n.cfg.GRPCAddr, leaving: true})
 	if err := ml.UpdateNode(timeout / 2); err != nil {
 		n.log.Warn("leaving flag not gossiped", "err", err)
 	}
-	if err := ml.Leave(timeout); err != nil {
-		return fmt.Errorf("cluster: leave: %w", err)
+	t := time.NewTimer(n.cfg.LeavePropagation)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
 	}
-	return nil
+	n.draining.Store(true)
+	n.rebuild()
+	hctx, cancel := context.WithTimeout(ctx, n.cfg.HandoffTimeout)
+	derr := n.drain(hctx)
+	cancel()
+	if err := ml.Leave(timeout); err != nil {
+		return errors.Join(derr, fmt.Errorf("cluster: leave: %w", err))
+	}
+	return derr
 }
 
 // Shutdown leaves the gossip pool (if Leave was not called), stops the
@@ -309,8 +373,12 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
-			n.decide(h, r, lim, now, &out[i])
-			continue
+			n.decide(ctx, h, r, lim, now, &out[i])
+			if out[i].MovedTo == "" {
+				continue
+			}
+			owner = ring.Member{Addr: out[i].MovedTo}
+			out[i].MovedTo = ""
 		}
 		remote = append(remote, route{i: i, hash: h, lim: lim, owner: owner})
 	}
@@ -330,7 +398,7 @@ func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Re
 		if !ok {
 			continue
 		}
-		n.decide(ring.Hash(r.Name, r.Key), r, lim, now, &out[i])
+		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lim, now, &out[i])
 	}
 }
 
@@ -354,9 +422,37 @@ func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (bucket.Limit, bool
 	return bucket.Limit{}, false
 }
 
-// decide answers r from the local cache.
-func (n *Node) decide(h uint64, r *bucket.Request, lim bucket.Limit, now int64, o *bucket.Outcome) {
-	d, err := n.cache.Decide(h, writeback.Key{Name: r.Name, Key: r.Key}, lim, r.Hits, now)
+// decide answers r from the local cache. When this node no longer holds the
+// key (it is draining, or handed the key to another node) it sets
+// o.MovedTo instead.
+func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lim bucket.Limit, now int64, o *bucket.Outcome) {
+	k := writeback.Key{Name: r.Name, Key: r.Key}
+	n.gate.RLock()
+	defer n.gate.RUnlock()
+	if n.draining.Load() {
+		if owner, ok := n.ring.Table().Owner(h); ok && owner.Name != n.name {
+			o.MovedTo = owner.Addr
+			return
+		}
+	}
+	if n.preJoin.Load() && n.ml.Load() != nil {
+		// Others may route here before this node's ring loop has seen
+		// them: build the ring now, so that the keys moving here are
+		// pulled from their previous owners before any decision.
+		n.rebuild()
+	}
+	if ms := n.moves.Load(); ms != nil {
+		n.settle(ctx, h, k, *ms, now)
+	}
+	d, err := n.cache.Decide(h, k, lim, r.Hits, now)
+	if errors.Is(err, writeback.ErrMoved) {
+		if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
+			return
+		}
+		// Released, but nobody else claims it now: take it back.
+		n.cache.Reclaim(h, k)
+		d, err = n.cache.Decide(h, k, lim, r.Hits, now)
+	}
 	o.Owner = n.name
 	if err != nil {
 		o.Err = err.Error()
@@ -376,7 +472,7 @@ type route struct {
 // forward sends the remote requests, one call per owner, the calls to
 // different owners in parallel.
 func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, remote []route, now int64) {
-	groups := groupByOwner(remote)
+	groups := groupByAddr(remote)
 	if len(groups) == 1 {
 		n.forwardGroup(ctx, reqs, out, groups[0], now)
 		return
@@ -393,13 +489,14 @@ func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 	wg.Wait()
 }
 
-func groupByOwner(remote []route) [][]route {
+// groupByAddr splits routes by destination address, keeping their order.
+func groupByAddr(remote []route) [][]route {
 	var groups [][]route
 	for len(remote) > 0 {
-		owner := remote[0].owner.Name
+		addr := remote[0].owner.Addr
 		var g, rest []route
 		for _, rt := range remote {
-			if rt.owner.Name == owner {
+			if rt.owner.Addr == addr {
 				g = append(g, rt)
 			} else {
 				rest = append(rest, rt)
@@ -411,54 +508,155 @@ func groupByOwner(remote []route) [][]route {
 	return groups
 }
 
-func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
+// send forwards the routes to addr and fills their answers. It returns the
+// routes the peer could not answer (all of them on a transport error) and
+// those it answered with MovedTo (their out holds the new address).
+func (n *Node) send(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, g []route) (failed, moved []route) {
 	sub := make([]bucket.Request, len(g))
 	subOut := make([]bucket.Outcome, len(g))
 	for j, rt := range g {
 		sub[j] = reqs[rt.i]
 		sub[j].Limit = rt.lim
 	}
-	owner := g[0].owner
 	fctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
-	err := n.peers.Forward(fctx, owner.Addr, sub, subOut)
+	err := n.peers.Forward(fctx, addr, sub, subOut)
 	cancel()
 	n.forwarded.Add(uint64(len(g)))
-	if err == nil {
-		for j, rt := range g {
-			out[rt.i] = subOut[j]
+	if err != nil {
+		n.forwardErrors.Add(uint64(len(g)))
+		n.warnUnavailable(addr, err, len(g))
+		return g, nil
+	}
+	for j, rt := range g {
+		out[rt.i] = subOut[j]
+		if subOut[j].MovedTo != "" {
+			moved = append(moved, rt)
 		}
+	}
+	return nil, moved
+}
+
+// forwardGroup forwards routes bound for one address. Items the receiver
+// handed to another node are re-sent there once. Items that still have no
+// answer go to the key's first replica (which may be this node), and, when
+// that fails too, get the owner-unavailable policy.
+func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
+	failedAddr := g[0].owner.Addr
+	failed, moved := n.send(ctx, failedAddr, reqs, out, g)
+	for len(moved) > 0 {
+		var again []route
+		for _, rt := range moved {
+			rt.owner = ring.Member{Addr: out[rt.i].MovedTo}
+			again = append(again, rt)
+		}
+		n.redirects.Add(uint64(len(again)))
+		moved = nil
+		for _, rg := range groupByAddr(again) {
+			f, m := n.send(ctx, rg[0].owner.Addr, reqs, out, rg)
+			failed = append(failed, f...)
+			failed = append(failed, m...) // moved twice: give up on the peers
+		}
+	}
+	if len(failed) == 0 {
 		return
 	}
-	n.forwardErrors.Add(uint64(len(g)))
 	if ctx.Err() != nil {
-		for _, rt := range g {
+		for _, rt := range failed {
 			out[rt.i] = bucket.Outcome{Owner: n.name, Err: "check abandoned: " + ctx.Err().Error()}
 		}
 		return
 	}
-	n.warnUnavailable(owner, err, len(g))
-	for j, rt := range g {
-		o := &out[rt.i]
-		if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
-			*o = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
-				Status:       bucket.OverLimit,
-				Limit:        rt.lim.Limit,
-				RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
-			}}
-			continue
+	n.failover(ctx, reqs, out, failed, failedAddr, now)
+}
+
+// failover answers routes whose owner failed from the key's first replica
+// other than the failed node: here when that is this node, else by one more
+// forward; what remains gets the owner-unavailable policy.
+func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []route, failedAddr string, now int64) {
+	tbl := n.ring.Table()
+	var reps []ring.Member
+	var local, remote, rest []route
+	for _, rt := range items {
+		reps = tbl.Replicas(rt.hash, reps[:0])
+		var next ring.Member
+		for _, r := range reps {
+			if r.Addr != failedAddr && r.Addr != rt.owner.Addr {
+				next = r
+				break
+			}
 		}
-		n.decide(rt.hash, &sub[j], rt.lim, now, o)
+		switch {
+		case next.Name == "":
+			rest = append(rest, rt)
+		case next.Name == n.name:
+			local = append(local, rt)
+		default:
+			rt.owner = next
+			remote = append(remote, rt)
+		}
+	}
+	for _, rt := range local {
+		n.failovers.Add(1)
+		n.decideOrPolicy(ctx, reqs, out, rt, now)
+	}
+	for _, g := range groupByAddr(remote) {
+		f, m := n.send(ctx, g[0].owner.Addr, reqs, out, g)
+		n.failovers.Add(uint64(len(g) - len(f) - len(m)))
+		rest = append(rest, f...)
+		rest = append(rest, m...)
+	}
+	for _, rt := range rest {
+		n.unavailable(ctx, reqs, out, rt, now)
 	}
 }
 
-// warnUnavailable logs an unreachable owner at most once a second.
-func (n *Node) warnUnavailable(owner ring.Member, err error, k int) {
+// decideOrPolicy decides rt here, falling back to the policy when this node
+// redirects it too.
+func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+	r := reqs[rt.i]
+	r.Limit = rt.lim
+	out[rt.i] = bucket.Outcome{}
+	n.decide(ctx, rt.hash, &r, rt.lim, now, &out[rt.i])
+	if out[rt.i].MovedTo != "" {
+		n.unavailable(ctx, reqs, out, rt, now)
+	}
+}
+
+// unavailable applies the owner-unavailable policy to rt.
+func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
+		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
+			Status:       bucket.OverLimit,
+			Limit:        rt.lim.Limit,
+			RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
+		}}
+		return
+	}
+	r := reqs[rt.i]
+	r.Limit = rt.lim
+	out[rt.i] = bucket.Outcome{}
+	k := writeback.Key{Name: r.Name, Key: r.Key}
+	d, err := n.cache.Decide(rt.hash, k, rt.lim, r.Hits, now)
+	if errors.Is(err, writeback.ErrMoved) {
+		n.cache.Reclaim(rt.hash, k)
+		d, err = n.cache.Decide(rt.hash, k, rt.lim, r.Hits, now)
+	}
+	out[rt.i].Owner = n.name
+	if err != nil {
+		out[rt.i].Err = err.Error()
+		return
+	}
+	out[rt.i].Decision = d
+}
+
+// warnUnavailable logs an unreachable peer at most once a second.
+func (n *Node) warnUnavailable(addr string, err error, k int) {
 	now := time.Now().UnixNano()
 	last := n.lastWarn.Load()
 	if now-last < int64(time.Second) || !n.lastWarn.CompareAndSwap(last, now) {
 		return
 	}
-	n.log.Warn("owner unreachable; applying policy", "owner", owner.Name, "owner_addr", owner.Addr,
+	n.log.Warn("peer unreachable; trying the replica, then the policy", "peer_addr", addr,
 		"requests", k, "policy", n.cfg.OwnerUnavailable.String(), "err", err)
 }
 
@@ -472,6 +670,17 @@ type Status struct {
 	Checks            uint64
 	Forwarded         uint64
 	ForwardErrors     uint64
+	Failovers         uint64
+	Redirects         uint64
+	Replicated        uint64
+	ReplicationErrors uint64
+	HandedOff         uint64
+	HandoffErrors     uint64
+	Pulls             uint64
+	PullErrors        uint64
+	Rejoins           uint64
+	Unreplicated      int // changed keys not yet sent to replicas
+	Unflushed         int // changed keys not yet in the store
 	ReplicationFactor int
 	Partitions        int
 }
@@ -498,6 +707,17 @@ func (n *Node) Status() Status {
 		Checks:            n.checks.Load(),
 		Forwarded:         n.forwarded.Load(),
 		ForwardErrors:     n.forwardErrors.Load(),
+		Failovers:         n.failovers.Load(),
+		Redirects:         n.redirects.Load(),
+		Replicated:        n.replicated.Load(),
+		ReplicationErrors: n.replicationErrors.Load(),
+		HandedOff:         n.handedOff.Load(),
+		HandoffErrors:     n.handoffErrors.Load(),
+		Pulls:             n.pulls.Load(),
+		PullErrors:        n.pullErrors.Load(),
+		Rejoins:           n.rejoins.Load(),
+		Unreplicated:      n.repl.len(),
+		Unflushed:         n.cache.Dirty(),
 		ReplicationFactor: n.cfg.Ring.ReplicationFactor,
 		Partitions:        n.cfg.Ring.Partitions,
 	}

@@ -1,6 +1,9 @@
 package transport
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -111,4 +114,38 @@ func OutcomeFromProto(m *sluicev1.RateLimitResponse) bucket.Outcome {
 		}
 	}
 	return o
+}
+
+// CounterToProto converts one counter for the wire. A Version of 0 means "no
+// counter": its state is not sent (state bytes empty).
+func CounterToProto(c bucket.Counter) *sluicev1.Counter {
+	m := &sluicev1.Counter{Name: c.Name, Key: c.Key, Version: c.Version}
+	if c.Version != 0 {
+		m.State, _ = c.State.MarshalBinary() // never fails
+	}
+	return m
+}
+
+// CounterFromProto converts and validates one wire counter: name and key as
+// bucket.ValidateKey wants them, and either Version 0 with an empty state (no
+// counter) or a Version above 0 with a state bucket.State.UnmarshalBinary
+// accepts. The error says what is wrong.
+func CounterFromProto(m *sluicev1.Counter) (bucket.Counter, error) {
+	if m == nil {
+		return bucket.Counter{}, errors.New("missing counter")
+	}
+	if err := bucket.ValidateKey(m.Name, m.Key); err != nil {
+		return bucket.Counter{}, err
+	}
+	c := bucket.Counter{Name: m.Name, Key: m.Key, Version: m.Version}
+	switch {
+	case m.Version == 0 && len(m.State) != 0:
+		return bucket.Counter{}, fmt.Errorf("version 0 with a state of %d bytes", len(m.State))
+	case m.Version == 0:
+		return c, nil
+	}
+	if err := c.State.UnmarshalBinary(m.State); err != nil {
+		return bucket.Counter{}, err
+	}
+	return c, nil
 }

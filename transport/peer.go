@@ -30,9 +30,16 @@ const (
 	// per second on 2 cores (BenchmarkForwardParallel: about 31 µs/op at 1, 34 at
 	// 2, 47-70 at 4); more can help when the round trip, not the CPU, dominates.
 	DefaultMaxInFlight = 1
+	// DefaultMaxCounters is the most counters (or keys) PeerClient puts in
+	// one Replicate or Pull RPC: with small states a few hundred KiB, well
+	// under the receiver's 4 MiB message limit.
+	DefaultMaxCounters = 5000
+	// DefaultBulkTimeout bounds a Replicate when the caller's context has no
+	// deadline: a handoff may carry many counters.
+	DefaultBulkTimeout = 10 * time.Second
 )
 
-// ErrClosed is returned by Forward after Close.
+// ErrClosed is returned by Forward, Replicate and Pull after Close.
 var ErrClosed = errors.New("transport: peer client closed")
 
 // PeerConfig configures a PeerClient.
@@ -48,6 +55,14 @@ type PeerConfig struct {
 	// MaxInFlight is the most Forward RPCs on the wire to one peer at once;
 	// 0 means DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxCounters is the most counters in one Replicate RPC and keys in one
+	// Pull RPC; 0 means DefaultMaxCounters (5000), more than MaxCounters
+	// (the receiver's limit, 100 000) means MaxCounters.
+	MaxCounters int
+	// BulkTimeout bounds a whole Replicate call when ctx has no deadline;
+	// 0 means DefaultBulkTimeout (10 s). A Pull without a deadline is
+	// bounded by Timeout, like a Forward.
+	BulkTimeout time.Duration
 	// DialOptions are added after the defaults (insecure transport
 	// credentials, reconnect backoff of at most 1 s), so they override them:
 	// pass grpc.WithTransportCredentials for TLS.
@@ -55,7 +70,8 @@ type PeerConfig struct {
 }
 
 // PeerClient forwards checks to the nodes that own their keys over the
-// internal sluice.v1.Peer/Forward RPC. It keeps one grpc.ClientConn per peer
+// internal sluice.v1.Peer/Forward RPC, and replicates and pulls counters
+// (Peer/Replicate, Peer/Pull). It keeps one grpc.ClientConn per peer
 // address, made on first use and kept until ClosePeer or Close.
 //
 // Forwards to one peer are batched without a timer: when fewer than
@@ -71,6 +87,8 @@ type PeerClient struct {
 	timeout     time.Duration
 	maxBatch    int
 	maxInFlight int
+	maxCounters int
+	bulkTimeout time.Duration
 	dialOpts    []grpc.DialOption
 
 	ctx    context.Context // parent of queued batches' RPCs; canceled by Close
@@ -91,6 +109,8 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 		timeout:     cfg.Timeout,
 		maxBatch:    cfg.MaxBatch,
 		maxInFlight: cfg.MaxInFlight,
+		maxCounters: cfg.MaxCounters,
+		bulkTimeout: cfg.BulkTimeout,
 	}
 	if pc.timeout <= 0 {
 		pc.timeout = DefaultForwardTimeout
@@ -100,6 +120,13 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	}
 	if pc.maxInFlight <= 0 {
 		pc.maxInFlight = DefaultMaxInFlight
+	}
+	if pc.maxCounters <= 0 {
+		pc.maxCounters = DefaultMaxCounters
+	}
+	pc.maxCounters = min(pc.maxCounters, MaxCounters)
+	if pc.bulkTimeout <= 0 {
+		pc.bulkTimeout = DefaultBulkTimeout
 	}
 	pc.dialOpts = append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -115,7 +142,9 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 }
 
 // Forward asks the node at addr to decide reqs (CheckForwarded there) and
-// fills out with its answers, in order. It returns an error, and leaves out
+// fills out with its answers, in order; an item whose key that node has
+// handed to another comes back undecided with MovedTo set to the other
+// node's address. It returns an error, and leaves out
 // unspecified, when the peer could not answer: the wrapped gRPC error, or
 // ctx.Err() (context.DeadlineExceeded also when Timeout ran out). It never
 // waits past min(ctx's deadline, now+Timeout).
@@ -167,7 +196,7 @@ func (pc *PeerClient) peer(addr string) (*peer, error) {
 		return v.(*peer), nil
 	}
 	if addr == "" {
-		return nil, errors.New("transport: forward: empty peer address")
+		return nil, errors.New("transport: empty peer address")
 	}
 	conn, err := grpc.NewClient(addr, pc.dialOpts...)
 	if err != nil {
@@ -303,7 +332,10 @@ func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 		c.req.Requests, c.req.From = c.ptrs, pc.name
 		resp, err := p.client.Forward(ctx, &c.req)
 		if err == nil {
-			err = fill(c, resp.GetResponses())
+			err = checkMoved(resp, len(c.ptrs))
+		}
+		if err == nil {
+			err = fill(c, resp.GetResponses(), resp.GetMovedTo())
 		} else {
 			err = callerErr(ctx, dl, err)
 		}
@@ -343,13 +375,26 @@ func callerErr(ctx context.Context, dl time.Time, err error) error {
 	return err
 }
 
-// fill copies a peer's answers for c's items.
-func fill(c *call, resps []*sluicev1.RateLimitResponse) error {
+// checkMoved checks the shape of a Forward answer to n items: moved_to is
+// empty or has one entry per item.
+func checkMoved(resp *sluicev1.ForwardResponse, n int) error {
+	if m := len(resp.GetMovedTo()); m != 0 && m != n {
+		return fmt.Errorf("peer answered moved_to for %d of %d requests", m, n)
+	}
+	return nil
+}
+
+// fill copies a peer's answers for c's items; moved is empty or has one
+// entry per answer (checkMoved).
+func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string) error {
 	if len(resps) != len(c.ptrs) {
 		return fmt.Errorf("peer answered %d of %d requests", len(resps), len(c.ptrs))
 	}
 	for i, r := range resps {
 		c.out[i] = OutcomeFromProto(r)
+	}
+	for i, addr := range moved {
+		c.out[i].MovedTo = addr
 	}
 	return nil
 }
@@ -415,7 +460,7 @@ func (p *peer) send(b *batch) {
 		// The RPC lives as long as its most patient caller; each caller
 		// still returns at its own deadline. A batch whose callers have all
 		// given up is not sent.
-		var resp *sluicev1.CheckResponse
+		var resp *sluicev1.ForwardResponse
 		err := context.Canceled
 		if b.live() {
 			ctx, cancel := context.WithDeadline(p.pc.ctx, dl)
@@ -424,10 +469,13 @@ func (p *peer) send(b *batch) {
 			cancel()
 		}
 		var resps []*sluicev1.RateLimitResponse
+		var moved []string
 		if err == nil {
-			resps = resp.GetResponses()
+			resps, moved = resp.GetResponses(), resp.GetMovedTo()
 			if len(resps) != len(b.ptrs) {
 				err = fmt.Errorf("peer answered %d of %d requests", len(resps), len(b.ptrs))
+			} else {
+				err = checkMoved(resp, len(b.ptrs))
 			}
 		}
 		off := 0
@@ -436,7 +484,11 @@ func (p *peer) send(b *batch) {
 			if c.state.CompareAndSwap(callWaiting, callClaimed) {
 				cerr := err
 				if cerr == nil {
-					cerr = fill(c, resps[off:off+n])
+					var m []string
+					if len(moved) != 0 {
+						m = moved[off : off+n]
+					}
+					cerr = fill(c, resps[off:off+n], m)
 				}
 				c.done <- cerr
 			}

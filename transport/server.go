@@ -36,6 +36,20 @@ type Handler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
 }
 
+// PeerHandler answers the node-to-node replication RPCs. cluster.Node
+// implements it. Called concurrently. The slices belong to the transport: a
+// PeerHandler must not keep them after returning (the Counter values it
+// copies out are its own). Every Counter it is given has passed
+// bucket.ValidateKey and carries a State that bucket.State.UnmarshalBinary
+// accepted.
+type PeerHandler interface {
+	// Replicate installs counters whose Version is newer than what this node holds; handoff means this node now owns them.
+	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
+	// Pull fills State and Version of each element of keys (only Name and Key are set on input; Version 0 on output = none held).
+	// With release, this node stops deciding those keys for ttl (it answers MovedTo the puller's address).
+	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
+}
+
 // StatusSource answers Admin.Status and the HTTP status page. Called
 // concurrently.
 type StatusSource interface {
@@ -62,6 +76,8 @@ type ServerConfig struct {
 	// Status answers Admin.Status and the status page; nil answers
 	// Unimplemented.
 	Status StatusSource
+	// Peer answers Peer/Replicate and Peer/Pull; nil answers Unimplemented.
+	Peer PeerHandler
 	// MaxRecvMsgSize is the largest gRPC message and HTTP body in bytes;
 	// 0 means DefaultMaxRecvMsgSize (4 MiB).
 	MaxRecvMsgSize int
@@ -322,13 +338,20 @@ func batchTooLarge(n int) error {
 	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, bucket.MaxBatchSize)
 }
 
-// decide converts reqs, runs fn on pooled slices and returns the response.
-// from is "" for a client's check.
+// decide converts reqs, runs the Handler on pooled slices and returns the
+// response. from is "" for a client's check.
 func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) *sluicev1.CheckResponse {
-	n := len(reqs)
 	resp := &sluicev1.CheckResponse{}
+	resp.Responses, _ = s.run(ctx, reqs, forwarded, from)
+	return resp
+}
+
+// run is decide's work: the wire answers, and moved (nil unless some outcome
+// has MovedTo, else one address per item, "" for the decided ones).
+func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) (resps []*sluicev1.RateLimitResponse, moved []string) {
+	n := len(reqs)
 	if n == 0 {
-		return resp
+		return nil, nil
 	}
 	b := s.getBuf(n)
 	for i, r := range reqs {
@@ -339,9 +362,18 @@ func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, 
 	} else {
 		s.cfg.Handler.Check(ctx, b.reqs, b.outs)
 	}
-	resp.Responses = AppendResponses(make([]*sluicev1.RateLimitResponse, 0, n), b.outs)
+	resps = AppendResponses(make([]*sluicev1.RateLimitResponse, 0, n), b.outs)
+	for i := range b.outs {
+		if b.outs[i].MovedTo == "" {
+			continue
+		}
+		if moved == nil {
+			moved = make([]string, n)
+		}
+		moved[i] = b.outs[i].MovedTo
+	}
 	s.putBuf(b)
-	return resp
+	return resps, moved
 }
 
 type rateLimiterServer struct {
@@ -361,12 +393,16 @@ type peerServer struct {
 	s *Server
 }
 
-func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.CheckResponse, error) {
+// Forward decides forwarded items; moved_to is filled only when some item's
+// key has moved to another node, and then has one entry per item.
+func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
 	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
 		g.s.log.Warn("refused forwarded batch", "from", req.GetFrom(), "requests", n)
 		return nil, batchTooLarge(n)
 	}
-	return g.s.decide(ctx, req.GetRequests(), true, req.GetFrom()), nil
+	resp := &sluicev1.ForwardResponse{}
+	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetFrom())
+	return resp, nil
 }
 
 type adminServer struct {

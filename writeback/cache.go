@@ -443,6 +443,27 @@ func (c *Cache) Merge(hash uint64, rec Record) bool {
 	return true
 }
 
+// Dirty returns the number of entries whose changes are not yet in the
+// store (dirty entries in memory and evicted ones waiting for their write).
+func (c *Cache) Dirty() int {
+	n := 0
+	for _, s := range c.shards {
+		s.mu.Lock()
+		for _, r := range s.dirty {
+			if r.e.queued() && r.e.dirty() {
+				n++
+			}
+		}
+		for _, e := range s.pending {
+			if !e.queued() && e.dirty() {
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // Len returns the number of live entries in memory (not counting evicted
 // entries waiting in pending for their write).
 func (c *Cache) Len() int {

@@ -27,6 +27,7 @@ type serveFlags struct {
 	join, dataDir, onOwnerUnavailable, logLevel, logFormat  string
 	cacheSize, replicas                                     int
 	flushInterval, forwardTimeout, shutdownTimeout          time.Duration
+	replicationInterval, moveWindow                         time.Duration
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -41,6 +42,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.cacheSize, "cache-size", 1_000_000, "live counters kept in memory")
 	fs.DurationVar(&f.flushInterval, "flush-interval", time.Second, "how often changed counters are written to disk")
 	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
+	fs.DurationVar(&f.replicationInterval, "replication-interval", 100*time.Millisecond, "how often an owner sends changed counters to its replicas")
+	fs.DurationVar(&f.moveWindow, "move-window", 30*time.Second, "after a membership change, how long a new owner pulls moved keys on first touch")
 	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
@@ -123,6 +126,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		GRPCListener: grpcLn,
 		HTTPAddr:     f.httpAddr,
 		Handler:      node,
+		Peer:         node,
 		Status:       statusSource{node},
 		Logger:       lg,
 	})
@@ -174,6 +178,7 @@ func markReady(ctx context.Context, node *cluster.Node, srv *transport.Server) {
 func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg := cluster.DefaultConfig()
 	ml := memberlist.DefaultLANConfig()
+	cluster.FastFailureDetection(ml)
 	ml.Name = f.nodeName
 	host, port, err := splitHostPort(f.gossipAddr)
 	if err != nil {
@@ -199,6 +204,8 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.Cache.FlushInterval = f.flushInterval
 	cfg.Ring.ReplicationFactor = f.replicas
 	cfg.ForwardTimeout = f.forwardTimeout
+	cfg.ReplicationInterval = f.replicationInterval
+	cfg.MoveWindow = f.moveWindow
 	cfg.Log = lg
 	if cfg.OwnerUnavailable, err = cluster.ParseOwnerUnavailable(f.onOwnerUnavailable); err != nil {
 		return cfg, fmt.Errorf("--on-owner-unavailable: %w", err)
@@ -275,6 +282,10 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		ChecksPerSecond:   st.ChecksPerSecond,
 		ReplicationFactor: int64(st.ReplicationFactor),
 		Partitions:        int64(st.Partitions),
+		Unreplicated:      int64(st.Unreplicated),
+		Unflushed:         int64(st.Unflushed),
+		Failovers:         int64(st.Failovers),
+		Rejoins:           int64(st.Rejoins),
 	}
 	for _, m := range st.Members {
 		keys := int64(-1)
@@ -287,3 +298,9 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 	}
 	return resp, nil
 }
+
+var (
+	_ transport.Handler     = (*cluster.Node)(nil)
+	_ transport.PeerHandler = (*cluster.Node)(nil)
+	_ cluster.Peers         = (*transport.PeerClient)(nil)
+)

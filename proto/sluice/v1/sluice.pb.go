@@ -135,6 +135,52 @@ func (Status) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
 }
 
+type ReplicateRequest_Kind int32
+
+const (
+	ReplicateRequest_KIND_REPLICA ReplicateRequest_Kind = 0 // a copy for a replica: kept, not served while the owner lives
+	ReplicateRequest_KIND_HANDOFF ReplicateRequest_Kind = 1 // the receiver now owns these keys
+)
+
+// Enum value maps for ReplicateRequest_Kind.
+var (
+	ReplicateRequest_Kind_name = map[int32]string{
+		0: "KIND_REPLICA",
+		1: "KIND_HANDOFF",
+	}
+	ReplicateRequest_Kind_value = map[string]int32{
+		"KIND_REPLICA": 0,
+		"KIND_HANDOFF": 1,
+	}
+)
+
+func (x ReplicateRequest_Kind) Enum() *ReplicateRequest_Kind {
+	p := new(ReplicateRequest_Kind)
+	*p = x
+	return p
+}
+
+func (x ReplicateRequest_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicateRequest_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
+}
+
+func (ReplicateRequest_Kind) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[2]
+}
+
+func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
+func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10, 0}
+}
+
 type CheckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Requests      []*RateLimitRequest    `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
@@ -451,6 +497,10 @@ type StatusResponse struct {
 	ChecksPerSecond   float64                `protobuf:"fixed64,4,opt,name=checks_per_second,json=checksPerSecond,proto3" json:"checks_per_second,omitempty"` // checks this node answered, recent rate
 	ReplicationFactor int64                  `protobuf:"varint,5,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
 	Partitions        int64                  `protobuf:"varint,6,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	Unreplicated      int64                  `protobuf:"varint,7,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"` // changed keys not yet sent to replicas
+	Unflushed         int64                  `protobuf:"varint,8,opt,name=unflushed,proto3" json:"unflushed,omitempty"`       // changed keys not yet written to disk
+	Failovers         int64                  `protobuf:"varint,9,opt,name=failovers,proto3" json:"failovers,omitempty"`       // checks a replica answered because the owner failed
+	Rejoins           int64                  `protobuf:"varint,10,opt,name=rejoins,proto3" json:"rejoins,omitempty"`          // members alive again after being declared dead (partition healed or restart)
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -523,6 +573,34 @@ func (x *StatusResponse) GetReplicationFactor() int64 {
 func (x *StatusResponse) GetPartitions() int64 {
 	if x != nil {
 		return x.Partitions
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetUnreplicated() int64 {
+	if x != nil {
+		return x.Unreplicated
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetUnflushed() int64 {
+	if x != nil {
+		return x.Unflushed
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetFailovers() int64 {
+	if x != nil {
+		return x.Failovers
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRejoins() int64 {
+	if x != nil {
+		return x.Rejoins
 	}
 	return 0
 }
@@ -655,6 +733,425 @@ func (x *ForwardRequest) GetFrom() string {
 	return ""
 }
 
+type ForwardResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Responses []*RateLimitResponse   `protobuf:"bytes,1,rep,name=responses,proto3" json:"responses,omitempty"` // same order as the requests
+	// moved_to[i], when not empty, is the gRPC address of the node that now
+	// holds item i's key; responses[i] is then not a decision.
+	MovedTo       []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardResponse) Reset() {
+	*x = ForwardResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardResponse) ProtoMessage() {}
+
+func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
+func (*ForwardResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
+	if x != nil {
+		return x.Responses
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetMovedTo() []string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return nil
+}
+
+// Counter is one key's counter state as it travels between nodes.
+type Counter struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	State         []byte                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`      // bucket.State binary encoding
+	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"` // grows with every change; the newer version wins
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Counter) Reset() {
+	*x = Counter{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Counter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Counter) ProtoMessage() {}
+
+func (x *Counter) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Counter.ProtoReflect.Descriptor instead.
+func (*Counter) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Counter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Counter) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Counter) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *Counter) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type ReplicateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Kind          ReplicateRequest_Kind  `protobuf:"varint,2,opt,name=kind,proto3,enum=sluice.v1.ReplicateRequest_Kind" json:"kind,omitempty"`
+	Counters      []*Counter             `protobuf:"bytes,3,rep,name=counters,proto3" json:"counters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReplicateRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetKind() ReplicateRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return ReplicateRequest_KIND_REPLICA
+}
+
+func (x *ReplicateRequest) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+type ReplicateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Installed     int64                  `protobuf:"varint,1,opt,name=installed,proto3" json:"installed,omitempty"` // newer than what the receiver held
+	Stale         int64                  `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`         // not newer: ignored
+	Refused       int64                  `protobuf:"varint,3,opt,name=refused,proto3" json:"refused,omitempty"`     // malformed: ignored, logged
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReplicateResponse) GetInstalled() int64 {
+	if x != nil {
+		return x.Installed
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetStale() int64 {
+	if x != nil {
+		return x.Stale
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetRefused() int64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+type CounterKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterKey) Reset() {
+	*x = CounterKey{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterKey) ProtoMessage() {}
+
+func (x *CounterKey) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
+func (*CounterKey) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *CounterKey) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CounterKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type PullRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Keys          []*CounterKey          `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Release       bool                   `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
+	ReleaseTtlMs  int64                  `protobuf:"varint,4,opt,name=release_ttl_ms,json=releaseTtlMs,proto3" json:"release_ttl_ms,omitempty"` // how long the receiver redirects released keys
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequest) Reset() {
+	*x = PullRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequest) ProtoMessage() {}
+
+func (x *PullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
+func (*PullRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PullRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PullRequest) GetKeys() []*CounterKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *PullRequest) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+func (x *PullRequest) GetReleaseTtlMs() int64 {
+	if x != nil {
+		return x.ReleaseTtlMs
+	}
+	return 0
+}
+
+type PullResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// counters[i] answers keys[i]; an empty state means the receiver has none.
+	Counters []*Counter `protobuf:"bytes,1,rep,name=counters,proto3" json:"counters,omitempty"`
+	// moved_to[i], when not empty, is the gRPC address of the node the
+	// receiver had already released keys[i] to: that node holds the newer
+	// state. Empty, or one entry per key.
+	MovedTo       []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullResponse) Reset() {
+	*x = PullResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullResponse) ProtoMessage() {}
+
+func (x *PullResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
+func (*PullResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PullResponse) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *PullResponse) GetMovedTo() []string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return nil
+}
+
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
@@ -680,7 +1177,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xe0\x01\n" +
+	"\rStatusRequest\"\xda\x02\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -689,7 +1186,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x12replication_factor\x18\x05 \x01(\x03R\x11replicationFactor\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x06 \x01(\x03R\n" +
-	"partitions\"y\n" +
+	"partitions\x12\"\n" +
+	"\funreplicated\x18\a \x01(\x03R\funreplicated\x12\x1c\n" +
+	"\tunflushed\x18\b \x01(\x03R\tunflushed\x12\x1c\n" +
+	"\tfailovers\x18\t \x01(\x03R\tfailovers\x12\x18\n" +
+	"\arejoins\x18\n" +
+	" \x01(\x03R\arejoins\"y\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x14\n" +
@@ -698,7 +1200,38 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04keys\x18\x05 \x01(\x03R\x04keys\"]\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
-	"\x04from\x18\x02 \x01(\tR\x04from*\xc7\x01\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\"h\n" +
+	"\x0fForwardResponse\x12:\n" +
+	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
+	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"_\n" +
+	"\aCounter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\fR\x05state\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"\xb8\x01\n" +
+	"\x10ReplicateRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x124\n" +
+	"\x04kind\x18\x02 \x01(\x0e2 .sluice.v1.ReplicateRequest.KindR\x04kind\x12.\n" +
+	"\bcounters\x18\x03 \x03(\v2\x12.sluice.v1.CounterR\bcounters\"*\n" +
+	"\x04Kind\x12\x10\n" +
+	"\fKIND_REPLICA\x10\x00\x12\x10\n" +
+	"\fKIND_HANDOFF\x10\x01\"a\n" +
+	"\x11ReplicateResponse\x12\x1c\n" +
+	"\tinstalled\x18\x01 \x01(\x03R\tinstalled\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\x03R\x05stale\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\x03R\arefused\"2\n" +
+	"\n" +
+	"CounterKey\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\x8c\x01\n" +
+	"\vPullRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12)\n" +
+	"\x04keys\x18\x02 \x03(\v2\x15.sluice.v1.CounterKeyR\x04keys\x12\x18\n" +
+	"\arelease\x18\x03 \x01(\bR\arelease\x12$\n" +
+	"\x0erelease_ttl_ms\x18\x04 \x01(\x03R\freleaseTtlMs\"Y\n" +
+	"\fPullResponse\x12.\n" +
+	"\bcounters\x18\x01 \x03(\v2\x12.sluice.v1.CounterR\bcounters\x12\x19\n" +
+	"\bmoved_to\x18\x02 \x03(\tR\amovedTo*\xc7\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x01\x12\x19\n" +
@@ -714,9 +1247,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2F\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2F\n" +
-	"\x04Peer\x12>\n" +
-	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x18.sluice.v1.CheckResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xc9\x01\n" +
+	"\x04Peer\x12@\n" +
+	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
+	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
+	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -730,38 +1265,55 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_sluice_v1_sluice_proto_goTypes = []any{
-	(Algorithm)(0),            // 0: sluice.v1.Algorithm
-	(Status)(0),               // 1: sluice.v1.Status
-	(*CheckRequest)(nil),      // 2: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),  // 3: sluice.v1.RateLimitRequest
-	(*CheckResponse)(nil),     // 4: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil), // 5: sluice.v1.RateLimitResponse
-	(*StatusRequest)(nil),     // 6: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),    // 7: sluice.v1.StatusResponse
-	(*Member)(nil),            // 8: sluice.v1.Member
-	(*ForwardRequest)(nil),    // 9: sluice.v1.ForwardRequest
+	(Algorithm)(0),             // 0: sluice.v1.Algorithm
+	(Status)(0),                // 1: sluice.v1.Status
+	(ReplicateRequest_Kind)(0), // 2: sluice.v1.ReplicateRequest.Kind
+	(*CheckRequest)(nil),       // 3: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),   // 4: sluice.v1.RateLimitRequest
+	(*CheckResponse)(nil),      // 5: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),  // 6: sluice.v1.RateLimitResponse
+	(*StatusRequest)(nil),      // 7: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),     // 8: sluice.v1.StatusResponse
+	(*Member)(nil),             // 9: sluice.v1.Member
+	(*ForwardRequest)(nil),     // 10: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),    // 11: sluice.v1.ForwardResponse
+	(*Counter)(nil),            // 12: sluice.v1.Counter
+	(*ReplicateRequest)(nil),   // 13: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),  // 14: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),         // 15: sluice.v1.CounterKey
+	(*PullRequest)(nil),        // 16: sluice.v1.PullRequest
+	(*PullResponse)(nil),       // 17: sluice.v1.PullResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
-	3, // 0: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	0, // 1: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
-	5, // 2: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	1, // 3: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	8, // 4: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	3, // 5: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	2, // 6: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	6, // 7: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	9, // 8: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	4, // 9: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	7, // 10: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	4, // 11: sluice.v1.Peer.Forward:output_type -> sluice.v1.CheckResponse
-	9, // [9:12] is the sub-list for method output_type
-	6, // [6:9] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	4,  // 0: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	0,  // 1: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
+	6,  // 2: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	1,  // 3: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
+	9,  // 4: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	4,  // 5: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 6: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	2,  // 7: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	12, // 8: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	15, // 9: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	12, // 10: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	3,  // 11: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	7,  // 12: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	10, // 13: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	13, // 14: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	16, // 15: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	5,  // 16: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	8,  // 17: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	11, // 18: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	14, // 19: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	17, // 20: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -774,8 +1326,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   8,
+			NumEnums:      3,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -239,7 +239,9 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Forward_FullMethodName = "/sluice.v1.Peer/Forward"
+	Peer_Forward_FullMethodName   = "/sluice.v1.Peer/Forward"
+	Peer_Replicate_FullMethodName = "/sluice.v1.Peer/Replicate"
+	Peer_Pull_FullMethodName      = "/sluice.v1.Peer/Pull"
 )
 
 // PeerClient is the client API for Peer service.
@@ -250,8 +252,18 @@ const (
 // between releases, and nodes of one cluster run the same release.
 type PeerClient interface {
 	// Forward decides requests on the receiving node, which owns their keys.
-	// A forwarded request is never forwarded again (hop limit 1).
-	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// A forwarded request is never forwarded again (hop limit 1): an item
+	// whose key the receiver has handed to another node comes back with
+	// moved_to set instead of a decision, and the sender asks that node.
+	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
+	// Replicate installs counters on the receiver when their version is newer
+	// than the one it holds: the owner's periodic copies to its replicas, and
+	// handoffs to a key's next owner (kind HANDOFF).
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Pull returns the receiver's counters for the keys asked; with release
+	// set the receiver also stops deciding those keys (it answers moved_to
+	// the puller) because the puller now owns them.
+	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
 }
 
 type peerClient struct {
@@ -262,10 +274,30 @@ func NewPeerClient(cc grpc.ClientConnInterface) PeerClient {
 	return &peerClient{cc}
 }
 
-func (c *peerClient) Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*CheckResponse, error) {
+func (c *peerClient) Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(CheckResponse)
+	out := new(ForwardResponse)
 	err := c.cc.Invoke(ctx, Peer_Forward_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Peer_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullResponse)
+	err := c.cc.Invoke(ctx, Peer_Pull_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -280,8 +312,18 @@ func (c *peerClient) Forward(ctx context.Context, in *ForwardRequest, opts ...gr
 // between releases, and nodes of one cluster run the same release.
 type PeerServer interface {
 	// Forward decides requests on the receiving node, which owns their keys.
-	// A forwarded request is never forwarded again (hop limit 1).
-	Forward(context.Context, *ForwardRequest) (*CheckResponse, error)
+	// A forwarded request is never forwarded again (hop limit 1): an item
+	// whose key the receiver has handed to another node comes back with
+	// moved_to set instead of a decision, and the sender asks that node.
+	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	// Replicate installs counters on the receiver when their version is newer
+	// than the one it holds: the owner's periodic copies to its replicas, and
+	// handoffs to a key's next owner (kind HANDOFF).
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Pull returns the receiver's counters for the keys asked; with release
+	// set the receiver also stops deciding those keys (it answers moved_to
+	// the puller) because the puller now owns them.
+	Pull(context.Context, *PullRequest) (*PullResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -292,8 +334,14 @@ type PeerServer interface {
 // pointer dereference when methods are called.
 type UnimplementedPeerServer struct{}
 
-func (UnimplementedPeerServer) Forward(context.Context, *ForwardRequest) (*CheckResponse, error) {
+func (UnimplementedPeerServer) Forward(context.Context, *ForwardRequest) (*ForwardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) Pull(context.Context, *PullRequest) (*PullResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pull not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -334,6 +382,42 @@ func _Peer_Forward_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Pull_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Pull(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Pull_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Pull(ctx, req.(*PullRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -344,6 +428,14 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forward",
 			Handler:    _Peer_Forward_Handler,
+		},
+		{
+			MethodName: "Replicate",
+			Handler:    _Peer_Replicate_Handler,
+		},
+		{
+			MethodName: "Pull",
+			Handler:    _Peer_Pull_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,532 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// This file keeps counts through membership changes:
+//
+//   - Replication: every change to a counter this node owns marks its key;
+//     every ReplicationInterval the marked keys' current records go to the
+//     other nodes of the key's replica set, one Replicate call per node.
+//     Receivers install a copy only when its version is newer.
+//   - Handoff: when a ring change moves partitions away from this node, it
+//     releases the keys of those partitions it holds in memory (it stops
+//     deciding them) and pushes their records to the new owners. A node
+//     that gained partitions pulls a moved key from its previous owner (or,
+//     failing that, the previous owner's replicas) on first touch, before
+//     deciding, for MoveWindow after the change.
+//   - Graceful leave: the node announces it is leaving (the others drop it
+//     from their rings at once), stops deciding, flushes, pushes every
+//     counter it holds to the keys' next owners and only then leaves the
+//     gossip pool.
+
+// replSet collects the keys changed since the last replication round.
+type replSet struct {
+	shards [16]struct {
+		mu sync.Mutex
+		m  map[writeback.Key]uint64
+	}
+}
+
+func (r *replSet) add(h uint64, k writeback.Key) {
+	s := &r.shards[h&15]
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = make(map[writeback.Key]uint64)
+	}
+	s.m[k] = h
+	s.mu.Unlock()
+}
+
+// len returns the number of collected keys.
+func (r *replSet) len() int {
+	n := 0
+	for i := range r.shards {
+		s := &r.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// take returns and clears every collected key.
+func (r *replSet) take() map[writeback.Key]uint64 {
+	var all map[writeback.Key]uint64
+	for i := range r.shards {
+		s := &r.shards[i]
+		s.mu.Lock()
+		m := s.m
+		s.m = nil
+		s.mu.Unlock()
+		if all == nil {
+			all = m
+			continue
+		}
+		for k, h := range m {
+			all[k] = h
+		}
+	}
+	return all
+}
+
+// move is one recent ring change that gave this node partitions: keys of
+// those partitions are pulled from their holder under prev on first touch.
+type move struct {
+	prev    *ring.Table
+	until   int64    // Unix ns; no pulls after it
+	settled sync.Map // writeback.Key → struct{}: pulled or handed over
+}
+
+// settle makes sure this node holds the newest record of a key that a
+// recent ring change moved here: it pulls the key (releasing it) from its
+// previous owner, or reads it from the previous owner's replicas when the
+// owner does not answer, and adopts the newest copy. Each key is pulled at
+// most once per change.
+func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*move, now int64) {
+	var best bucket.Counter
+	var reps []ring.Member
+	var asked [4]string // previous owners already asked for this key
+	nasked := 0
+	for _, m := range moves {
+		if now > m.until {
+			continue
+		}
+		prev, ok := m.prev.Owner(h)
+		if !ok || prev.Name == n.name {
+			continue
+		}
+		if _, done := m.settled.Load(k); done {
+			break
+		}
+		seen := false
+		for _, a := range asked[:nasked] {
+			seen = seen || a == prev.Name
+		}
+		if seen {
+			m.settled.Store(cloneKey(k), struct{}{})
+			continue
+		}
+		if nasked < len(asked) {
+			asked[nasked] = prev.Name
+			nasked++
+		}
+		keys := []bucket.Counter{{Name: k.Name, Key: k.Key}}
+		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+		err := n.peers.Pull(pctx, prev.Addr, keys, true, n.cfg.MoveWindow)
+		cancel()
+		n.pulls.Add(1)
+		if err != nil {
+			n.pullErrors.Add(1)
+			reps = m.prev.Replicas(h, reps[:0])
+			for _, r := range reps[1:] {
+				if r.Name == n.name {
+					continue
+				}
+				keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
+				pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+				err = n.peers.Pull(pctx, r.Addr, keys, false, 0)
+				cancel()
+				if err == nil {
+					break
+				}
+			}
+		}
+		if keys[0].Version > best.Version {
+			best = keys[0]
+		}
+		if to := keys[0].MovedTo; err == nil && to != "" && to != n.cfg.GRPCAddr {
+			// The previous owner had already handed the key on: the node
+			// it went to holds the newest state.
+			keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
+			pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+			if n.peers.Pull(pctx, to, keys, true, n.cfg.MoveWindow) == nil && keys[0].Version > best.Version {
+				best = keys[0]
+			}
+			cancel()
+			n.pulls.Add(1)
+		}
+		m.settled.Store(cloneKey(k), struct{}{})
+	}
+	if best.Version > 0 {
+		n.cache.Adopt(h, writeback.Record{Key: k, State: best.State, Version: best.Version})
+	}
+}
+
+func cloneKey(k writeback.Key) writeback.Key {
+	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
+}
+
+// markSettled records that k arrived by handoff: no pull is needed.
+func (n *Node) markSettled(k writeback.Key) {
+	if ms := n.moves.Load(); ms != nil {
+		for _, m := range *ms {
+			m.settled.Store(cloneKey(k), struct{}{})
+		}
+	}
+}
+
+// tableChanged registers what a ring change moved to and from this node.
+// old is the table before the change; for a node that has just joined, the
+// table of the others stands for it.
+func (n *Node) tableChanged(old, cur *ring.Table, members []ring.Member) {
+	if cur.Len() <= 1 && old.Len() <= 1 {
+		return
+	}
+	// A node that joins through seeds held nothing the cluster needs: for
+	// the MoveWindow after its first join, the owners before each change it
+	// sees are those of the others alone (it may learn of them one by one).
+	// A node that was alone and is joined by others keeps its own table as
+	// the old one.
+	now := n.now().UnixNano()
+	if len(n.cfg.Join) > 0 && n.joinedAt == 0 && cur.Len() > 1 {
+		n.joinedAt = now
+		defer n.preJoin.Store(false) // after the moves are registered
+	}
+	if n.joinedAt != 0 && now-n.joinedAt <= int64(n.cfg.MoveWindow) && onlyAdds(old, members) {
+		others := make([]ring.Member, 0, len(members))
+		for _, m := range members {
+			if m.Name != n.name {
+				others = append(others, m)
+			}
+		}
+		if t, err := ring.BuildTable(n.ring.Config(), others); err == nil {
+			old = t
+		}
+	}
+	gained, lost := false, false
+	for p := range cur.Partitions() {
+		o, _ := old.PartitionOwner(p)
+		c, _ := cur.PartitionOwner(p)
+		gained = gained || (c.Name == n.name && o.Name != n.name && o.Name != "")
+		lost = lost || (o.Name == n.name && c.Name != n.name && c.Name != "")
+	}
+	if gained {
+		ms := []*move{{prev: old, until: now + int64(n.cfg.MoveWindow)}}
+		if cur := n.moves.Load(); cur != nil {
+			for _, m := range *cur {
+				if m.until > now {
+					ms = append(ms, m)
+				}
+			}
+		}
+		n.moves.Store(&ms)
+		n.log.Info("partitions moved here; pulling moved keys on first touch", "window", n.cfg.MoveWindow)
+	}
+	if lost {
+		select {
+		case n.handoffs <- handoffJob{old: old, cur: cur}:
+		default:
+			n.log.Warn("handoff queue full; new owners will pull on first touch")
+		}
+	}
+}
+
+// onlyAdds reports whether every member of old is in members: the change
+// only added members.
+func onlyAdds(old *ring.Table, members []ring.Member) bool {
+	for _, o := range old.Members() {
+		found := false
+		for _, m := range members {
+			found = found || m.Name == o.Name
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+type handoffJob struct{ old, cur *ring.Table }
+
+func (n *Node) handoffLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case job := <-n.handoffs:
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
+			n.handOffMoved(ctx, job.old, job.cur)
+			cancel()
+		}
+	}
+}
+
+// handOffMoved releases the keys in memory whose partitions moved away from
+// this node and pushes them to their new owners.
+func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
+	now := n.now().UnixNano()
+	start := time.Now()
+	batches := map[string][]bucket.Counter{}
+	n.cache.Range(now, func(r writeback.Record) bool {
+		h := ring.Hash(r.Key.Name, r.Key.Key)
+		o, _ := old.Owner(h)
+		c, ok := cur.Owner(h)
+		if !ok || o.Name != n.name || c.Name == n.name {
+			return true
+		}
+		rec, held, err := n.cache.Release(h, r.Key, now, n.cfg.MoveWindow)
+		if err != nil || !held {
+			return true
+		}
+		n.releasedTo.Store(cloneKey(r.Key), c.Addr)
+		batches[c.Addr] = append(batches[c.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: rec.State, Version: rec.Version})
+		return true
+	})
+	sent := n.push(ctx, batches)
+	if sent > 0 {
+		n.log.Info("handed off moved counters", "counters", sent, "took", time.Since(start))
+	}
+}
+
+// push sends batches (by gRPC address) as handoffs, in parallel, and
+// returns how many counters the new owners received.
+func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) int {
+	var wg sync.WaitGroup
+	var sent atomic.Int64
+	for addr, cs := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := n.peers.Replicate(ctx, addr, true, cs); err != nil {
+				n.handoffErrors.Add(uint64(len(cs)))
+				n.log.Warn("handoff failed; the new owner will pull on first touch", "to", addr, "counters", len(cs), "err", err)
+				return
+			}
+			sent.Add(int64(len(cs)))
+		}()
+	}
+	wg.Wait()
+	n.handedOff.Add(uint64(sent.Load()))
+	return int(sent.Load())
+}
+
+func (n *Node) replicateLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.ReplicationInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
+			n.ReplicateNow(ctx)
+			cancel()
+		}
+	}
+}
+
+// ReplicateNow sends every counter changed since the last round to the
+// other nodes of its replica set. Keys whose send failed are kept for the
+// next round. It returns the first error.
+func (n *Node) ReplicateNow(ctx context.Context) error {
+	keys := n.repl.take()
+	if len(keys) == 0 {
+		return nil
+	}
+	tbl := n.ring.Table()
+	now := n.now().UnixNano()
+	type batch struct {
+		counters []bucket.Counter
+		hashes   []uint64
+	}
+	batches := map[string]*batch{}
+	var reps []ring.Member
+	for k, h := range keys {
+		reps = tbl.Replicas(h, reps[:0])
+		if len(reps) < 2 {
+			continue
+		}
+		rec, ok, err := n.cache.Get(h, k, now)
+		if err != nil || !ok {
+			continue
+		}
+		c := bucket.Counter{Name: k.Name, Key: k.Key, State: rec.State, Version: rec.Version}
+		for _, r := range reps {
+			if r.Name == n.name {
+				continue
+			}
+			b := batches[r.Addr]
+			if b == nil {
+				b = &batch{}
+				batches[r.Addr] = b
+			}
+			b.counters = append(b.counters, c)
+			b.hashes = append(b.hashes, h)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(batches))
+	for addr, b := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := n.peers.Replicate(ctx, addr, false, b.counters); err != nil {
+				n.replicationErrors.Add(uint64(len(b.counters)))
+				for i, c := range b.counters {
+					n.repl.add(b.hashes[i], writeback.Key{Name: c.Name, Key: c.Key})
+				}
+				errs <- fmt.Errorf("replicate %d counters to %s: %w", len(b.counters), addr, err)
+				return
+			}
+			n.replicated.Add(uint64(len(b.counters)))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// Replicate installs counters sent by another node: replica copies, or,
+// with handoff, counters this node now owns. It implements the receiving
+// side of Peers.Replicate.
+func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int) {
+	if handoff && n.draining.Load() {
+		// This node is leaving too and has already handed its own counters
+		// on: it cannot take these. The sender keeps them in its store.
+		return 0, len(counters)
+	}
+	tbl := n.ring.Table()
+	for _, c := range counters {
+		h := ring.Hash(c.Name, c.Key)
+		rec := writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version}
+		if o, _ := tbl.Owner(h); !handoff && o.Name == n.name && !n.draining.Load() {
+			// A copy from a node that still believes it owns this key: the
+			// owner's own state is authoritative; a copy never replaces it.
+			stale++
+			continue
+		}
+		var ok bool
+		if handoff {
+			ok = n.cache.Adopt(h, rec)
+			n.markSettled(rec.Key)
+		} else {
+			ok = n.cache.Merge(h, rec)
+		}
+		if ok {
+			installed++
+		} else {
+			stale++
+		}
+	}
+	return installed, stale
+}
+
+// Pull answers another node's pull: the current record of each key, and with
+// release this node stops deciding those keys for ttl, redirecting them to
+// the puller. It implements the receiving side of Peers.Pull.
+func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration) {
+	now := n.now().UnixNano()
+	addr := ""
+	if release {
+		addr = n.addrOf(from)
+	}
+	for i := range keys {
+		k := writeback.Key{Name: keys[i].Name, Key: keys[i].Key}
+		h := ring.Hash(k.Name, k.Key)
+		var rec writeback.Record
+		var ok bool
+		var err error
+		keys[i].MovedTo = ""
+		if release && !n.draining.Load() {
+			// A key already released to another node: that node has the
+			// newer state; say so, so that the puller asks it too.
+			if to, ok := n.releasedTo.Load(k); ok && to.(string) != addr && n.cache.Released(h, k, now) {
+				keys[i].MovedTo = to.(string)
+			}
+			// Released keys are redirected to the puller from now on.
+			rec, ok, err = n.cache.Release(h, k, now, ttl)
+			if addr != "" {
+				n.releasedTo.Store(cloneKey(k), addr)
+			}
+		} else {
+			rec, ok, err = n.cache.Get(h, k, now)
+		}
+		if err != nil {
+			n.log.Warn("pull: store read failed", "from", from, "name", k.Name, "key", k.Key, "err", err)
+		}
+		keys[i].State, keys[i].Version = bucket.State{}, 0
+		if ok {
+			keys[i].State, keys[i].Version = rec.State, rec.Version
+		}
+	}
+}
+
+// addrOf returns the gRPC address of the member named (or addressed) id.
+func (n *Node) addrOf(id string) string {
+	if ml := n.ml.Load(); ml != nil {
+		for _, m := range ml.Members() {
+			if md, err := decodeMeta(m.Meta); err == nil && (m.Name == id || md.grpcAddr == id) {
+				return md.grpcAddr
+			}
+		}
+	}
+	return ""
+}
+
+// movedTo returns where a key this node released now lives: the node that
+// pulled it, or the key's owner in the current ring when that is another
+// node. It returns "" when neither is known.
+func (n *Node) movedTo(h uint64, k writeback.Key) string {
+	if v, ok := n.releasedTo.Load(k); ok {
+		return v.(string)
+	}
+	if o, ok := n.ring.Table().Owner(h); ok && o.Name != n.name {
+		return o.Addr
+	}
+	return ""
+}
+
+// drain hands every counter this node holds to the keys' next owners, once
+// the node is draining (it decides nothing more): it waits for decisions in
+// progress, flushes, then pushes the store's live records.
+func (n *Node) drain(ctx context.Context) error {
+	// Decisions hold the gate shared: taking it once waits for those in
+	// progress; later ones see draining.
+	n.gate.Lock()
+	//lint:ignore SA2001 taking the lock is what waits for the decisions in progress
+	n.gate.Unlock()
+	start := time.Now()
+	if err := n.cache.Flush(ctx); err != nil && !errors.Is(err, writeback.ErrClosed) {
+		return fmt.Errorf("cluster: drain: flush: %w", err)
+	}
+	tbl := n.ring.Table()
+	now := n.now().UnixNano()
+	batches := map[string][]bucket.Counter{}
+	err := n.cache.RangeStored(now, func(r writeback.Record) bool {
+		o, ok := tbl.Owner(ring.Hash(r.Key.Name, r.Key.Key))
+		if ok && o.Name != n.name {
+			batches[o.Addr] = append(batches[o.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: r.State, Version: r.Version})
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: drain: reading the store: %w", err)
+	}
+	total := 0
+	for _, b := range batches {
+		total += len(b)
+	}
+	sent := n.push(ctx, batches)
+	n.log.Info("drained: counters handed to their next owners", "counters", total, "sent", sent, "took", time.Since(start))
+	if sent < total {
+		// Not lost: they are in this node's store, which it loads when it
+		// starts again; until then the new owners have the replicas' copies.
+		n.log.Warn("drain: some counters were not handed off; they stay in this node's store",
+			"not_sent", total-sent, "counters", total)
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// keysOwnedBy returns k keys of name "api" whose owner (in n's ring) is
+// owner.
+func keysOwnedBy(n *Node, owner string, k int) []string {
+	var keys []string
+	for i := 0; len(keys) < k; i++ {
+		key := fmt.Sprint("user:", i)
+		if o, _ := n.Ring().Owner(ring.Hash("api", key)); o.Name == owner {
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+func admit(t *testing.T, n *Node, key string, hits int, limit int64) int {
+	t.Helper()
+	ok := 0
+	for range hits {
+		o := check1(n, req("api", key, 1, limit))
+		if o.Err != "" {
+			t.Fatalf("check %s at %s: %s", key, n.Name(), o.Err)
+		}
+		if o.Allowed() {
+			ok++
+		}
+	}
+	return ok
+}
+
+func TestReplicasHoldTheOwnersCounts(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	if got := admit(t, nodes[1], key, 7, 100); got != 7 {
+		t.Fatalf("admitted %d", got)
+	}
+	if err := nodes[0].ReplicateNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h := ring.Hash("api", key)
+	reps := nodes[0].Ring().Replicas(h, nil)
+	if len(reps) != 2 || reps[0].Name != "n0" {
+		t.Fatalf("replicas %v", reps)
+	}
+	for _, n := range nodes {
+		rec, ok, err := n.Cache().Get(h, writeback.Key{Name: "api", Key: key}, t0.UnixNano())
+		isReplica := n.Name() == reps[1].Name || n.Name() == "n0"
+		if err != nil || ok != isReplica || (ok && rec.State.Count != 7) {
+			t.Fatalf("%s (replica %v) holds %+v ok=%v err=%v", n.Name(), isReplica, rec, ok, err)
+		}
+	}
+}
+
+func TestFailoverToReplicaBeforeDetection(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []Fault{Refuse, Blackhole} {
+		t.Run(fmt.Sprint(fault), func(t *testing.T) {
+			t.Parallel()
+			nodes, net := memCluster(t, 3, func(c *Config) { c.ForwardTimeout = 50 * time.Millisecond })
+			keys := keysOwnedBy(nodes[0], "n0", 20)
+			for _, k := range keys {
+				if got := admit(t, nodes[1], k, 6, 10); got != 6 {
+					t.Fatalf("admitted %d", got)
+				}
+			}
+			if err := nodes[0].ReplicateNow(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// n0 stops answering; memberlist has not noticed yet.
+			net.Cut(memAddr(1), memAddr(0), fault)
+			net.Cut(memAddr(2), memAddr(0), fault)
+			for _, k := range keys {
+				got := 0
+				for i := range 10 {
+					start := time.Now()
+					o := check1(nodes[1+i%2], req("api", k, 1, 10))
+					if took := time.Since(start); took > 2*time.Second {
+						t.Fatalf("check took %v", took)
+					}
+					if o.Err != "" || o.Owner == "n0" {
+						t.Fatalf("answer %+v", o)
+					}
+					if o.Allowed() {
+						got++
+					}
+				}
+				if got != 4 {
+					t.Fatalf("key %s: %d more admitted after the owner failed, want exactly 4 (6 replicated of 10)", k, got)
+				}
+			}
+			if nodes[1].Status().Failovers+nodes[2].Status().Failovers == 0 {
+				t.Fatal("no failover counted")
+			}
+		})
+	}
+}
+
+func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	keys := keysOwnedBy(nodes[0], "n2", 50)
+	for _, k := range keys {
+		if got := admit(t, nodes[0], k, 6, 10); got != 6 {
+			t.Fatalf("admitted %d", got)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := nodes[2].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	WaitRings(t, nodes[:2])
+	if h := nodes[2].Status().HandedOff; h != uint64(len(keys)) {
+		t.Fatalf("handed off %d counters, want %d", h, len(keys))
+	}
+	for i, k := range keys {
+		if got := admit(t, nodes[i%2], k, 10, 10); got != 4 {
+			t.Fatalf("key %s: %d admitted after n2 left, want 4", k, got)
+		}
+	}
+}
+
+func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
+	t.Parallel()
+	net := NewMemNetwork()
+	var nodes []*Node
+	for i := range 3 {
+		cfg := NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
+		cfg.Now = FixedClock(t0)
+		seed := ""
+		if i > 0 {
+			seed = nodes[0].GossipAddr()
+		}
+		n := StartNode(t, cfg, net.Peers(memAddr(i)), seed)
+		net.Register(memAddr(i), n)
+		nodes = append(nodes, n)
+		if i == 1 {
+			WaitRings(t, nodes)
+			// Load counters into the two-node cluster.
+			for k := range 200 {
+				if got := admit(t, nodes[k%2], fmt.Sprint("user:", k), 6, 10); got != 6 {
+					t.Fatalf("admitted %d", got)
+				}
+			}
+		}
+	}
+	WaitRings(t, nodes)
+	moved := 0
+	for k := range 200 {
+		key := fmt.Sprint("user:", k)
+		if o, _ := nodes[2].Ring().Owner(ring.Hash("api", key)); o.Name == "n2" {
+			moved++
+		}
+		if got := admit(t, nodes[k%3], key, 10, 10); got != 4 {
+			t.Fatalf("key %s: %d admitted after n2 joined, want 4", key, got)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key moved to the new node")
+	}
+	t.Logf("%d of 200 keys moved to the new node; pulls %d, handed off %d", moved,
+		nodes[2].Status().Pulls, nodes[0].Status().HandedOff+nodes[1].Status().HandedOff)
+}
+
+func TestPullReleasesAndRedirects(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 2, nil)
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	admit(t, nodes[0], key, 3, 10)
+	keys := []bucket.Counter{{Name: "api", Key: key}}
+	nodes[0].Pull(context.Background(), "n1", keys, true, time.Minute)
+	if keys[0].Version == 0 || keys[0].State.Count != 3 {
+		t.Fatalf("pulled %+v", keys[0])
+	}
+	// n0 no longer decides the key: a forwarded check comes back moved to n1.
+	out := make([]bucket.Outcome, 1)
+	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out)
+	if out[0].MovedTo != memAddr(1) {
+		t.Fatalf("released key answered %+v, want MovedTo %s", out[0], memAddr(1))
+	}
+}

@@ -1,0 +1,299 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// load drives checks at a set of nodes while the cluster changes, and keeps
+// the exact count each client saw admitted per key.
+type load struct {
+	tight, loose []string // keys with a small limit (exhausted under load) and a large one
+	tightLimit   int64
+	looseLimit   int64
+	admitted     map[string]*atomic.Int64
+
+	mu      sync.Mutex
+	targets []*transport.Client
+
+	calls, callErrors, slow atomic.Int64
+	maxLatency              atomic.Int64
+}
+
+func newLoad(k int) *load {
+	l := &load{tightLimit: 20, looseLimit: 1 << 30, admitted: map[string]*atomic.Int64{}}
+	for i := range k {
+		t, lo := fmt.Sprintf("tight:%d", i), fmt.Sprintf("loose:%d", i)
+		l.tight, l.loose = append(l.tight, t), append(l.loose, lo)
+		l.admitted[t], l.admitted[lo] = new(atomic.Int64), new(atomic.Int64)
+	}
+	return l
+}
+
+func (l *load) setTargets(cs ...*transport.Client) {
+	l.mu.Lock()
+	l.targets = cs
+	l.mu.Unlock()
+}
+
+func (l *load) target(rng *rand.Rand) *transport.Client {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.targets[rng.IntN(len(l.targets))]
+}
+
+// run sends checks from workers until stop is closed, at most maxCalls in
+// all and at most maxTime.
+func (l *load) run(t *testing.T, workers int, maxCalls int64, maxTime time.Duration, stop <-chan struct{}) {
+	t.Helper()
+	deadline := time.Now().Add(maxTime)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for time.Now().Before(deadline) && l.calls.Add(1) <= maxCalls {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key, limit := l.loose[rng.IntN(len(l.loose))], l.looseLimit
+				if rng.IntN(2) == 0 {
+					key, limit = l.tight[rng.IntN(len(l.tight))], l.tightLimit
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				start := time.Now()
+				resp, err := l.target(rng).Check(ctx, checkReq("load", key, 1, limit, longWindow))
+				took := time.Since(start)
+				cancel()
+				if took > time.Second {
+					l.slow.Add(1)
+				}
+				for {
+					m := l.maxLatency.Load()
+					if int64(took) <= m || l.maxLatency.CompareAndSwap(m, int64(took)) {
+						break
+					}
+				}
+				if err != nil || resp.Responses[0].Error != "" {
+					l.callErrors.Add(1)
+					if l.callErrors.Load() <= 3 {
+						t.Logf("call error: %v %v", err, resp)
+					}
+					continue
+				}
+				if resp.Responses[0].Status == sluicev1.Status_STATUS_UNDER_LIMIT {
+					l.admitted[key].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// verify compares what clients saw admitted with the cluster's counts: the
+// tight keys never admit more than their limit, and every loose key's count
+// equals what was admitted (nothing lost, nothing counted twice). It
+// returns the total over-admission: admitted hits the cluster no longer
+// counts.
+func (l *load) verify(t *testing.T, c *transport.Client, allowedLoss int64) (lost int64) {
+	t.Helper()
+	over := int64(0)
+	for _, k := range l.tight {
+		if got := l.admitted[k].Load(); got > l.tightLimit {
+			over += got - l.tightLimit
+			t.Logf("key %s: %d admitted, limit %d", k, got, l.tightLimit)
+		}
+	}
+	if over > allowedLoss {
+		t.Errorf("tight keys admitted %d over their limits, allowed %d", over, allowedLoss)
+	}
+	for _, k := range l.loose {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.Check(ctx, checkReq("load", k, 0, l.looseLimit, longWindow))
+		cancel()
+		if err != nil {
+			t.Fatalf("peek %s: %v", k, err)
+		}
+		counted := l.looseLimit - resp.Responses[0].Remaining
+		admitted := l.admitted[k].Load()
+		if counted < admitted {
+			lost += admitted - counted
+		}
+		if counted > admitted {
+			t.Errorf("key %s: cluster counts %d, only %d were admitted", k, counted, admitted)
+		}
+	}
+	if lost > allowedLoss {
+		t.Errorf("%d admitted hits are no longer counted (over-admission), allowed %d", lost, allowedLoss)
+	}
+	return lost
+}
+
+func clientsOf(t *testing.T, ps []*proc) []*transport.Client {
+	cs := make([]*transport.Client, len(ps))
+	for i, p := range ps {
+		cs[i] = dial(t, p.grpc)
+	}
+	return cs
+}
+
+func addNode(t *testing.T, ps []*proc, i int) *proc {
+	p := newProc(t, i, fmt.Sprintf("127.0.0.%d", 10+i))
+	p.join = []string{ps[0].gossip}
+	p.start(t)
+	return p
+}
+
+func TestScaleOutThenInUnderLoad(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	l := newLoad(100)
+	l.setTargets(clientsOf(t, ps)...)
+
+	// Scale out 3 → 5 while the load runs.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { l.run(t, 8, 200_000, 60*time.Second, stop); close(done) }()
+	start := time.Now()
+	ps = append(ps, addNode(t, ps, 3), addNode(t, ps, 4))
+	waitMembers(t, ps)
+	t.Logf("scale-out 3→5: every node agreed on 5 members %v after the starts", time.Since(start).Round(time.Millisecond))
+	l.setTargets(clientsOf(t, ps)...)
+	waitCalls(t, l, 3000)
+	close(stop)
+	<-done
+	// Measured: 0–3 hits of ~3000 calls escape the count when two nodes
+	// join at once (issue 4 is open on this); more is a regression.
+	const scaleOutSlack = 10
+	lost := l.verify(t, dial(t, ps[0].grpc), scaleOutSlack)
+	t.Logf("scale-out: %d calls, %d errors, max latency %v, over-admission %d", l.calls.Load(), l.callErrors.Load(), time.Duration(l.maxLatency.Load()), lost)
+
+	// Scale in 5 → 3 with SIGTERM while the load runs on the survivors.
+	l.calls.Store(0)
+	l.setTargets(clientsOf(t, ps[:3])...)
+	stop, done = make(chan struct{}), make(chan struct{})
+	go func() { l.run(t, 8, 200_000, 60*time.Second, stop); close(done) }()
+	waitCalls(t, l, 1000)
+	for _, p := range ps[3:] {
+		if err := p.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Fatalf("%s exited with %v", p.name, err)
+		}
+	}
+	waitMembers(t, ps[:3])
+	waitCalls(t, l, l.calls.Load()+3000)
+	close(stop)
+	<-done
+	lostBefore := lost
+	lost = l.verify(t, dial(t, ps[1].grpc), lostBefore+scaleOutSlack)
+	if lost > lostBefore {
+		t.Errorf("scale-in lost %d more hits", lost-lostBefore)
+	}
+	t.Logf("scale-in: %d calls, %d errors, max latency %v, over-admission %d", l.calls.Load(), l.callErrors.Load(), time.Duration(l.maxLatency.Load()), lost)
+	if l.callErrors.Load() > 0 || l.slow.Load() > 0 {
+		t.Errorf("%d calls failed and %d took over 1 s during the changes", l.callErrors.Load(), l.slow.Load())
+	}
+}
+
+// waitCalls waits until the load has made n calls.
+func waitCalls(t *testing.T, l *load, n int64) {
+	t.Helper()
+	waitFor(t, 60*time.Second, fmt.Sprintf("%d calls", n), func() bool { return l.calls.Load() >= n })
+}
+
+func TestKillOwnerUnderLoad(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	l := newLoad(100)
+	l.setTargets(clientsOf(t, ps[:2])...)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { l.run(t, 8, 200_000, 60*time.Second, stop); close(done) }()
+	waitCalls(t, l, 2000)
+	killedAt := l.calls.Load()
+	if err := ps[2].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("SIGKILL: process exited cleanly")
+	}
+	start := time.Now()
+	waitMembers(t, ps[:2])
+	detect := time.Since(start)
+	waitCalls(t, l, l.calls.Load()+3000)
+	close(stop)
+	<-done
+	// A crash may lose what the owner admitted since its last replication
+	// (100 ms): at the measured rate that is at most rate × 0.1 s hits.
+	rate := float64(l.calls.Load()-killedAt) / time.Since(start).Seconds()
+	allowed := int64(rate*0.1) + 1
+	lost := l.verify(t, dial(t, ps[0].grpc), allowed)
+	t.Logf("SIGKILL of a node under load: every survivor agreed it was dead after %v; over-admission %d hits (bound: hits in one replication interval ≈ %d); %d calls, %d errors, max latency %v",
+		detect.Round(time.Millisecond), lost, allowed, l.calls.Load(), l.callErrors.Load(), time.Duration(l.maxLatency.Load()))
+	if l.callErrors.Load() > 0 || l.slow.Load() > 0 {
+		t.Errorf("%d calls failed and %d took over 1 s after the crash", l.callErrors.Load(), l.slow.Load())
+	}
+}
+
+func TestRollingRestartLosesNothing(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	l := newLoad(100)
+	for i, p := range ps {
+		others := append(append([]*proc{}, ps[:i]...), ps[i+1:]...)
+		l.setTargets(clientsOf(t, others)...)
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { l.run(t, 8, 200_000, 60*time.Second, stop); close(done) }()
+		waitCalls(t, l, l.calls.Load()+1000)
+		if err := p.stop(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Fatalf("%s exited with %v", p.name, err)
+		}
+		waitMembers(t, others)
+		if i == 0 {
+			p.join = []string{ps[1].gossip}
+		}
+		p.start(t)
+		waitMembers(t, ps)
+		waitCalls(t, l, l.calls.Load()+1000)
+		close(stop)
+		<-done
+	}
+	lost := l.verify(t, dial(t, ps[2].grpc), 0)
+	t.Logf("rolling restart of 3 nodes: %d calls, %d errors, over-admission %d", l.calls.Load(), l.callErrors.Load(), lost)
+}
+
+func TestKillAndRestartRestoresCounts(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	l := newLoad(50)
+	l.setTargets(clientsOf(t, ps)...)
+	l.run(t, 4, 3000, 30*time.Second, nil)
+	// Wait until every change is replicated and on disk, then crash a node.
+	c0 := dial(t, ps[0].grpc)
+	clients := clientsOf(t, ps)
+	waitFor(t, 30*time.Second, "every change replicated and flushed", func() bool {
+		for _, c := range clients {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := c.Status(ctx)
+			cancel()
+			if err != nil || st.Unreplicated != 0 || st.Unflushed != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := ps[1].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("SIGKILL: process exited cleanly")
+	}
+	ps[1].start(t)
+	waitMembers(t, ps)
+	lost := l.verify(t, c0, 0)
+	t.Logf("SIGKILL then restart once changes were replicated and flushed: over-admission %d", lost)
+}
