@@ -467,11 +467,9 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 
 // addrOf returns the gRPC address of the member named (or addressed) id.
 func (n *Node) addrOf(id string) string {
-	if ml := n.ml.Load(); ml != nil {
-		for _, m := range ml.Members() {
-			if md, err := decodeMeta(m.Meta); err == nil && (m.Name == id || md.grpcAddr == id) {
-				return md.grpcAddr
-			}
+	for _, m := range n.roster.all() {
+		if m.metaErr == nil && (m.name == id || m.meta.grpcAddr == id) {
+			return m.meta.grpcAddr
 		}
 	}
 	return ""

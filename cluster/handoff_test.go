@@ -191,3 +191,43 @@ func TestPullReleasesAndRedirects(t *testing.T) {
 		t.Fatalf("released key answered %+v, want MovedTo %s", out[0], memAddr(1))
 	}
 }
+
+func TestHandoffOf100kKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("100k-key handoff measurement")
+	}
+	t.Parallel()
+	nodes, _ := memCluster(t, 2, nil)
+	const k = 100_000
+	var counters []bucket.Counter
+	for i := 0; len(counters) < k; i++ {
+		key := fmt.Sprint("h:", i)
+		if o, _ := nodes[1].Ring().Owner(ring.Hash("api", key)); o.Name != "n1" {
+			continue
+		}
+		st := bucket.State{}
+		bucket.Decide(&st, bucket.Limit{Limit: 100, WindowMS: 3_600_000}, 3, t0.UnixNano())
+		counters = append(counters, bucket.Counter{Name: "api", Key: key, State: st, Version: uint64(t0.UnixNano())})
+	}
+	if in, _ := nodes[1].Replicate(context.Background(), "test", true, counters); in != k {
+		t.Fatalf("installed %d of %d", in, k)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := nodes[1].Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if h := nodes[1].Status().HandedOff; h != k {
+		t.Fatalf("handed off %d of %d", h, k)
+	}
+	for _, c := range counters[:1000] {
+		rec, ok, err := nodes[0].Cache().Get(ring.Hash(c.Name, c.Key), writeback.Key{Name: c.Name, Key: c.Key}, t0.UnixNano())
+		if err != nil || !ok || rec.State.Count != 3 {
+			t.Fatalf("key %s on the new owner: %+v %v %v", c.Key, rec, ok, err)
+		}
+	}
+	t.Logf("graceful leave handed %d counters to the next owner in %v (flush, store scan, push, includes %v of leave propagation)",
+		k, took.Round(time.Millisecond), DefaultConfig().LeavePropagation)
+}

@@ -10,7 +10,9 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// Member states as `sluice status` prints them.
+// Member states as `sluice status` prints them. memberlist reports joins,
+// updates and departures but not suspicion, so a suspected member shows as
+// alive until it is declared dead.
 const (
 	StateAlive   = "alive"
 	StateSuspect = "suspect"
@@ -73,67 +75,76 @@ type MemberStatus struct {
 	Share    float64 // fraction of the ring's partitions it owns
 }
 
-// roster remembers members that are gone (dead or left), which memberlist's
-// Members no longer lists, so status can show them.
-type roster struct {
-	mu   sync.Mutex
-	gone map[string]MemberStatus
+// memberInfo is what the node knows of one member, copied from
+// memberlist's event callbacks (memberlist's own node structures change
+// under its lock, so they are never read outside a callback).
+type memberInfo struct {
+	name    string
+	gossip  string // host:port
+	meta    meta
+	metaErr error // why the metadata did not decode
+	state   string
 }
 
-// joined forgets name's departure and reports whether it had been declared
-// dead (not left): a partition healed, or the node restarted.
-func (r *roster) joined(name string) (wasDead bool) {
+// roster is the node's copy of the membership: every member memberlist
+// told it about, with its last known state.
+type roster struct {
+	mu sync.Mutex
+	m  map[string]memberInfo
+}
+
+func infoOf(n *memberlist.Node, state string) memberInfo {
+	md, err := decodeMeta(n.Meta)
+	return memberInfo{name: n.Name, gossip: n.Address(), meta: md, metaErr: err, state: state}
+}
+
+// joined records n as alive and reports whether it had been declared dead
+// (not left): a partition healed, or the node restarted.
+func (r *roster) joined(n *memberlist.Node) (wasDead bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	wasDead = r.gone[name].State == StateDead
-	delete(r.gone, name)
+	if r.m == nil {
+		r.m = make(map[string]memberInfo)
+	}
+	wasDead = r.m[n.Name].state == StateDead
+	r.m[n.Name] = infoOf(n, StateAlive)
 	return wasDead
 }
 
+// updated records n's new metadata.
+func (r *roster) updated(n *memberlist.Node) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = make(map[string]memberInfo)
+	}
+	r.m[n.Name] = infoOf(n, StateAlive)
+}
+
+// departed records n as left (it announced a graceful leave) or dead.
 func (r *roster) departed(n *memberlist.Node) {
-	st := MemberStatus{Name: n.Name, State: StateDead}
-	if m, err := decodeMeta(n.Meta); err == nil {
-		st.GRPCAddr = m.grpcAddr
-		if m.leaving {
-			st.State = StateLeft
-		}
+	info := infoOf(n, StateDead)
+	if info.metaErr == nil && info.meta.leaving {
+		info.state = StateLeft
 	}
 	r.mu.Lock()
-	if r.gone == nil {
-		r.gone = make(map[string]MemberStatus)
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = make(map[string]memberInfo)
 	}
-	r.gone[n.Name] = st
-	r.mu.Unlock()
+	r.m[n.Name] = info
 }
 
-// merge returns live (from memberlist) followed by the gone members not
-// listed there, sorted by name.
-func (r *roster) merge(live []MemberStatus) []MemberStatus {
-	seen := make(map[string]bool, len(live))
-	for _, m := range live {
-		seen[m.Name] = true
-	}
+// all returns every member, sorted by name.
+func (r *roster) all() []memberInfo {
 	r.mu.Lock()
-	for name, m := range r.gone {
-		if !seen[name] {
-			live = append(live, m)
-		}
+	out := make([]memberInfo, 0, len(r.m))
+	for _, m := range r.m {
+		out = append(out, m)
 	}
 	r.mu.Unlock()
-	sort.Slice(live, func(i, j int) bool { return live[i].Name < live[j].Name })
-	return live
-}
-
-func stateName(s memberlist.NodeStateType) string {
-	switch s {
-	case memberlist.StateAlive:
-		return StateAlive
-	case memberlist.StateSuspect:
-		return StateSuspect
-	case memberlist.StateLeft:
-		return StateLeft
-	}
-	return StateDead
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
 }
 
 // delegate is the node's memberlist.Delegate and EventDelegate. Its methods
@@ -168,7 +179,7 @@ func (d *delegate) LocalState(join bool) []byte                { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
 
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
-	if d.roster.joined(n.Name) && d.onRejoin != nil {
+	if d.roster.joined(n) && d.onRejoin != nil {
 		d.onRejoin(n.Name)
 	}
 	d.signal()
@@ -179,7 +190,10 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	d.signal()
 }
 
-func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.signal() }
+func (d *delegate) NotifyUpdate(n *memberlist.Node) {
+	d.roster.updated(n)
+	d.signal()
+}
 
 func (d *delegate) signal() {
 	select {

@@ -29,9 +29,10 @@ type Node struct {
 	cache *writeback.Cache
 	peers Peers
 
-	deleg  *delegate
-	roster roster
-	ml     atomic.Pointer[memberlist.Memberlist]
+	deleg      *delegate
+	roster     roster
+	gossipAddr atomic.Value // string: memberlist's advertised host:port, set by Start
+	ml         atomic.Pointer[memberlist.Memberlist]
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -138,11 +139,8 @@ func (n *Node) Cache() *writeback.Cache { return n.cache }
 
 // GossipAddr returns the host:port memberlist advertises, once started.
 func (n *Node) GossipAddr() string {
-	ml := n.ml.Load()
-	if ml == nil {
-		return ""
-	}
-	return ml.LocalNode().Address()
+	s, _ := n.gossipAddr.Load().(string)
+	return s
 }
 
 // Start joins the gossip pool and starts the node's goroutines: the ring
@@ -163,6 +161,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: gossip on %s:%d: %w", mc.BindAddr, mc.BindPort, err)
 	}
+	n.gossipAddr.Store(ml.LocalNode().Address()) // nothing updates it concurrently yet
 	n.ml.Store(ml)
 	n.rebuild()
 	n.cache.Start(ctx)
@@ -246,21 +245,23 @@ func (n *Node) rebuild() {
 	}
 	n.rebuildMu.Lock()
 	defer n.rebuildMu.Unlock()
-	nodes := ml.Members()
+	nodes := n.roster.all()
 	ms := make([]ring.Member, 0, len(nodes))
 	for _, m := range nodes {
-		md, err := decodeMeta(m.Meta)
-		if err != nil {
-			n.log.Warn("member left out of the ring: bad metadata", "member", m.Name, "gossip_addr", m.Address(), "err", err)
+		if m.state != StateAlive {
+			continue
+		}
+		if m.metaErr != nil {
+			n.log.Warn("member left out of the ring: bad metadata", "member", m.name, "gossip_addr", m.gossip, "err", m.metaErr)
 			continue
 		}
 		// A leaving member is routed around at once; this node routes
 		// around itself only once it drains (until then it decides what
 		// nobody has pulled yet).
-		if (m.Name == n.name && n.draining.Load()) || (m.Name != n.name && md.leaving) {
+		if (m.name == n.name && n.draining.Load()) || (m.name != n.name && m.meta.leaving) {
 			continue
 		}
-		ms = append(ms, ring.Member{Name: m.Name, Addr: md.grpcAddr})
+		ms = append(ms, ring.Member{Name: m.name, Addr: m.meta.grpcAddr})
 	}
 	if len(ms) == 0 {
 		return // a draining node alone: nothing to route to
@@ -689,19 +690,17 @@ type Status struct {
 func (n *Node) Status() Status {
 	tbl := n.ring.Table()
 	shares := tbl.Shares()
-	var live []MemberStatus
-	if ml := n.ml.Load(); ml != nil {
-		for _, m := range ml.Members() {
-			md, _ := decodeMeta(m.Meta)
-			live = append(live, MemberStatus{Name: m.Name, GRPCAddr: md.grpcAddr, State: stateName(m.State), Share: shares[m.Name]})
-		}
-	} else {
-		live = []MemberStatus{{Name: n.name, GRPCAddr: n.cfg.GRPCAddr, State: StateAlive, Share: shares[n.name]}}
+	var members []MemberStatus
+	for _, m := range n.roster.all() {
+		members = append(members, MemberStatus{Name: m.name, GRPCAddr: m.meta.grpcAddr, State: m.state, Share: shares[m.name]})
+	}
+	if len(members) == 0 {
+		members = []MemberStatus{{Name: n.name, GRPCAddr: n.cfg.GRPCAddr, State: StateAlive, Share: shares[n.name]}}
 	}
 	return Status{
 		Node:              n.name,
 		Ready:             n.Ready(),
-		Members:           n.roster.merge(live),
+		Members:           members,
 		Keys:              n.cache.Len(),
 		ChecksPerSecond:   math.Float64frombits(n.rate.Load()),
 		Checks:            n.checks.Load(),
