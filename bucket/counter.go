@@ -1,5 +1,10 @@
 package bucket
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Counter is one key's counter state as it travels between nodes:
 // replication to replicas, handoff to a new owner, pulls. Version grows with
 // every change (it follows the owner's clock in nanoseconds); of two copies
@@ -12,4 +17,22 @@ type Counter struct {
 	// MovedTo, in a pull's answer only, is the gRPC address of the node the
 	// answering node had already released the key to.
 	MovedTo string
+}
+
+// ValidateCounterKey checks the name and key of a Counter: those of a
+// request (ValidateKey), where the name may also carry the suffix "\x00"
+// and a decimal limit index below 100 that the cache uses for the limits
+// of a multi-limit check.
+func ValidateCounterKey(name, key string) error {
+	base, idx, sub := strings.Cut(name, "\x00")
+	if err := ValidateKey(base, key); err != nil {
+		return err
+	}
+	if !sub {
+		return nil
+	}
+	if len(idx) == 0 || len(idx) > 2 || strings.Trim(idx, "0123456789") != "" {
+		return fmt.Errorf("name has a bad limit index %q after its NUL", idx)
+	}
+	return nil
 }

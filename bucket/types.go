@@ -64,6 +64,9 @@ const (
 	MinWindowMS  = int64(1)
 	MaxWindowMS  = int64(366 * 24 * 60 * 60 * 1000)
 	MaxBatchSize = 1000
+	// MaxLimitsPerRequest is the most limits one Request may carry, the
+	// embedded Limit and More together.
+	MaxLimitsPerRequest = 16
 )
 
 // More limits of this package, checked by Limit.Validate.
@@ -202,6 +205,14 @@ type Request struct {
 	Key  string
 	Hits int64
 	Limit
+	// More are further limits on (Name, Key), in order, decided atomically
+	// with the embedded Limit (DecideAll): every limit admits and all
+	// consume, or none does; the answer is Combine of their answers. When
+	// the embedded Limit is all zero and More is non-empty, More alone is
+	// the set (no rule is looked up); Validate refuses an embedded Limit
+	// with Limit 0 but other fields set alongside a non-empty More, which
+	// would be ambiguous. At most MaxLimitsPerRequest limits in all.
+	More []Limit
 }
 
 // Decision is the answer of an algorithm to one request.
@@ -252,7 +263,9 @@ func ValidateKey(name, key string) error {
 
 // Validate checks a request against DESIGN §5. A request with Limit 0 is
 // valid here (its limit comes from the rules); Validate checks the limit
-// fields only when Limit is set.
+// fields only when Limit is set. Every limit of More is checked too (an
+// error names its index, "limits[2]: ..."), and there may be at most
+// MaxLimitsPerRequest limits in all.
 func (r *Request) Validate() error {
 	if err := ValidateKey(r.Name, r.Key); err != nil {
 		return err
@@ -260,13 +273,47 @@ func (r *Request) Validate() error {
 	if r.Hits < 0 {
 		return fmt.Errorf("hits is %d, must be >= 0", r.Hits)
 	}
+	if len(r.More) > 0 {
+		return r.validateMore()
+	}
 	if r.Limit.Limit == 0 && r.WindowMS == 0 && r.Burst == 0 {
-		if r.Algorithm > GCRA {
+		switch {
+		case r.Algorithm > GCRA:
 			return fmt.Errorf("unknown algorithm %d", r.Algorithm)
+		case r.Mode > ModeElastic:
+			return fmt.Errorf("unknown mode %d", r.Mode)
+		case r.Calendar > CalendarMonth:
+			return fmt.Errorf("unknown calendar %d", r.Calendar)
 		}
 		return nil
 	}
 	return r.Limit.Validate()
+}
+
+// validateMore validates a request with a non-empty More.
+func (r *Request) validateMore() error {
+	n := len(r.More)
+	inline := r.Limit != (Limit{})
+	if inline {
+		n++
+	}
+	if n > MaxLimitsPerRequest {
+		return fmt.Errorf("more than %d limits in one request (the inline limit and limits together)", MaxLimitsPerRequest)
+	}
+	if inline {
+		if r.Limit.Limit == 0 {
+			return fmt.Errorf("the inline limit is 0 but its other fields are set, and limits is not empty: set the inline limit, or clear its fields to use limits alone")
+		}
+		if err := r.Limit.Validate(); err != nil {
+			return err
+		}
+	}
+	for i := range r.More {
+		if err := r.More[i].Validate(); err != nil {
+			return fmt.Errorf("limits[%d]: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // Validate checks a limit against DESIGN §5 and the rules of its optional

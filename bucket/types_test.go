@@ -105,6 +105,46 @@ func TestRequestValidate(t *testing.T) {
 		{"limit from rules, bad hits still refused", with(func(r *Request) { r.Limit = Limit{}; r.Hits = -2 }), "hits is -2"},
 		{"window without a limit", with(func(r *Request) { r.Limit = Limit{WindowMS: 1000} }), ""},
 		{"burst alone is checked", with(func(r *Request) { r.Limit = Limit{Burst: -1} }), "window is 0 ms"},
+		{"limit from rules, unknown mode", with(func(r *Request) { r.Limit = Limit{Mode: 255} }), "unknown mode 255"},
+		{"limit from rules, unknown calendar", with(func(r *Request) { r.Limit = Limit{Calendar: 255} }), "unknown calendar 255"},
+		// More: further limits on the same key.
+		{"more, one limit", with(func(r *Request) { r.More = []Limit{sw(500, 3_600_000)} }), ""},
+		{"more, every option", with(func(r *Request) {
+			r.More = []Limit{
+				{Algorithm: SlidingWindow, Limit: 1000, WindowMS: 3_600_000, SubWindows: 60, CountRefused: true},
+				{Algorithm: LeakyBucket, Limit: 5, WindowMS: 1000, Burst: 10, Shaping: true},
+				{Algorithm: FixedWindow, Limit: 10_000, WindowMS: 1, Calendar: CalendarMonth, Mode: ModeSoft, SoftPercent: 10},
+				{Algorithm: GCRA, Limit: 5, WindowMS: 1000, Mode: ModeElastic, ElasticCeiling: 8, ElasticLoadPercent: 70},
+			}
+		}), ""},
+		{"more alone (inline all zero)", with(func(r *Request) { r.Limit = Limit{}; r.More = []Limit{sw(5, 1000), sw(20, 60_000)} }), ""},
+		{"more alone, explicit zero limit in more", with(func(r *Request) { r.Limit = Limit{}; r.More = []Limit{sw(0, 1000)} }), ""},
+		{"more alone, 16 limits", with(func(r *Request) { r.Limit = Limit{}; r.More = repeatLimit(sw(5, 1000), 16) }), ""},
+		{"more alone, 17 limits", with(func(r *Request) { r.Limit = Limit{}; r.More = repeatLimit(sw(5, 1000), 17) }), "more than 16 limits in one request"},
+		{"inline and 15 more", with(func(r *Request) { r.More = repeatLimit(sw(5, 1000), 15) }), ""},
+		{"inline and 16 more", with(func(r *Request) { r.More = repeatLimit(sw(5, 1000), 16) }), "more than 16 limits in one request"},
+		{"more, many limits", with(func(r *Request) { r.More = make([]Limit, 100_000) }), "more than 16 limits"},
+		{"more, all-zero entry", with(func(r *Request) { r.More = []Limit{sw(5, 1000), sw(1, 1), {}} }), "limits[2]: window is 0 ms, must be at least 1 ms"},
+		{"more, bad window", with(func(r *Request) { r.More = []Limit{sw(5, MaxWindowMS+1)} }), "limits[0]: window is 31622400001 ms, more than 366 days"},
+		{"more, negative limit", with(func(r *Request) { r.More = []Limit{sw(5, 1000), sw(-1, 1000)} }), "limits[1]: limit is -1, must be >= 0"},
+		{"more, limit over 2^40", with(func(r *Request) { r.More = []Limit{sw(MaxLimit+1, 1000)} }), "limits[0]: limit is 1099511627777, more than 2^40"},
+		{"more, negative burst", with(func(r *Request) { r.More = []Limit{{Algorithm: TokenBucket, Limit: 5, WindowMS: 1000, Burst: -1}} }), "limits[0]: burst is -1"},
+		{"more, unknown algorithm", with(func(r *Request) { r.More = []Limit{{Algorithm: 255, Limit: 5, WindowMS: 1000}} }), "limits[0]: unknown algorithm 255"},
+		{"more, unknown mode", with(func(r *Request) { r.More = []Limit{{Mode: 255, Limit: 5, WindowMS: 1000}} }), "limits[0]: unknown mode 255"},
+		{"more, unknown calendar", with(func(r *Request) { r.More = []Limit{{Algorithm: FixedWindow, Calendar: 255, Limit: 5, WindowMS: 1000}} }), "limits[0]: unknown calendar 255"},
+		{"more, sub_windows on gcra", with(func(r *Request) { r.More = []Limit{{Algorithm: GCRA, Limit: 5, WindowMS: 1000, SubWindows: 2}} }), "limits[0]: sub_windows applies only to sliding_window, not gcra"},
+		{"more, soft without percent", with(func(r *Request) { r.More = []Limit{{Limit: 5, WindowMS: 1000, Mode: ModeSoft}} }), "limits[0]: mode soft needs soft_percent"},
+		{"more, elastic ceiling at the limit", with(func(r *Request) {
+			r.More = []Limit{{Limit: 5, WindowMS: 1000, Mode: ModeElastic, ElasticCeiling: 5, ElasticLoadPercent: 50}}
+		}), "limits[0]: mode elastic needs elastic_ceiling above the limit 5"},
+		{"more, sliding_log over its cap", with(func(r *Request) { r.More = []Limit{{Algorithm: SlidingLog, Limit: MaxLogLimit + 1, WindowMS: 1000}} }), "limits[0]: sliding_log keeps one timestamp per hit"},
+		{"more, bad inline still refused", with(func(r *Request) { r.WindowMS = 0; r.More = []Limit{sw(5, 1000)} }), "window is 0 ms"},
+		{"more, inline explicit zero limit is ambiguous", with(func(r *Request) { r.Limit.Limit = 0; r.More = []Limit{sw(5, 1000)} }), "the inline limit is 0 but its other fields are set"},
+		{"more, inline algorithm alone is ambiguous", with(func(r *Request) { r.Limit = Limit{Algorithm: GCRA}; r.More = []Limit{sw(5, 1000)} }), "the inline limit is 0 but its other fields are set"},
+		{"more, bad key still refused", with(func(r *Request) { r.Key = ""; r.More = []Limit{sw(5, 1000)} }), "key is empty"},
+		{"more, bad hits still refused", with(func(r *Request) { r.Hits = -1; r.More = []Limit{sw(5, 1000)} }), "hits is -1"},
+		{"more empty but not nil", with(func(r *Request) { r.More = []Limit{} }), ""},
+		{"more empty, limit from rules", with(func(r *Request) { r.Limit = Limit{}; r.More = []Limit{} }), ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,6 +160,14 @@ func TestRequestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func repeatLimit(l Limit, n int) []Limit {
+	ls := make([]Limit, n)
+	for i := range ls {
+		ls[i] = l
+	}
+	return ls
 }
 
 func TestParseAlgorithm(t *testing.T) {
@@ -179,6 +227,12 @@ func FuzzValidate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, name, key string, hits int64, alg uint8, limit, window, burst int64) {
 		r := Request{Name: name, Key: key, Hits: hits, Limit: Limit{Algorithm: Algorithm(alg), Limit: limit, WindowMS: window, Burst: burst}}
 		err := r.Validate()
+		// The same limit as the only one of More is accepted exactly when
+		// the request's name, key and hits are and the limit itself is.
+		m := Request{Name: name, Key: key, Hits: hits, More: []Limit{r.Limit}}
+		if mErr, want := m.Validate(), ValidateKey(name, key) == nil && hits >= 0 && r.Limit.Validate() == nil; (mErr == nil) != want {
+			t.Fatalf("Validate of %+v = %v, want accepted %v", m, mErr, want)
+		}
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("empty error message")

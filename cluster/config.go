@@ -44,10 +44,13 @@ func (o OwnerUnavailable) String() string {
 	return "serve"
 }
 
-// Rules gives the limit of a name for checks that carry no limit (limit 0).
-// Lookup is called concurrently on every such check and must not block.
+// Rules gives the limits of a name for checks that carry no limit (limit
+// 0): one or more, decided atomically. Lookup is called concurrently on
+// every such check, must not block, and the caller does not modify the
+// slice. Hash identifies the rules in force, for status.
 type Rules interface {
-	Lookup(name string) (bucket.Limit, bool)
+	Lookup(name string) ([]bucket.Limit, bool)
+	Hash() string
 }
 
 // Config configures a Node. The embedded memberlist.Config carries the node
@@ -97,6 +100,9 @@ type Config struct {
 	LeavePropagation time.Duration
 	// Rules resolves checks with limit 0; nil means there are no rules.
 	Rules Rules
+	// Load, when set, replaces the measured CPU load that elastic limits
+	// see (tests). It must be cheap and safe for concurrent use.
+	Load func() float64
 	// Log receives the node's log lines. Default slog.Default().
 	Log *slog.Logger
 	// Now is the clock of every decision. Default time.Now.

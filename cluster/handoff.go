@@ -164,6 +164,13 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*m
 	}
 }
 
+// keyHash is the ring hash of a cache key: that of its (name, key), also
+// for the sub-keys of multi-limit checks, which live with their key.
+func keyHash(k writeback.Key) uint64 {
+	b := writeback.BaseKey(k)
+	return ring.Hash(b.Name, b.Key)
+}
+
 func cloneKey(k writeback.Key) writeback.Key {
 	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
 }
@@ -271,7 +278,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	start := time.Now()
 	batches := map[string][]bucket.Counter{}
 	n.cache.Range(now, func(r writeback.Record) bool {
-		h := ring.Hash(r.Key.Name, r.Key.Key)
+		h := keyHash(r.Key)
 		o, _ := old.Owner(h)
 		c, ok := cur.Owner(h)
 		if !ok || o.Name != n.name || c.Name == n.name {
@@ -401,8 +408,8 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	}
 	tbl := n.ring.Table()
 	for _, c := range counters {
-		h := ring.Hash(c.Name, c.Key)
 		rec := writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version}
+		h := keyHash(rec.Key)
 		if o, _ := tbl.Owner(h); !handoff && o.Name == n.name && !n.draining.Load() {
 			// A copy from a node that still believes it owns this key: the
 			// owner's own state is authoritative; a copy never replaces it.
@@ -436,7 +443,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 	}
 	for i := range keys {
 		k := writeback.Key{Name: keys[i].Name, Key: keys[i].Key}
-		h := ring.Hash(k.Name, k.Key)
+		h := keyHash(k)
 		var rec writeback.Record
 		var ok bool
 		var err error
@@ -505,7 +512,7 @@ func (n *Node) drain(ctx context.Context) error {
 	now := n.now().UnixNano()
 	batches := map[string][]bucket.Counter{}
 	err := n.cache.RangeStored(now, func(r writeback.Record) bool {
-		o, ok := tbl.Owner(ring.Hash(r.Key.Name, r.Key.Key))
+		o, ok := tbl.Owner(keyHash(r.Key))
 		if ok && o.Name != n.name {
 			batches[o.Addr] = append(batches[o.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: r.State, Version: r.Version})
 		}

@@ -7,9 +7,11 @@ import (
 	"log"
 	"log/slog"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -66,6 +68,7 @@ type Node struct {
 	pullErrors        atomic.Uint64 // pulls whose previous owner did not answer
 	rejoins           atomic.Uint64 // members alive again after being declared dead
 	rate              atomic.Uint64 // math.Float64bits of checks per second
+	load              atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
 	lastWarn          atomic.Int64  // Unix ns of the last owner-unavailable log line
 }
 
@@ -281,18 +284,39 @@ func (n *Node) rateLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last, lastAt := n.checks.Load(), time.Now()
+	last, lastAt, lastCPU := n.checks.Load(), time.Now(), cpuTime()
 	for {
 		select {
 		case <-n.stop:
 			return
 		case now := <-t.C:
-			c := n.checks.Load()
-			r := float64(c-last) / now.Sub(lastAt).Seconds()
-			n.rate.Store(math.Float64bits(r))
-			last, lastAt = c, now
+			c, cpu := n.checks.Load(), cpuTime()
+			wall := now.Sub(lastAt)
+			n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
+			load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))
+			n.load.Store(math.Float64bits(min(max(load, 0), 1)))
+			last, lastAt, lastCPU = c, now, cpu
 		}
 	}
+}
+
+// Load is the load elastic limits see: the CPU time this process used in
+// the last second divided by one second × GOMAXPROCS, in [0, 1] (0 until
+// the first second has passed). Config.Load replaces it when set.
+func (n *Node) Load() float64 {
+	if n.cfg.Load != nil {
+		return n.cfg.Load()
+	}
+	return math.Float64frombits(n.load.Load())
+}
+
+// cpuTime returns the user and system CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Leave tells the gossip pool this node is leaving, waiting up to
@@ -367,21 +391,21 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	var remote []route
 	for i := range reqs {
 		r := &reqs[i]
-		lim, ok := n.prepare(r, &out[i])
+		lims, ok := n.prepare(r, &out[i])
 		if !ok {
 			continue
 		}
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
-			n.decide(ctx, h, r, lim, now, &out[i])
+			n.decide(ctx, h, r, lims, now, &out[i])
 			if out[i].MovedTo == "" {
 				continue
 			}
 			owner = ring.Member{Addr: out[i].MovedTo}
 			out[i].MovedTo = ""
 		}
-		remote = append(remote, route{i: i, hash: h, lim: lim, owner: owner})
+		remote = append(remote, route{i: i, hash: h, lims: lims, owner: owner})
 	}
 	n.checks.Add(uint64(len(reqs)))
 	if len(remote) > 0 {
@@ -395,38 +419,54 @@ func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Re
 	now := n.now().UnixNano()
 	for i := range reqs {
 		r := &reqs[i]
-		lim, ok := n.prepare(r, &out[i])
+		lims, ok := n.prepare(r, &out[i])
 		if !ok {
 			continue
 		}
-		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lim, now, &out[i])
+		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, now, &out[i])
 	}
 }
 
-// prepare validates r and resolves its limit; when it fails it fills o with
-// the error and returns false.
-func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (bucket.Limit, bool) {
+// limits are the resolved limits of a request: one, plus more decided
+// atomically with it (nil for a single limit, the common case).
+type limits struct {
+	one  bucket.Limit
+	more []bucket.Limit
+}
+
+// all returns every limit (allocates; for the multi-limit path).
+func (l limits) all() []bucket.Limit {
+	return append([]bucket.Limit{l.one}, l.more...)
+}
+
+// prepare validates r and resolves its limits: the inline limit and
+// r.More, or r.More alone, or the rules for r.Name. When it fails it fills o
+// with the error and returns false.
+func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (limits, bool) {
 	*o = bucket.Outcome{}
 	if err := r.Validate(); err != nil {
 		o.Err = err.Error()
-		return bucket.Limit{}, false
+		return limits{}, false
 	}
-	if r.Limit.Limit != 0 || r.WindowMS != 0 {
-		return r.Limit, true
+	switch {
+	case r.Limit.Limit != 0 || r.WindowMS != 0:
+		return limits{one: r.Limit, more: r.More}, true
+	case len(r.More) > 0:
+		return limits{one: r.More[0], more: r.More[1:]}, true
 	}
 	if n.cfg.Rules != nil {
-		if lim, ok := n.cfg.Rules.Lookup(r.Name); ok {
-			return lim, true
+		if ls, ok := n.cfg.Rules.Lookup(r.Name); ok && len(ls) > 0 {
+			return limits{one: ls[0], more: ls[1:]}, true
 		}
 	}
 	o.Err = fmt.Sprintf("no limit given and no rule for name %q", r.Name)
-	return bucket.Limit{}, false
+	return limits{}, false
 }
 
 // decide answers r from the local cache. When this node no longer holds the
 // key (it is draining, or handed the key to another node) it sets
 // o.MovedTo instead.
-func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lim bucket.Limit, now int64, o *bucket.Outcome) {
+func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	n.gate.RLock()
 	defer n.gate.RUnlock()
@@ -443,16 +483,22 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lim buck
 		n.rebuild()
 	}
 	if ms := n.moves.Load(); ms != nil {
-		n.settle(ctx, h, k, *ms, now)
+		if len(lims.more) == 0 {
+			n.settle(ctx, h, k, *ms, now)
+		} else {
+			for i := range 1 + len(lims.more) {
+				n.settle(ctx, h, writeback.SubKey(k, i), *ms, now)
+			}
+		}
 	}
-	d, err := n.cache.Decide(h, k, lim, r.Hits, now)
+	d, err := n.decideCache(h, k, lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
 		if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
 			return
 		}
 		// Released, but nobody else claims it now: take it back.
-		n.cache.Reclaim(h, k)
-		d, err = n.cache.Decide(h, k, lim, r.Hits, now)
+		n.reclaim(h, k, lims)
+		d, err = n.decideCache(h, k, lims, r.Hits, now)
 	}
 	o.Owner = n.name
 	if err != nil {
@@ -462,11 +508,31 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lim buck
 	o.Decision = d
 }
 
+// decideCache applies hits to k's limits in the cache, with this node's
+// load for elastic limits.
+func (n *Node) decideCache(h uint64, k writeback.Key, lims limits, hits, now int64) (bucket.Decision, error) {
+	if len(lims.more) == 0 {
+		return n.cache.DecideLoad(h, k, lims.one, hits, now, n.Load())
+	}
+	return n.cache.DecideAll(h, k, lims.all(), hits, now, n.Load())
+}
+
+// reclaim takes back every cache key of k's limits.
+func (n *Node) reclaim(h uint64, k writeback.Key, lims limits) {
+	if len(lims.more) == 0 {
+		n.cache.Reclaim(h, k)
+		return
+	}
+	for i := range 1 + len(lims.more) {
+		n.cache.Reclaim(h, writeback.SubKey(k, i))
+	}
+}
+
 // route is a request bound for another node.
 type route struct {
 	i     int
 	hash  uint64
-	lim   bucket.Limit
+	lims  limits
 	owner ring.Member
 }
 
@@ -517,7 +583,8 @@ func (n *Node) send(ctx context.Context, addr string, reqs []bucket.Request, out
 	subOut := make([]bucket.Outcome, len(g))
 	for j, rt := range g {
 		sub[j] = reqs[rt.i]
-		sub[j].Limit = rt.lim
+		// The owner gets the resolved limits; it needs no rules.
+		sub[j].Limit, sub[j].More = rt.lims.one, rt.lims.more
 	}
 	fctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 	err := n.peers.Forward(fctx, addr, sub, subOut)
@@ -615,9 +682,8 @@ func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket
 // redirects it too.
 func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
 	r := reqs[rt.i]
-	r.Limit = rt.lim
 	out[rt.i] = bucket.Outcome{}
-	n.decide(ctx, rt.hash, &r, rt.lim, now, &out[rt.i])
+	n.decide(ctx, rt.hash, &r, rt.lims, now, &out[rt.i])
 	if out[rt.i].MovedTo != "" {
 		n.unavailable(ctx, reqs, out, rt, now)
 	}
@@ -628,19 +694,18 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
 		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
 			Status:       bucket.OverLimit,
-			Limit:        rt.lim.Limit,
+			Limit:        rt.lims.one.Limit,
 			RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
 		}}
 		return
 	}
 	r := reqs[rt.i]
-	r.Limit = rt.lim
 	out[rt.i] = bucket.Outcome{}
 	k := writeback.Key{Name: r.Name, Key: r.Key}
-	d, err := n.cache.Decide(rt.hash, k, rt.lim, r.Hits, now)
+	d, err := n.decideCache(rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
-		n.cache.Reclaim(rt.hash, k)
-		d, err = n.cache.Decide(rt.hash, k, rt.lim, r.Hits, now)
+		n.reclaim(rt.hash, k, rt.lims)
+		d, err = n.decideCache(rt.hash, k, rt.lims, r.Hits, now)
 	}
 	out[rt.i].Owner = n.name
 	if err != nil {
@@ -682,6 +747,7 @@ type Status struct {
 	Rejoins           uint64
 	Unreplicated      int // changed keys not yet sent to replicas
 	Unflushed         int // changed keys not yet in the store
+	RulesHash         string
 	ReplicationFactor int
 	Partitions        int
 }
@@ -717,9 +783,17 @@ func (n *Node) Status() Status {
 		Rejoins:           n.rejoins.Load(),
 		Unreplicated:      n.repl.len(),
 		Unflushed:         n.cache.Dirty(),
+		RulesHash:         n.rulesHash(),
 		ReplicationFactor: n.cfg.Ring.ReplicationFactor,
 		Partitions:        n.cfg.Ring.Partitions,
 	}
+}
+
+func (n *Node) rulesHash() string {
+	if n.cfg.Rules == nil {
+		return ""
+	}
+	return n.cfg.Rules.Hash()
 }
 
 // slogWriter turns memberlist's log lines into slog records.

@@ -8,27 +8,95 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// invalidAlgorithm is what an enum value outside 0..255 becomes: a value
+// The values an enum number outside 0..255 becomes: values
 // bucket.Limit.Validate refuses, so a large number on the wire never wraps
-// into a valid algorithm.
-const invalidAlgorithm = bucket.Algorithm(255)
+// into a valid algorithm, mode or calendar.
+const (
+	invalidAlgorithm = bucket.Algorithm(255)
+	invalidMode      = bucket.Mode(255)
+	invalidCalendar  = bucket.Calendar(255)
+)
+
+// maxConvertedLimits is the most entries of RateLimitRequest.limits that
+// RequestFromProto converts: one more than a valid request can carry, so
+// that Validate still refuses the request while a hostile one cannot make
+// the conversion allocate in proportion to its (up to 4 MiB) message.
+const maxConvertedLimits = bucket.MaxLimitsPerRequest + 1
 
 // RequestFromProto converts one wire request. It does not validate: the
-// Handler does. A nil r gives the zero Request (which Validate refuses).
+// Handler does. A nil r gives the zero Request (which Validate refuses); a
+// nil entry of r.Limits gives a zero Limit (which Validate refuses too).
+// Entries of r.Limits beyond MaxLimitsPerRequest+1 are dropped: such a
+// request is invalid with or without them.
 func RequestFromProto(r *sluicev1.RateLimitRequest) bucket.Request {
 	if r == nil {
 		return bucket.Request{}
 	}
-	return bucket.Request{
+	req := bucket.Request{
 		Name: r.Name,
 		Key:  r.Key,
 		Hits: r.Hits,
 		Limit: bucket.Limit{
-			Algorithm: algorithmFromProto(r.Algorithm),
-			Limit:     r.Limit,
-			WindowMS:  r.WindowMs,
-			Burst:     r.Burst,
+			Algorithm:          algorithmFromProto(r.Algorithm),
+			Limit:              r.Limit,
+			WindowMS:           r.WindowMs,
+			Burst:              r.Burst,
+			SubWindows:         r.SubWindows,
+			Shaping:            r.Shaping,
+			Mode:               modeFromProto(r.Mode),
+			SoftPercent:        r.SoftPercent,
+			ElasticCeiling:     r.ElasticCeiling,
+			ElasticLoadPercent: r.ElasticLoadPercent,
+			CountRefused:       r.CountRefused,
+			Calendar:           calendarFromProto(r.Calendar),
 		},
+	}
+	if n := min(len(r.Limits), maxConvertedLimits); n > 0 {
+		req.More = make([]bucket.Limit, n)
+		for i := range req.More {
+			req.More[i] = LimitFromProto(r.Limits[i])
+		}
+	}
+	return req
+}
+
+// LimitFromProto converts one wire limit without validating it. A nil m
+// gives the zero Limit (which Validate refuses).
+func LimitFromProto(m *sluicev1.Limit) bucket.Limit {
+	if m == nil {
+		return bucket.Limit{}
+	}
+	return bucket.Limit{
+		Algorithm:          algorithmFromProto(m.Algorithm),
+		Limit:              m.Limit,
+		WindowMS:           m.WindowMs,
+		Burst:              m.Burst,
+		SubWindows:         m.SubWindows,
+		Shaping:            m.Shaping,
+		Mode:               modeFromProto(m.Mode),
+		SoftPercent:        m.SoftPercent,
+		ElasticCeiling:     m.ElasticCeiling,
+		ElasticLoadPercent: m.ElasticLoadPercent,
+		CountRefused:       m.CountRefused,
+		Calendar:           calendarFromProto(m.Calendar),
+	}
+}
+
+// LimitToProto converts one limit for the wire.
+func LimitToProto(l bucket.Limit) *sluicev1.Limit {
+	return &sluicev1.Limit{
+		Limit:              l.Limit,
+		WindowMs:           l.WindowMS,
+		Algorithm:          sluicev1.Algorithm(l.Algorithm),
+		Burst:              l.Burst,
+		SubWindows:         l.SubWindows,
+		Shaping:            l.Shaping,
+		Mode:               sluicev1.Mode(l.Mode),
+		SoftPercent:        l.SoftPercent,
+		ElasticCeiling:     l.ElasticCeiling,
+		ElasticLoadPercent: l.ElasticLoadPercent,
+		CountRefused:       l.CountRefused,
+		Calendar:           sluicev1.Calendar(l.Calendar),
 	}
 }
 
@@ -39,6 +107,20 @@ func algorithmFromProto(a sluicev1.Algorithm) bucket.Algorithm {
 	return bucket.Algorithm(a)
 }
 
+func modeFromProto(m sluicev1.Mode) bucket.Mode {
+	if m < 0 || m > 255 {
+		return invalidMode
+	}
+	return bucket.Mode(m)
+}
+
+func calendarFromProto(c sluicev1.Calendar) bucket.Calendar {
+	if c < 0 || c > 255 {
+		return invalidCalendar
+	}
+	return bucket.Calendar(c)
+}
+
 // RequestToProto converts one request for the wire.
 func RequestToProto(r bucket.Request) *sluicev1.RateLimitRequest {
 	m := &sluicev1.RateLimitRequest{}
@@ -46,7 +128,8 @@ func RequestToProto(r bucket.Request) *sluicev1.RateLimitRequest {
 	return m
 }
 
-// fillRequest sets every field of m from r (m may be a reused message).
+// fillRequest sets every field of m from r (m may be a reused message). It
+// allocates only for r.More.
 func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request) {
 	m.Name = r.Name
 	m.Key = r.Key
@@ -55,6 +138,21 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request) {
 	m.WindowMs = r.WindowMS
 	m.Algorithm = sluicev1.Algorithm(r.Algorithm)
 	m.Burst = r.Burst
+	m.SubWindows = r.SubWindows
+	m.Shaping = r.Shaping
+	m.Mode = sluicev1.Mode(r.Mode)
+	m.SoftPercent = r.SoftPercent
+	m.ElasticCeiling = r.ElasticCeiling
+	m.ElasticLoadPercent = r.ElasticLoadPercent
+	m.CountRefused = r.CountRefused
+	m.Calendar = sluicev1.Calendar(r.Calendar)
+	m.Limits = nil
+	if len(r.More) > 0 {
+		m.Limits = make([]*sluicev1.Limit, len(r.More))
+		for i := range r.More {
+			m.Limits[i] = LimitToProto(r.More[i])
+		}
+	}
 }
 
 // ResponseToProto converts one outcome for the wire.
@@ -134,7 +232,7 @@ func CounterFromProto(m *sluicev1.Counter) (bucket.Counter, error) {
 	if m == nil {
 		return bucket.Counter{}, errors.New("missing counter")
 	}
-	if err := bucket.ValidateKey(m.Name, m.Key); err != nil {
+	if err := bucket.ValidateCounterKey(m.Name, m.Key); err != nil {
 		return bucket.Counter{}, err
 	}
 	c := bucket.Counter{Name: m.Name, Key: m.Key, Version: m.Version}

@@ -21,6 +21,7 @@ type fakeHandler struct {
 	mu        sync.Mutex
 	sizes     []int            // items per CheckForwarded call, in order
 	last      []bucket.Request // copy of the last Check's requests
+	lastFwd   []bucket.Request // copy of the last CheckForwarded's requests
 	lastFrom  string
 	block     chan struct{} // when set, CheckForwarded waits on it (or ctx, unless hang)
 	hang      bool          // wait on block even when the RPC's context ends
@@ -44,6 +45,7 @@ func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bu
 	h.forwards.Add(1)
 	h.mu.Lock()
 	h.sizes = append(h.sizes, len(reqs))
+	h.lastFwd = append(h.lastFwd[:0], reqs...)
 	h.lastFrom = from
 	block := h.block
 	h.mu.Unlock()
@@ -71,12 +73,27 @@ func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
 			out[i] = bucket.Outcome{Err: err.Error(), Owner: prefix + r.Key}
 			continue
 		}
-		d := bucket.Decision{Status: bucket.UnderLimit, Limit: r.Limit.Limit, Remaining: r.Limit.Limit - r.Hits, ResetAfterMS: r.WindowMS}
-		if r.Hits > r.Limit.Limit {
-			d = bucket.Decision{Status: bucket.OverLimit, Limit: r.Limit.Limit, ResetAfterMS: 11_200, RetryAfterMS: 1_500}
+		if len(r.More) == 0 {
+			out[i] = bucket.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
+			continue
 		}
-		out[i] = bucket.Outcome{Decision: d, Owner: prefix + r.Key}
+		var ds []bucket.Decision
+		if r.Limit != (bucket.Limit{}) {
+			ds = append(ds, fakeDecide(r.Limit, r.Hits))
+		}
+		for _, l := range r.More {
+			ds = append(ds, fakeDecide(l, r.Hits))
+		}
+		out[i] = bucket.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
 	}
+}
+
+// fakeDecide is over the limit when hits > l.Limit.
+func fakeDecide(l bucket.Limit, hits int64) bucket.Decision {
+	if hits > l.Limit {
+		return bucket.Decision{Status: bucket.OverLimit, Limit: l.Limit, ResetAfterMS: 11_200, RetryAfterMS: 1_500}
+	}
+	return bucket.Decision{Status: bucket.UnderLimit, Limit: l.Limit, Remaining: l.Limit - hits, ResetAfterMS: l.WindowMS}
 }
 
 // req is a valid request for key k with the given hits against a limit of 10

@@ -159,19 +159,72 @@ func ceilSeconds(ms int64) int64 {
 // writeRateLimitHeaders sets Retry-After and the IETF RateLimit-Policy and
 // RateLimit headers (draft-ietf-httpapi-ratelimit-headers) for one over-limit
 // item. The policy is named after the limit's name when that is a plain
-// printable-ASCII string, "default" otherwise; w (window) is given when the
-// request carried its window.
+// printable-ASCII string, "default" otherwise. q is the combined answer's
+// limit (for several limits, the most restrictive one: bucket.Combine); w
+// (window) is given when the request carried the window of that limit (see
+// policyWindow).
 func writeRateLimitHeaders(h http.Header, req *sluicev1.RateLimitRequest, o *sluicev1.RateLimitResponse) {
 	retry := max(ceilSeconds(o.RetryAfterMs), 1) // never "retry now" on a refusal
 	h.Set("Retry-After", strconv.FormatInt(retry, 10))
 	name := policyName(req.GetName())
 	policy := name + ";q=" + strconv.FormatInt(max(o.Limit, 0), 10)
-	if w := req.GetWindowMs(); w > 0 {
-		policy += ";w=" + strconv.FormatInt(ceilSeconds(w), 10)
+	if w := policyWindow(req, o.Limit); w > 0 {
+		policy += ";w=" + strconv.FormatInt(w, 10)
 	}
 	h.Set("RateLimit-Policy", policy)
 	h.Set("RateLimit", name+";r="+strconv.FormatInt(max(o.Remaining, 0), 10)+
 		";t="+strconv.FormatInt(ceilSeconds(o.ResetAfterMs), 10))
+}
+
+// policyWindow returns the window, in whole seconds rounded up, of the
+// limit of req that the answer's limit names. A request with no limits has
+// one candidate, its inline limit; otherwise the candidates are the inline
+// limit (unless limit is 0 and window_ms unset: limits alone) and those of
+// limits, and the ones that count are those whose limit field equals limit.
+// It returns 0 (no w parameter) when no candidate counts, when those that
+// count disagree on their window, or when a window has no fixed length
+// (calendar month) or is unset (the limit came from the rules).
+func policyWindow(req *sluicev1.RateLimitRequest, limit int64) int64 {
+	more := req.GetLimits()
+	if len(more) == 0 {
+		return windowSeconds(req.GetWindowMs(), req.GetCalendar())
+	}
+	var w int64
+	seen := false
+	count := func(l, windowMS int64, cal sluicev1.Calendar) bool {
+		if l != limit {
+			return true
+		}
+		s := windowSeconds(windowMS, cal)
+		if s <= 0 || (seen && s != w) {
+			return false
+		}
+		w, seen = s, true
+		return true
+	}
+	if (req.GetLimit() != 0 || req.GetWindowMs() != 0) && !count(req.GetLimit(), req.GetWindowMs(), req.GetCalendar()) {
+		return 0
+	}
+	for _, l := range more {
+		if !count(l.GetLimit(), l.GetWindowMs(), l.GetCalendar()) {
+			return 0
+		}
+	}
+	return w
+}
+
+// windowSeconds is the length of a window in whole seconds, rounded up; 0
+// for a calendar month (28-31 days) or an unknown calendar.
+func windowSeconds(windowMS int64, cal sluicev1.Calendar) int64 {
+	switch cal {
+	case sluicev1.Calendar_CALENDAR_NONE:
+		return ceilSeconds(windowMS)
+	case sluicev1.Calendar_CALENDAR_DAY:
+		return 24 * 60 * 60
+	case sluicev1.Calendar_CALENDAR_WEEK:
+		return 7 * 24 * 60 * 60
+	}
+	return 0
 }
 
 // policyName is name as a structured-field string (RFC 8941 §3.3.3), or

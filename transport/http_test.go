@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +138,91 @@ func TestHTTPOverLimit(t *testing.T) {
 	}
 }
 
+// With several limits the headers describe the combined answer: q is the
+// most restrictive limit, w its window.
+func TestHTTPOverLimitSeveralLimits(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	url := "http://" + s.HTTPAddr() + "/v1/check"
+	// 6 hits: the inline limit (100 per minute) admits, limits[1] (5 per
+	// 10 s) refuses.
+	r := do(t, "POST", url, `{"requests":[{"name":"login","key":"a","hits":6,"limit":100,"window_ms":60000,"sub_windows":6,"count_refused":true,`+
+		`"limits":[{"limit":1000,"window_ms":3600000,"mode":"MODE_SOFT","soft_percent":10},{"limit":5,"windowMs":10000,"algorithm":"ALGORITHM_GCRA","burst":2}]}]}`)
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("over-limit check: %d %s", r.code, r.body)
+	}
+	for h, want := range map[string]string{
+		"RateLimit-Policy": `"login";q=5;w=10`,
+		"RateLimit":        `"login";r=0;t=3600`, // the longest reset (Combine)
+		"Retry-After":      "2",
+	} {
+		if got := r.header.Get(h); got != want {
+			t.Errorf("%s = %q, want %q", h, got, want)
+		}
+	}
+	h.mu.Lock()
+	got := h.last[0]
+	h.mu.Unlock()
+	want := bucket.Request{Name: "login", Key: "a", Hits: 6,
+		Limit: bucket.Limit{Limit: 100, WindowMS: 60_000, SubWindows: 6, CountRefused: true},
+		More: []bucket.Limit{
+			{Limit: 1000, WindowMS: 3_600_000, Mode: bucket.ModeSoft, SoftPercent: 10},
+			{Limit: 5, WindowMS: 10_000, Algorithm: bucket.GCRA, Burst: 2},
+		}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("JSON request arrived as\n%+v\nwant\n%+v", got, want)
+	}
+
+	// Limits alone, and a daily calendar quota: w is the day.
+	r = do(t, "POST", url, `{"requests":[{"name":"q","key":"a","hits":6,`+
+		`"limits":[{"limit":5,"window_ms":1,"algorithm":"ALGORITHM_FIXED_WINDOW","calendar":"CALENDAR_DAY"},{"limit":50,"window_ms":1000}]}]}`)
+	if got := r.header.Get("RateLimit-Policy"); r.code != http.StatusTooManyRequests || got != `"q";q=5;w=86400` {
+		t.Errorf("calendar day: %d, RateLimit-Policy %q: %s", r.code, got, r.body)
+	}
+	// A monthly quota has no fixed window: no w.
+	r = do(t, "POST", url, `{"requests":[{"name":"q","key":"a","hits":6,`+
+		`"limits":[{"limit":5,"window_ms":1,"algorithm":"ALGORITHM_FIXED_WINDOW","calendar":"CALENDAR_MONTH"}]}]}`)
+	if got := r.header.Get("RateLimit-Policy"); r.code != http.StatusTooManyRequests || got != `"q";q=5` {
+		t.Errorf("calendar month: %d, RateLimit-Policy %q: %s", r.code, got, r.body)
+	}
+	// Ambiguous inline fields beside limits: the item's own error.
+	r = do(t, "POST", url, `{"requests":[{"name":"q","key":"a","hits":1,"window_ms":1000,"limits":[{"limit":5,"window_ms":1000}]}]}`)
+	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte("the inline limit is 0 but its other fields are set")) {
+		t.Errorf("ambiguous request: %d %s", r.code, r.body)
+	}
+}
+
+func TestPolicyWindow(t *testing.T) {
+	t.Parallel()
+	lim := func(l, w int64, c sluicev1.Calendar) *sluicev1.Limit {
+		return &sluicev1.Limit{Limit: l, WindowMs: w, Calendar: c}
+	}
+	for _, tc := range []struct {
+		name  string
+		req   *sluicev1.RateLimitRequest
+		limit int64
+		want  int64
+	}{
+		{"one limit", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 1500}, 10, 2},
+		{"one limit, answer's limit differs", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 1500}, 11, 2},
+		{"rules", &sluicev1.RateLimitRequest{}, 10, 0},
+		{"calendar week", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 1, Calendar: sluicev1.Calendar_CALENDAR_WEEK}, 10, 7 * 86400},
+		{"calendar month", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 1, Calendar: sluicev1.Calendar_CALENDAR_MONTH}, 10, 0},
+		{"inline matches", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 60_000, Limits: []*sluicev1.Limit{lim(20, 1000, 0)}}, 10, 60},
+		{"limits matches", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 60_000, Limits: []*sluicev1.Limit{lim(20, 1000, 0)}}, 20, 1},
+		{"none matches", &sluicev1.RateLimitRequest{Limit: 10, WindowMs: 60_000, Limits: []*sluicev1.Limit{lim(20, 1000, 0)}}, 30, 0},
+		{"two match, same window", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{lim(20, 1000, 0), lim(20, 1000, 0)}}, 20, 1},
+		{"two match, windows differ", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{lim(20, 1000, 0), lim(20, 5000, 0)}}, 20, 0},
+		{"limits alone, zero limit not the inline one", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{lim(0, 3000, 0)}}, 0, 3},
+		{"nil entry", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{nil, lim(5, 2000, 0)}}, 5, 2},
+	} {
+		if got := policyWindow(tc.req, tc.limit); got != tc.want {
+			t.Errorf("%s: policyWindow = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestPolicyName(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
@@ -247,6 +333,8 @@ func FuzzCheckJSON(f *testing.F) {
 		`{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000}]}`,
 		`{"requests":[{"name":"api","key":"a","hits":11,"limit":10,"windowMs":60000,"algorithm":"ALGORITHM_GCRA"}]}`,
 		`{"requests":[{"algorithm":300,"limit":-1,"burst":"9223372036854775807"}]}`,
+		`{"requests":[{"name":"api","key":"a","hits":6,"limit":10,"window_ms":1000,"mode":"MODE_SOFT","soft_percent":10,"limits":[{"limit":5,"window_ms":1000,"calendar":"CALENDAR_DAY","algorithm":"ALGORITHM_FIXED_WINDOW"},{"limit":5,"windowMs":2000}]}]}`,
+		`{"requests":[{"name":"api","key":"a","hits":1,"mode":-7,"calendar":99,"limits":[null,{},{"mode":"MODE_ELASTIC","elastic_ceiling":"9","elasticLoadPercent":50,"shaping":true,"count_refused":true,"sub_windows":1001}]}]}`,
 		`{}`, `[]`, `null`, `{"requests":[null]}`, `{"requests":[{"name":"\u0000"}]}`, "\xff",
 	} {
 		f.Add([]byte(seed))

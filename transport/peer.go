@@ -310,7 +310,7 @@ func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, dl ti
 // putCall recycles c; only calls no batch can still touch come here.
 func (pc *PeerClient) putCall(c *call) {
 	for i := range c.items {
-		c.items[i].Name, c.items[i].Key = "", ""
+		c.items[i].Name, c.items[i].Key, c.items[i].Limits = "", "", nil
 	}
 	clear(c.ptrs)
 	c.out = nil

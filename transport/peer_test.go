@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
@@ -352,6 +353,42 @@ func TestPeerClientCloseFailsInFlight(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("forward still waiting after Close")
+		}
+	}
+}
+
+// A forwarded request keeps its further limits (More) and every option of
+// its limits, and the answer is the combined one.
+func TestForwardKeepsMore(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	defer pc.Close()
+	full := fullRequest()
+	alone := bucket.Request{Name: "api", Key: "alone", Hits: 6, More: []bucket.Limit{{Limit: 100, WindowMS: 1000}, {Algorithm: bucket.GCRA, Limit: 5, WindowMS: 60_000}}}
+	rs := []bucket.Request{full, req("plain", 1), alone}
+	out := make([]bucket.Outcome, len(rs))
+	for range 2 { // the second time on recycled messages
+		if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		got := append([]bucket.Request(nil), h.lastFwd...)
+		h.mu.Unlock()
+		if !reflect.DeepEqual(got, rs) {
+			t.Fatalf("forwarded\n%+v\narrived as\n%+v", rs, got)
+		}
+		if err := checkOwn("a", rs, out); err != nil {
+			t.Fatal(err)
+		}
+		// full: 3 hits against limits of 1000, 5, 20, 10000: 2 remaining of 5.
+		if o := out[0]; !o.Allowed() || o.Limit != 5 || o.Remaining != 2 {
+			t.Errorf("full request answered %+v, want allowed, 2 of 5 remaining", o)
+		}
+		// alone: 6 hits, the second limit (5) refuses.
+		if o := out[2]; o.Status != bucket.OverLimit || o.Limit != 5 {
+			t.Errorf("limits-alone request answered %+v, want over the limit of 5", o)
 		}
 	}
 }

@@ -120,7 +120,7 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 	}
 	keys := make([]bucket.Counter, len(ks))
 	for i, k := range ks {
-		if err := bucket.ValidateKey(k.GetName(), k.GetKey()); err != nil {
+		if err := bucket.ValidateCounterKey(k.GetName(), k.GetKey()); err != nil {
 			g.s.log.Warn("refused pull", "from", from, "index", i, "reason", err)
 			return nil, status.Errorf(codes.InvalidArgument, "key %d: %v", i, err)
 		}

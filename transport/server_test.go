@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -347,5 +348,32 @@ func TestDecideAllocs(t *testing.T) {
 	// handler's owner strings (100) and its record of sizes (amortised).
 	if allocs > 3+100+1 {
 		t.Fatalf("decide of 100 items: %.0f allocations", allocs)
+	}
+}
+
+// Check carries every option and the further limits to the Handler.
+func TestCheckCarriesMore(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	bad := fullRequest()
+	bad.More = append(bad.More, bucket.Limit{Limit: 5}) // no window
+	rs := []bucket.Request{fullRequest(), bad}
+	resp, err := c.Check(testCtx(t), protoReqs(rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	got := append([]bucket.Request(nil), h.last...)
+	h.mu.Unlock()
+	if !reflect.DeepEqual(got, rs) {
+		t.Fatalf("sent\n%+v\narrived as\n%+v", rs, got)
+	}
+	if r := resp.Responses[0]; r.Status != sluicev1.Status_STATUS_UNDER_LIMIT || r.Limit != 5 || r.Remaining != 2 {
+		t.Errorf("valid item answered %v", r)
+	}
+	if r := resp.Responses[1]; r.Status != sluicev1.Status_STATUS_UNSPECIFIED || r.Error != "limits[3]: window is 0 ms, must be at least 1 ms" {
+		t.Errorf("invalid item answered %v", r)
 	}
 }

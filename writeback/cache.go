@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,6 +272,12 @@ func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
 // (without holding the shard lock) or starts fresh. The error is ErrClosed
 // or a store read failure. A hit allocates nothing.
 func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (bucket.Decision, error) {
+	return c.DecideLoad(hash, k, lim, hits, now, 1)
+}
+
+// DecideLoad is Decide with the node's load in [0, 1] for elastic limits
+// (bucket.DecideLoad).
+func (c *Cache) DecideLoad(hash uint64, k Key, lim bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
 	s := c.shardFor(hash)
 	e, err := c.find(s, k, now, true)
 	if err == nil && len(s.moved) > 0 && s.isMoved(k, now) {
@@ -281,7 +288,7 @@ func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (b
 		return bucket.Decision{}, err
 	}
 	before := e.state
-	d := bucket.Decide(&e.state, lim, hits, now)
+	d := bucket.DecideLoad(&e.state, lim, hits, now, load)
 	if e.state != before {
 		s.changed(k, e, now)
 		if c.cfg.OnChange != nil {
@@ -290,6 +297,83 @@ func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (b
 	}
 	s.mu.Unlock()
 	return d, nil
+}
+
+// SubKey is the key under which the cache keeps the state of limit i of a
+// multi-limit check on k: the name gains a NUL (names never contain one)
+// and the limit's index, so it cannot collide with a single-limit key.
+func SubKey(k Key, i int) Key {
+	return Key{Name: k.Name + "\x00" + strconv.Itoa(i), Key: k.Key}
+}
+
+// BaseKey returns the key a SubKey was made from (k itself otherwise).
+func BaseKey(k Key) Key {
+	if i := strings.IndexByte(k.Name, 0); i >= 0 {
+		k.Name = k.Name[:i]
+	}
+	return k
+}
+
+// DecideAll applies hits to the limits lims of k atomically: every limit
+// admits and all consume, or none does (bucket.DecideAllLoad). Limit i's
+// state is kept under SubKey(k, i), in the same shard, so one lock covers
+// them all. It returns the combined decision (bucket.Combine). ErrMoved when
+// any of the keys is released.
+func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
+	s := c.shardFor(hash)
+	keys := make([]Key, len(lims))
+	for i := range lims {
+		keys[i] = SubKey(k, i)
+	}
+	es := make([]*entry, len(lims))
+	for attempt := 0; ; attempt++ {
+		// Load every state (each find may drop the lock for a store read),
+		// then check under one hold of the lock that all are still there.
+		for i := range keys {
+			e, err := c.find(s, keys[i], now, true)
+			s.mu.Unlock()
+			if err != nil {
+				return bucket.Decision{}, err
+			}
+			es[i] = e
+		}
+		s.mu.Lock()
+		same := true
+		for i := range keys {
+			same = same && s.lookup(keys[i], now) == es[i]
+		}
+		if same {
+			break
+		}
+		s.mu.Unlock()
+		if attempt == 10 {
+			return bucket.Decision{}, fmt.Errorf("writeback: %d limits of one key do not fit in the cache at once", len(lims))
+		}
+	}
+	defer s.mu.Unlock()
+	if len(s.moved) > 0 {
+		for i := range keys {
+			if s.isMoved(keys[i], now) {
+				return bucket.Decision{}, ErrMoved
+			}
+		}
+	}
+	states := make([]*bucket.State, len(es))
+	before := make([]bucket.State, len(es))
+	for i, e := range es {
+		states[i], before[i] = &e.state, e.state
+	}
+	out := make([]bucket.Decision, len(lims))
+	bucket.DecideAllLoad(states, lims, hits, now, load, out)
+	for i, e := range es {
+		if e.state != before[i] {
+			s.changed(keys[i], e, now)
+			if c.cfg.OnChange != nil {
+				c.cfg.OnChange(hash, keys[i])
+			}
+		}
+	}
+	return bucket.Combine(out), nil
 }
 
 // isMoved reports whether k is released at now, forgetting an expired

@@ -153,3 +153,35 @@ func mustState(t *testing.T, c *Cache, k Key) bucket.State {
 	}
 	return rec.State
 }
+
+func TestDecideAllIsAtomic(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{})
+	k := Key{Name: "login", Key: "u1"}
+	h := hashKey(k)
+	lims := []bucket.Limit{
+		{Limit: 5, WindowMS: 60_000},
+		{Limit: 3, WindowMS: 1_000},
+	}
+	for i := range 3 {
+		d, err := c.DecideAll(h, k, lims, 1, base, 1)
+		if err != nil || !d.Allowed() {
+			t.Fatalf("check %d: %+v %v", i, d, err)
+		}
+	}
+	// The per-second limit refuses: neither limit consumes.
+	d, err := c.DecideAll(h, k, lims, 1, base, 1)
+	if err != nil || d.Allowed() || d.Limit != 3 || d.Remaining != 0 {
+		t.Fatalf("fourth check: %+v %v", d, err)
+	}
+	rec, ok, _ := c.Get(h, SubKey(k, 0), base)
+	if !ok || rec.State.Count != 3 {
+		t.Fatalf("the per-minute limit consumed a refused hit: %+v", rec)
+	}
+	if BaseKey(SubKey(k, 1)) != k {
+		t.Fatal("BaseKey does not undo SubKey")
+	}
+	if err := bucket.ValidateCounterKey(SubKey(k, 1).Name, k.Key); err != nil {
+		t.Fatalf("a sub-key does not pass counter validation: %v", err)
+	}
+}

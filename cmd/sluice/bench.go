@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -50,12 +51,17 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	name := fs.String("name", "bench", "limit name of every check")
 	limit := fs.Int64("limit", 1<<40, "limit of every key (the default admits everything)")
 	window := fs.Duration("window", time.Minute, "window of every key")
+	algorithm := fs.String("algorithm", "sliding_window", "algorithm of every key: sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra")
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (the run also stops after --calls)")
 	maxCalls := fs.Int64("calls", 0, "stop after this many calls (0: only --duration)")
 	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	alg, err := bucket.ParseAlgorithm(*algorithm)
+	if err != nil {
+		return fmt.Errorf("--algorithm: %w", err)
 	}
 	switch {
 	case *conc < 1 || *conc > 10_000:
@@ -68,6 +74,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--duration %v: want a positive duration up to 24h", *duration)
 	case *window < time.Millisecond:
 		return fmt.Errorf("--window %v: want at least 1ms", *window)
+	case alg == bucket.SlidingLog && *limit > bucket.MaxLogLimit:
+		return fmt.Errorf("--algorithm sliding_log keeps one timestamp per hit: give a --limit of at most %d", bucket.MaxLogLimit)
 	}
 	var clients []*transport.Client
 	defer func() {
@@ -107,7 +115,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			req := &sluicev1.CheckRequest{Requests: make([]*sluicev1.RateLimitRequest, *batch)}
 			for i := range req.Requests {
-				req.Requests[i] = &sluicev1.RateLimitRequest{Name: *name, Hits: 1, Limit: *limit, WindowMs: window.Milliseconds()}
+				req.Requests[i] = &sluicev1.RateLimitRequest{Name: *name, Hits: 1, Limit: *limit, WindowMs: window.Milliseconds(), Algorithm: sluicev1.Algorithm(alg)}
 			}
 			for runCtx.Err() == nil {
 				if budget > 0 && issued.Add(1) > budget {

@@ -6,6 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -32,11 +35,24 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
 	name := fs.String("name", "", "the limit's namespace, e.g. api.create_url")
 	key := fs.String("key", "", "the entity, e.g. user:42")
-	limit := fs.Int64("limit", 0, "hits allowed per window (0: the rule for --name)")
-	window := fs.Duration("window", 0, "window length, e.g. 1m or 24h")
+	limit := fs.Int64("limit", 0, "hits allowed per window (0: the rule for --name, or only the --also limits)")
+	window := fs.Duration("window", 0, "window length, e.g. 1m or 24h (may be omitted with --calendar)")
 	hits := fs.Int64("hits", 1, "cost of this request; 0 peeks")
 	burst := fs.Int64("burst", 0, "bucket capacity for token/leaky bucket and gcra (0: limit)")
-	algorithm := fs.String("algorithm", "sliding_window", "sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra")
+	algorithm := fs.String("algorithm", "sliding_window", "sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra (fixed_window by default with --calendar)")
+	subWindows := fs.Int64("sub-windows", 0, "sliding_window only: count the window in N sub-windows (2..1000)")
+	shaping := fs.Bool("shaping", false, "leaky_bucket only: admit with a delay (retry_after_ms) while the queue has room")
+	mode := fs.String("mode", "hard", "hard|soft|elastic")
+	softPercent := fs.Int64("soft-percent", 0, "mode soft: admit up to P percent over the limit (1..1000)")
+	elasticCeiling := fs.Int64("elastic-ceiling", 0, "mode elastic: the limit while the node's load is below --elastic-load-percent")
+	elasticLoad := fs.Int64("elastic-load-percent", 0, "mode elastic: load, in percent of the node's CPU capacity (1..100)")
+	countRefused := fs.Bool("count-refused", false, "refused hits consume too")
+	calendar := fs.String("calendar", "", "day|week|month: fixed_window windows on UTC calendar edges")
+	var specs []string
+	fs.Func("also", "another limit on the same key, decided atomically with the others, e.g. \"limit=10,window=1m[,algorithm=gcra,burst=5]\"; keys: "+strings.Join(specKeys, ", ")+" (repeatable)", func(spec string) error {
+		specs = append(specs, spec)
+		return nil
+	})
 	asJSON := fs.Bool("json", false, "print the response as protobuf JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
 	if err := fs.Parse(args); err != nil {
@@ -52,17 +68,55 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return fail("unexpected argument %q", fs.Arg(0))
 	}
+	var more []bucket.Limit
+	for _, spec := range specs {
+		l, err := parseLimitSpec(spec)
+		if err != nil {
+			return fail("--also %q: %v", spec, err)
+		}
+		more = append(more, l)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	alg, err := bucket.ParseAlgorithm(*algorithm)
 	if err != nil {
 		return fail("--algorithm: %v", err)
 	}
+	m, err := bucket.ParseMode(*mode)
+	if err != nil {
+		return fail("--mode: %v", err)
+	}
+	cal, err := bucket.ParseCalendar(*calendar)
+	if err != nil {
+		return fail("--calendar: %v", err)
+	}
 	if *window < 0 || *window%time.Millisecond != 0 {
 		return fail("--window %v: must be a positive whole number of milliseconds", *window)
 	}
-	req := &sluicev1.RateLimitRequest{
-		Name: *name, Key: *key, Hits: *hits, Limit: *limit,
-		WindowMs: window.Milliseconds(), Algorithm: sluicev1.Algorithm(alg), Burst: *burst,
+	if cal != bucket.CalendarNone {
+		if !set["algorithm"] {
+			alg = bucket.FixedWindow
+		}
+		if *window == 0 {
+			*window = calendarWindow(cal)
+		}
 	}
+	inline := bucket.Limit{
+		Algorithm: alg, Limit: *limit, WindowMS: window.Milliseconds(), Burst: *burst,
+		SubWindows: *subWindows, Shaping: *shaping, Mode: m, SoftPercent: *softPercent,
+		ElasticCeiling: *elasticCeiling, ElasticLoadPercent: *elasticLoad,
+		CountRefused: *countRefused, Calendar: cal,
+	}
+	if *limit == 0 && len(more) > 0 {
+		// Only the --also limits: the inline limit must be all unset.
+		for _, f := range inlineFlags {
+			if set[f] {
+				return fail("--%s applies to the inline limit, which --also without --limit leaves out: put it in the --also spec, or give --limit", f)
+			}
+		}
+		inline = bucket.Limit{}
+	}
+	req := transport.RequestToProto(bucket.Request{Name: *name, Key: *key, Hits: *hits, Limit: inline, More: more})
 	c, err := transport.Dial(*addr)
 	if err != nil {
 		return fail("%s: %v", *addr, err)
@@ -108,3 +162,130 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+
+// inlineFlags are the flags of the inline limit other than --limit.
+var inlineFlags = []string{"window", "burst", "algorithm", "sub-windows", "shaping", "mode", "soft-percent",
+	"elastic-ceiling", "elastic-load-percent", "count-refused", "calendar"}
+
+// specKeys are the keys of an --also spec.
+var specKeys = []string{"limit", "window", "algorithm", "burst", "sub_windows", "shaping", "mode", "soft_percent",
+	"elastic_ceiling", "elastic_load_percent", "count_refused", "calendar"}
+
+// calendarWindow is the window sent with a calendar limit whose window was
+// omitted: the calendar's nominal length (the server uses the calendar's
+// edges; the window only has to be valid).
+func calendarWindow(c bucket.Calendar) time.Duration {
+	switch c {
+	case bucket.CalendarWeek:
+		return 7 * 24 * time.Hour
+	case bucket.CalendarMonth:
+		return 31 * 24 * time.Hour
+	}
+	return 24 * time.Hour
+}
+
+// parseLimitSpec parses an --also spec: comma-separated key=value pairs, the
+// keys of specKeys ("-" may stand for "_"), each at most once. limit is
+// required; window (a Go duration, e.g. 1m) too unless calendar is given;
+// shaping and count_refused may stand alone for "=true". Like the inline
+// flags, algorithm defaults to sliding_window, or fixed_window with a
+// calendar. The limit is checked with bucket.Limit.Validate.
+func parseLimitSpec(spec string) (bucket.Limit, error) {
+	l := bucket.Limit{Algorithm: bucket.SlidingWindow}
+	seen := map[string]bool{}
+	var window time.Duration
+	for part := range strings.SplitSeq(spec, ",") {
+		part = strings.TrimSpace(part)
+		k, v, hasValue := strings.Cut(part, "=")
+		k = strings.ReplaceAll(strings.TrimSpace(k), "-", "_")
+		v = strings.TrimSpace(v)
+		if k == "" {
+			return l, fmt.Errorf("empty item in %q: want key=value pairs separated by commas", spec)
+		}
+		if seen[k] {
+			return l, fmt.Errorf("%s given twice", k)
+		}
+		seen[k] = true
+		if !hasValue && k != "shaping" && k != "count_refused" {
+			if slices.Contains(specKeys, k) {
+				return l, fmt.Errorf("%s needs a value (%s=...)", k, k)
+			}
+			return l, fmt.Errorf("unknown key %q (want %s)", k, strings.Join(specKeys, ", "))
+		}
+		var err error
+		switch k {
+		case "limit":
+			l.Limit, err = parseSpecInt(v)
+		case "window":
+			window, err = time.ParseDuration(v)
+			if err == nil && (window <= 0 || window%time.Millisecond != 0) {
+				err = errors.New("must be a positive whole number of milliseconds, e.g. 500ms, 1m, 24h")
+			}
+		case "algorithm":
+			l.Algorithm, err = bucket.ParseAlgorithm(v)
+		case "burst":
+			l.Burst, err = parseSpecInt(v)
+		case "sub_windows":
+			l.SubWindows, err = parseSpecInt(v)
+		case "shaping":
+			l.Shaping, err = parseSpecBool(v, hasValue)
+		case "mode":
+			l.Mode, err = bucket.ParseMode(v)
+		case "soft_percent":
+			l.SoftPercent, err = parseSpecInt(v)
+		case "elastic_ceiling":
+			l.ElasticCeiling, err = parseSpecInt(v)
+		case "elastic_load_percent":
+			l.ElasticLoadPercent, err = parseSpecInt(v)
+		case "count_refused":
+			l.CountRefused, err = parseSpecBool(v, hasValue)
+		case "calendar":
+			l.Calendar, err = bucket.ParseCalendar(v)
+		default:
+			return l, fmt.Errorf("unknown key %q (want %s)", k, strings.Join(specKeys, ", "))
+		}
+		if err != nil {
+			return l, fmt.Errorf("%s=%q: %v", k, v, err)
+		}
+	}
+	if !seen["limit"] {
+		return l, errors.New("limit is missing (e.g. limit=10,window=1m)")
+	}
+	if l.Calendar != bucket.CalendarNone {
+		if !seen["algorithm"] {
+			l.Algorithm = bucket.FixedWindow
+		}
+		if !seen["window"] {
+			window = calendarWindow(l.Calendar)
+		}
+	} else if !seen["window"] {
+		return l, errors.New("window is missing (e.g. window=1m), or give a calendar")
+	}
+	l.WindowMS = window.Milliseconds()
+	if err := l.Validate(); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+func parseSpecInt(v string) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return 0, errors.New("out of range")
+	case err != nil:
+		return 0, errors.New("want a whole number")
+	}
+	return n, nil
+}
+
+func parseSpecBool(v string, hasValue bool) (bool, error) {
+	if !hasValue {
+		return true, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errors.New("want true or false")
+	}
+	return b, nil
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -25,6 +26,8 @@ import (
 type serveFlags struct {
 	nodeName, grpcAddr, httpAddr, gossipAddr, advertiseAddr string
 	join, dataDir, onOwnerUnavailable, logLevel, logFormat  string
+	rulesPath                                               string
+	rulesInterval                                           time.Duration
 	cacheSize, replicas                                     int
 	flushInterval, forwardTimeout, shutdownTimeout          time.Duration
 	replicationInterval, moveWindow                         time.Duration
@@ -39,6 +42,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.advertiseAddr, "advertise-addr", "", "host other nodes use to reach this one (default: the listen host, or this machine's first private address)")
 	fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses (host:port) of nodes to join")
 	fs.StringVar(&f.dataDir, "data-dir", "./sluice-data", "directory of the durable counter store")
+	fs.StringVar(&f.rulesPath, "rules", "", "rules file or directory (YAML, docs/rules.md); watched and reloaded on change")
+	fs.DurationVar(&f.rulesInterval, "rules-interval", time.Second, "how often the rules files are checked for changes")
 	fs.IntVar(&f.cacheSize, "cache-size", 1_000_000, "live counters kept in memory")
 	fs.DurationVar(&f.flushInterval, "flush-interval", time.Second, "how often changed counters are written to disk")
 	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
@@ -105,6 +110,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if f.rulesPath != "" {
+		w, err := rules.NewWatcher(f.rulesPath, lg, f.rulesInterval)
+		if err != nil {
+			return fmt.Errorf("--rules: %w", err)
+		}
+		w.Start(ctx)
+		defer w.Close()
+		cfg.Rules = w
+		lg.Info("rules loaded", "path", f.rulesPath, "rules", w.Len(), "hash", w.Hash())
+	}
 
 	grpcLn, err := net.Listen("tcp", f.grpcAddr)
 	if err != nil {
@@ -127,7 +142,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		HTTPAddr:     f.httpAddr,
 		Handler:      node,
 		Peer:         node,
-		Status:       statusSource{node},
+		Status:       statusSource{node: node, rules: watcher(cfg.Rules)},
 		Logger:       lg,
 	})
 	if err != nil {
@@ -159,6 +174,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	lg.Info("stopped")
 	return nil
+}
+
+func watcher(r cluster.Rules) *rules.Watcher {
+	w, _ := r.(*rules.Watcher)
+	return w
 }
 
 // markReady reports ready once the node has joined.
@@ -272,7 +292,10 @@ func privateIP() (string, error) {
 }
 
 // statusSource answers Admin.Status from the node.
-type statusSource struct{ node *cluster.Node }
+type statusSource struct {
+	node  *cluster.Node
+	rules *rules.Watcher // nil without --rules
+}
 
 func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) {
 	st := s.node.Status()
@@ -286,14 +309,18 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		Unflushed:         int64(st.Unflushed),
 		Failovers:         int64(st.Failovers),
 		Rejoins:           int64(st.Rejoins),
+		RulesHash:         st.RulesHash,
+	}
+	if s.rules != nil {
+		resp.Rules = int64(s.rules.Len())
 	}
 	for _, m := range st.Members {
-		keys := int64(-1)
+		keys, hash := int64(-1), ""
 		if m.Name == st.Node {
-			keys = int64(st.Keys)
+			keys, hash = int64(st.Keys), st.RulesHash
 		}
 		resp.Members = append(resp.Members, &sluicev1.Member{
-			Name: m.Name, GrpcAddr: m.GRPCAddr, State: m.State, Share: m.Share, Keys: keys,
+			Name: m.Name, GrpcAddr: m.GRPCAddr, State: m.State, Share: m.Share, Keys: keys, RulesHash: hash,
 		})
 	}
 	return resp, nil

@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -34,6 +36,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
+	fillFromMembers(ctx, st, *timeout)
 	if *asJSON {
 		b, err := jsonOut.Marshal(st)
 		if err != nil {
@@ -45,13 +48,53 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "node %s: %d keys in cache, %.0f checks/s, %d partitions, %d copies of each key\n\n",
 		st.Node, st.Keys, st.ChecksPerSecond, st.Partitions, st.ReplicationFactor)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS")
+	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tRULES")
+	hashes := map[string]bool{}
 	for _, m := range st.Members {
 		keys := "-"
 		if m.Keys >= 0 {
 			keys = fmt.Sprint(m.Keys)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys)
+		hash := m.RulesHash
+		if m.State == "alive" && m.Keys >= 0 {
+			hashes[hash] = true
+		}
+		if hash == "" {
+			hash = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, hash)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(hashes) > 1 {
+		fmt.Fprintln(stdout, "\nwarning: the members run different rules (RULES column)")
+	}
+	return nil
+}
+
+// fillFromMembers asks every alive member for its own key count and rules
+// hash, which only it knows; members that do not answer keep -1 and "".
+func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout time.Duration) {
+	var wg sync.WaitGroup
+	for _, m := range st.Members {
+		if m.State != "alive" || m.Keys >= 0 || m.GrpcAddr == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := transport.Dial(m.GrpcAddr)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			cctx, cancel := context.WithTimeout(ctx, min(timeout, 2*time.Second))
+			defer cancel()
+			if own, err := c.Status(cctx); err == nil {
+				m.Keys, m.RulesHash = own.Keys, own.RulesHash
+			}
+		}()
+	}
+	wg.Wait()
 }

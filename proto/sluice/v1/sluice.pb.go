@@ -135,6 +135,109 @@ func (Status) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
 }
 
+// Mode is how hard a limit is (docs/algorithms.md, "Throttling modes").
+type Mode int32
+
+const (
+	Mode_MODE_HARD    Mode = 0 // refuse every hit over the limit
+	Mode_MODE_SOFT    Mode = 1 // admit up to soft_percent over the limit
+	Mode_MODE_ELASTIC Mode = 2 // admit up to elastic_ceiling while the node's load is below elastic_load_percent
+)
+
+// Enum value maps for Mode.
+var (
+	Mode_name = map[int32]string{
+		0: "MODE_HARD",
+		1: "MODE_SOFT",
+		2: "MODE_ELASTIC",
+	}
+	Mode_value = map[string]int32{
+		"MODE_HARD":    0,
+		"MODE_SOFT":    1,
+		"MODE_ELASTIC": 2,
+	}
+)
+
+func (x Mode) Enum() *Mode {
+	p := new(Mode)
+	*p = x
+	return p
+}
+
+func (x Mode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Mode) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
+}
+
+func (Mode) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[2]
+}
+
+func (x Mode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Mode.Descriptor instead.
+func (Mode) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+}
+
+// Calendar selects UTC calendar windows for ALGORITHM_FIXED_WINDOW.
+type Calendar int32
+
+const (
+	Calendar_CALENDAR_NONE  Calendar = 0 // windows of window_ms aligned to the Unix epoch
+	Calendar_CALENDAR_DAY   Calendar = 1 // from 00:00 UTC
+	Calendar_CALENDAR_WEEK  Calendar = 2 // from Monday 00:00 UTC
+	Calendar_CALENDAR_MONTH Calendar = 3 // from the 1st, 00:00 UTC (28-31 days)
+)
+
+// Enum value maps for Calendar.
+var (
+	Calendar_name = map[int32]string{
+		0: "CALENDAR_NONE",
+		1: "CALENDAR_DAY",
+		2: "CALENDAR_WEEK",
+		3: "CALENDAR_MONTH",
+	}
+	Calendar_value = map[string]int32{
+		"CALENDAR_NONE":  0,
+		"CALENDAR_DAY":   1,
+		"CALENDAR_WEEK":  2,
+		"CALENDAR_MONTH": 3,
+	}
+)
+
+func (x Calendar) Enum() *Calendar {
+	p := new(Calendar)
+	*p = x
+	return p
+}
+
+func (x Calendar) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Calendar) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[3].Descriptor()
+}
+
+func (Calendar) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[3]
+}
+
+func (x Calendar) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Calendar.Descriptor instead.
+func (Calendar) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+}
+
 type ReplicateRequest_Kind int32
 
 const (
@@ -165,11 +268,11 @@ func (x ReplicateRequest_Kind) String() string {
 }
 
 func (ReplicateRequest_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
 }
 
 func (ReplicateRequest_Kind) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[2]
+	return &file_sluice_v1_sluice_proto_enumTypes[4]
 }
 
 func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
@@ -178,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type CheckRequest struct {
@@ -226,14 +329,38 @@ func (x *CheckRequest) GetRequests() []*RateLimitRequest {
 }
 
 type RateLimitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`    // the limit's namespace, e.g. "api.create_url"
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`      // the entity, e.g. "user:42"
-	Hits          int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`   // cost of this request; 0 peeks without consuming
-	Limit         int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"` // 0: take limit and window from the rules file for name
-	WindowMs      int64                  `protobuf:"varint,5,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	Algorithm     Algorithm              `protobuf:"varint,6,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"` // ALGORITHM_UNSPECIFIED means ALGORITHM_SLIDING_WINDOW
-	Burst         int64                  `protobuf:"varint,7,opt,name=burst,proto3" json:"burst,omitempty"`                                  // token/leaky bucket and GCRA capacity; 0 means limit
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`    // the limit's namespace, e.g. "api.create_url"
+	Key       string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`      // the entity, e.g. "user:42"
+	Hits      int64                  `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`   // cost of this request; 0 peeks without consuming
+	Limit     int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"` // 0: take limit and window from the rules file for name
+	WindowMs  int64                  `protobuf:"varint,5,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Algorithm Algorithm              `protobuf:"varint,6,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"` // ALGORITHM_UNSPECIFIED means ALGORITHM_SLIDING_WINDOW
+	Burst     int64                  `protobuf:"varint,7,opt,name=burst,proto3" json:"burst,omitempty"`                                  // token/leaky bucket and GCRA capacity; 0 means limit
+	// The optional fields of the inline limit (limit, window_ms, algorithm,
+	// burst above); their meaning is that of the same fields of Limit below.
+	// Their zero values give the plain behaviour. See docs/algorithms.md.
+	SubWindows         int64    `protobuf:"varint,8,opt,name=sub_windows,json=subWindows,proto3" json:"sub_windows,omitempty"`
+	Shaping            bool     `protobuf:"varint,9,opt,name=shaping,proto3" json:"shaping,omitempty"`
+	Mode               Mode     `protobuf:"varint,10,opt,name=mode,proto3,enum=sluice.v1.Mode" json:"mode,omitempty"`
+	SoftPercent        int64    `protobuf:"varint,11,opt,name=soft_percent,json=softPercent,proto3" json:"soft_percent,omitempty"`
+	ElasticCeiling     int64    `protobuf:"varint,12,opt,name=elastic_ceiling,json=elasticCeiling,proto3" json:"elastic_ceiling,omitempty"`
+	ElasticLoadPercent int64    `protobuf:"varint,13,opt,name=elastic_load_percent,json=elasticLoadPercent,proto3" json:"elastic_load_percent,omitempty"`
+	CountRefused       bool     `protobuf:"varint,14,opt,name=count_refused,json=countRefused,proto3" json:"count_refused,omitempty"`
+	Calendar           Calendar `protobuf:"varint,15,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
+	// More limits on the same (name, key), decided atomically with the inline
+	// one: every limit admits and all consume, or none does. The answer is the
+	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
+	// once"): OVER_LIMIT if any limit refuses, limit and remaining of the limit
+	// with the least remaining, the longest reset_after_ms and retry_after_ms.
+	// All limits count the same hits.
+	//
+	// A request whose inline limit is 0 and whose limits is non-empty uses only
+	// limits (no rule is looked up); its other inline limit fields must then be
+	// unset (0, false, UNSPECIFIED), else the item is refused as ambiguous. At
+	// most 16 limits per request, the inline one included; each is checked as
+	// the inline one is, and an error names its index ("limits[2]: ...").
+	Limits        []*Limit `protobuf:"bytes,16,rep,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -317,6 +444,225 @@ func (x *RateLimitRequest) GetBurst() int64 {
 	return 0
 }
 
+func (x *RateLimitRequest) GetSubWindows() int64 {
+	if x != nil {
+		return x.SubWindows
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetShaping() bool {
+	if x != nil {
+		return x.Shaping
+	}
+	return false
+}
+
+func (x *RateLimitRequest) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_HARD
+}
+
+func (x *RateLimitRequest) GetSoftPercent() int64 {
+	if x != nil {
+		return x.SoftPercent
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetElasticCeiling() int64 {
+	if x != nil {
+		return x.ElasticCeiling
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetElasticLoadPercent() int64 {
+	if x != nil {
+		return x.ElasticLoadPercent
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetCountRefused() bool {
+	if x != nil {
+		return x.CountRefused
+	}
+	return false
+}
+
+func (x *RateLimitRequest) GetCalendar() Calendar {
+	if x != nil {
+		return x.Calendar
+	}
+	return Calendar_CALENDAR_NONE
+}
+
+func (x *RateLimitRequest) GetLimits() []*Limit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// Limit is one limit: at most limit hits per window_ms milliseconds, counted
+// by algorithm. Every field after burst is optional: its zero value gives the
+// plain behaviour (one sliding-window counter, hard limit, refused hits
+// consume nothing, windows aligned to the epoch). docs/algorithms.md gives
+// each algorithm's and option's exact semantics and bounds.
+type Limit struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Limit     int64                  `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`                                  // hits allowed per window, 0..2^40 (0 refuses everything)
+	WindowMs  int64                  `protobuf:"varint,2,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`            // window length in milliseconds, 1 ms .. 366 days
+	Algorithm Algorithm              `protobuf:"varint,3,opt,name=algorithm,proto3,enum=sluice.v1.Algorithm" json:"algorithm,omitempty"` // ALGORITHM_UNSPECIFIED means ALGORITHM_SLIDING_WINDOW
+	Burst     int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`                                  // token/leaky bucket and GCRA capacity in hits, 0..2^40; 0 means limit
+	// Sliding window only: 0 or 1 is the classic two-window counter; n in
+	// 2..1000 counts the window in n sub-windows of ceil(window_ms / n) each,
+	// so that the error is bounded by one sub-window (e.g. an hourly limit in
+	// 60 one-minute sub-windows).
+	SubWindows int64 `protobuf:"varint,5,opt,name=sub_windows,json=subWindows,proto3" json:"sub_windows,omitempty"`
+	// Leaky bucket only: while the queue has room the request is admitted
+	// with a delay, STATUS_UNDER_LIMIT with retry_after_ms = how long to hold
+	// it before sending it on; a full queue refuses.
+	Shaping bool `protobuf:"varint,6,opt,name=shaping,proto3" json:"shaping,omitempty"`
+	Mode    Mode `protobuf:"varint,7,opt,name=mode,proto3,enum=sluice.v1.Mode" json:"mode,omitempty"` // MODE_HARD (the default), MODE_SOFT or MODE_ELASTIC
+	// MODE_SOFT only (and required there): admit up to this many percent over
+	// limit, 1..1000; remaining still counts against limit.
+	SoftPercent int64 `protobuf:"varint,8,opt,name=soft_percent,json=softPercent,proto3" json:"soft_percent,omitempty"`
+	// MODE_ELASTIC only (and required there): the limit in force, in hits per
+	// window, while the deciding node's load is below elastic_load_percent;
+	// above limit and at most 2^40. remaining still counts against limit.
+	ElasticCeiling int64 `protobuf:"varint,9,opt,name=elastic_ceiling,json=elasticCeiling,proto3" json:"elastic_ceiling,omitempty"`
+	// MODE_ELASTIC only (and required there): 1..100, in percent of the
+	// deciding (owner) node's CPU capacity used by the sluice process over the
+	// last second; docs/algorithms.md, "Throttling modes", defines it.
+	ElasticLoadPercent int64 `protobuf:"varint,10,opt,name=elastic_load_percent,json=elasticLoadPercent,proto3" json:"elastic_load_percent,omitempty"`
+	// Refused hits consume too, each counter saturating at the limit: a client
+	// that keeps retrying while refused stays refused until it pauses.
+	CountRefused bool `protobuf:"varint,11,opt,name=count_refused,json=countRefused,proto3" json:"count_refused,omitempty"`
+	// ALGORITHM_FIXED_WINDOW only: windows follow UTC calendar edges instead
+	// of multiples of window_ms (which must still be valid).
+	Calendar      Calendar `protobuf:"varint,12,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Limit) Reset() {
+	*x = Limit{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Limit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Limit) ProtoMessage() {}
+
+func (x *Limit) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Limit.ProtoReflect.Descriptor instead.
+func (*Limit) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Limit) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *Limit) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *Limit) GetAlgorithm() Algorithm {
+	if x != nil {
+		return x.Algorithm
+	}
+	return Algorithm_ALGORITHM_UNSPECIFIED
+}
+
+func (x *Limit) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *Limit) GetSubWindows() int64 {
+	if x != nil {
+		return x.SubWindows
+	}
+	return 0
+}
+
+func (x *Limit) GetShaping() bool {
+	if x != nil {
+		return x.Shaping
+	}
+	return false
+}
+
+func (x *Limit) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_HARD
+}
+
+func (x *Limit) GetSoftPercent() int64 {
+	if x != nil {
+		return x.SoftPercent
+	}
+	return 0
+}
+
+func (x *Limit) GetElasticCeiling() int64 {
+	if x != nil {
+		return x.ElasticCeiling
+	}
+	return 0
+}
+
+func (x *Limit) GetElasticLoadPercent() int64 {
+	if x != nil {
+		return x.ElasticLoadPercent
+	}
+	return 0
+}
+
+func (x *Limit) GetCountRefused() bool {
+	if x != nil {
+		return x.CountRefused
+	}
+	return false
+}
+
+func (x *Limit) GetCalendar() Calendar {
+	if x != nil {
+		return x.Calendar
+	}
+	return Calendar_CALENDAR_NONE
+}
+
 type CheckResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Responses     []*RateLimitResponse   `protobuf:"bytes,1,rep,name=responses,proto3" json:"responses,omitempty"` // same order as requests
@@ -326,7 +672,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +684,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +697,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CheckResponse) GetResponses() []*RateLimitResponse {
@@ -376,7 +722,7 @@ type RateLimitResponse struct {
 
 func (x *RateLimitResponse) Reset() {
 	*x = RateLimitResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +734,7 @@ func (x *RateLimitResponse) String() string {
 func (*RateLimitResponse) ProtoMessage() {}
 
 func (x *RateLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +747,7 @@ func (x *RateLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimitResponse.ProtoReflect.Descriptor instead.
 func (*RateLimitResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RateLimitResponse) GetStatus() Status {
@@ -461,7 +807,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +819,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +832,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
 }
 
 type StatusResponse struct {
@@ -497,17 +843,19 @@ type StatusResponse struct {
 	ChecksPerSecond   float64                `protobuf:"fixed64,4,opt,name=checks_per_second,json=checksPerSecond,proto3" json:"checks_per_second,omitempty"` // checks this node answered, recent rate
 	ReplicationFactor int64                  `protobuf:"varint,5,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
 	Partitions        int64                  `protobuf:"varint,6,opt,name=partitions,proto3" json:"partitions,omitempty"`
-	Unreplicated      int64                  `protobuf:"varint,7,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"` // changed keys not yet sent to replicas
-	Unflushed         int64                  `protobuf:"varint,8,opt,name=unflushed,proto3" json:"unflushed,omitempty"`       // changed keys not yet written to disk
-	Failovers         int64                  `protobuf:"varint,9,opt,name=failovers,proto3" json:"failovers,omitempty"`       // checks a replica answered because the owner failed
-	Rejoins           int64                  `protobuf:"varint,10,opt,name=rejoins,proto3" json:"rejoins,omitempty"`          // members alive again after being declared dead (partition healed or restart)
+	Unreplicated      int64                  `protobuf:"varint,7,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"`            // changed keys not yet sent to replicas
+	Unflushed         int64                  `protobuf:"varint,8,opt,name=unflushed,proto3" json:"unflushed,omitempty"`                  // changed keys not yet written to disk
+	Failovers         int64                  `protobuf:"varint,9,opt,name=failovers,proto3" json:"failovers,omitempty"`                  // checks a replica answered because the owner failed
+	Rejoins           int64                  `protobuf:"varint,10,opt,name=rejoins,proto3" json:"rejoins,omitempty"`                     // members alive again after being declared dead (partition healed or restart)
+	RulesHash         string                 `protobuf:"bytes,11,opt,name=rules_hash,json=rulesHash,proto3" json:"rules_hash,omitempty"` // hash of the rules in force on this node ("" without --rules)
+	Rules             int64                  `protobuf:"varint,12,opt,name=rules,proto3" json:"rules,omitempty"`                         // number of rules in force
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +867,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +880,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -605,20 +953,35 @@ func (x *StatusResponse) GetRejoins() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetRulesHash() string {
+	if x != nil {
+		return x.RulesHash
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRules() int64 {
+	if x != nil {
+		return x.Rules
+	}
+	return 0
+}
+
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	GrpcAddr      string                 `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`   // alive, suspect, dead or left
-	Share         float64                `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"` // fraction of the ring's partitions this member owns
-	Keys          int64                  `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"`    // live keys in its cache, when known (-1 unknown)
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`                          // alive, suspect, dead or left
+	Share         float64                `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`                        // fraction of the ring's partitions this member owns
+	Keys          int64                  `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"`                           // live keys in its cache, when known (-1 unknown)
+	RulesHash     string                 `protobuf:"bytes,6,opt,name=rules_hash,json=rulesHash,proto3" json:"rules_hash,omitempty"` // hash of its rules, when known
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +993,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +1006,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Member) GetName() string {
@@ -681,6 +1044,13 @@ func (x *Member) GetKeys() int64 {
 	return 0
 }
 
+func (x *Member) GetRulesHash() string {
+	if x != nil {
+		return x.RulesHash
+	}
+	return ""
+}
+
 type ForwardRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Requests      []*RateLimitRequest    `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
@@ -691,7 +1061,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +1073,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +1086,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForwardRequest) GetRequests() []*RateLimitRequest {
@@ -745,7 +1115,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +1127,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +1140,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
@@ -800,7 +1170,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +1182,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +1195,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Counter) GetName() string {
@@ -867,7 +1237,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1249,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1262,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -927,7 +1297,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1309,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1322,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -986,7 +1356,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1368,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1381,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CounterKey) GetName() string {
@@ -1040,7 +1410,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1422,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1435,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -1110,7 +1480,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1492,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1505,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -1158,7 +1528,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xc9\x01\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xa7\x04\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1166,7 +1536,33 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x05 \x01(\x03R\bwindowMs\x122\n" +
 	"\talgorithm\x18\x06 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x14\n" +
-	"\x05burst\x18\a \x01(\x03R\x05burst\"K\n" +
+	"\x05burst\x18\a \x01(\x03R\x05burst\x12\x1f\n" +
+	"\vsub_windows\x18\b \x01(\x03R\n" +
+	"subWindows\x12\x18\n" +
+	"\ashaping\x18\t \x01(\bR\ashaping\x12#\n" +
+	"\x04mode\x18\n" +
+	" \x01(\x0e2\x0f.sluice.v1.ModeR\x04mode\x12!\n" +
+	"\fsoft_percent\x18\v \x01(\x03R\vsoftPercent\x12'\n" +
+	"\x0felastic_ceiling\x18\f \x01(\x03R\x0eelasticCeiling\x120\n" +
+	"\x14elastic_load_percent\x18\r \x01(\x03R\x12elasticLoadPercent\x12#\n" +
+	"\rcount_refused\x18\x0e \x01(\bR\fcountRefused\x12/\n" +
+	"\bcalendar\x18\x0f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12(\n" +
+	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limits\"\xb8\x03\n" +
+	"\x05Limit\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\x03R\x05limit\x12\x1b\n" +
+	"\twindow_ms\x18\x02 \x01(\x03R\bwindowMs\x122\n" +
+	"\talgorithm\x18\x03 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12\x1f\n" +
+	"\vsub_windows\x18\x05 \x01(\x03R\n" +
+	"subWindows\x12\x18\n" +
+	"\ashaping\x18\x06 \x01(\bR\ashaping\x12#\n" +
+	"\x04mode\x18\a \x01(\x0e2\x0f.sluice.v1.ModeR\x04mode\x12!\n" +
+	"\fsoft_percent\x18\b \x01(\x03R\vsoftPercent\x12'\n" +
+	"\x0felastic_ceiling\x18\t \x01(\x03R\x0eelasticCeiling\x120\n" +
+	"\x14elastic_load_percent\x18\n" +
+	" \x01(\x03R\x12elasticLoadPercent\x12#\n" +
+	"\rcount_refused\x18\v \x01(\bR\fcountRefused\x12/\n" +
+	"\bcalendar\x18\f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\"K\n" +
 	"\rCheckResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\xea\x01\n" +
 	"\x11RateLimitResponse\x12)\n" +
@@ -1177,7 +1573,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xda\x02\n" +
+	"\rStatusRequest\"\x8f\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -1191,13 +1587,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\tunflushed\x18\b \x01(\x03R\tunflushed\x12\x1c\n" +
 	"\tfailovers\x18\t \x01(\x03R\tfailovers\x12\x18\n" +
 	"\arejoins\x18\n" +
-	" \x01(\x03R\arejoins\"y\n" +
+	" \x01(\x03R\arejoins\x12\x1d\n" +
+	"\n" +
+	"rules_hash\x18\v \x01(\tR\trulesHash\x12\x14\n" +
+	"\x05rules\x18\f \x01(\x03R\x05rules\"\x98\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x12\n" +
-	"\x04keys\x18\x05 \x01(\x03R\x04keys\"]\n" +
+	"\x04keys\x18\x05 \x01(\x03R\x04keys\x12\x1d\n" +
+	"\n" +
+	"rules_hash\x18\x06 \x01(\tR\trulesHash\"]\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\"h\n" +
@@ -1243,7 +1644,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12STATUS_UNDER_LIMIT\x10\x01\x12\x15\n" +
-	"\x11STATUS_OVER_LIMIT\x10\x022I\n" +
+	"\x11STATUS_OVER_LIMIT\x10\x02*6\n" +
+	"\x04Mode\x12\r\n" +
+	"\tMODE_HARD\x10\x00\x12\r\n" +
+	"\tMODE_SOFT\x10\x01\x12\x10\n" +
+	"\fMODE_ELASTIC\x10\x02*V\n" +
+	"\bCalendar\x12\x11\n" +
+	"\rCALENDAR_NONE\x10\x00\x12\x10\n" +
+	"\fCALENDAR_DAY\x10\x01\x12\x11\n" +
+	"\rCALENDAR_WEEK\x10\x02\x12\x12\n" +
+	"\x0eCALENDAR_MONTH\x10\x032I\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2F\n" +
 	"\x05Admin\x12=\n" +
@@ -1265,55 +1675,64 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Status)(0),                // 1: sluice.v1.Status
-	(ReplicateRequest_Kind)(0), // 2: sluice.v1.ReplicateRequest.Kind
-	(*CheckRequest)(nil),       // 3: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),   // 4: sluice.v1.RateLimitRequest
-	(*CheckResponse)(nil),      // 5: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil),  // 6: sluice.v1.RateLimitResponse
-	(*StatusRequest)(nil),      // 7: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),     // 8: sluice.v1.StatusResponse
-	(*Member)(nil),             // 9: sluice.v1.Member
-	(*ForwardRequest)(nil),     // 10: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),    // 11: sluice.v1.ForwardResponse
-	(*Counter)(nil),            // 12: sluice.v1.Counter
-	(*ReplicateRequest)(nil),   // 13: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),  // 14: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),         // 15: sluice.v1.CounterKey
-	(*PullRequest)(nil),        // 16: sluice.v1.PullRequest
-	(*PullResponse)(nil),       // 17: sluice.v1.PullResponse
+	(Mode)(0),                  // 2: sluice.v1.Mode
+	(Calendar)(0),              // 3: sluice.v1.Calendar
+	(ReplicateRequest_Kind)(0), // 4: sluice.v1.ReplicateRequest.Kind
+	(*CheckRequest)(nil),       // 5: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),   // 6: sluice.v1.RateLimitRequest
+	(*Limit)(nil),              // 7: sluice.v1.Limit
+	(*CheckResponse)(nil),      // 8: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),  // 9: sluice.v1.RateLimitResponse
+	(*StatusRequest)(nil),      // 10: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),     // 11: sluice.v1.StatusResponse
+	(*Member)(nil),             // 12: sluice.v1.Member
+	(*ForwardRequest)(nil),     // 13: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),    // 14: sluice.v1.ForwardResponse
+	(*Counter)(nil),            // 15: sluice.v1.Counter
+	(*ReplicateRequest)(nil),   // 16: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),  // 17: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),         // 18: sluice.v1.CounterKey
+	(*PullRequest)(nil),        // 19: sluice.v1.PullRequest
+	(*PullResponse)(nil),       // 20: sluice.v1.PullResponse
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
-	4,  // 0: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	6,  // 0: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	0,  // 1: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
-	6,  // 2: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	1,  // 3: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	9,  // 4: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	4,  // 5: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	6,  // 6: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	2,  // 7: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	12, // 8: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	15, // 9: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	12, // 10: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	3,  // 11: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	7,  // 12: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	10, // 13: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	13, // 14: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	16, // 15: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	5,  // 16: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	8,  // 17: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	11, // 18: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	14, // 19: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	17, // 20: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	2,  // 2: sluice.v1.RateLimitRequest.mode:type_name -> sluice.v1.Mode
+	3,  // 3: sluice.v1.RateLimitRequest.calendar:type_name -> sluice.v1.Calendar
+	7,  // 4: sluice.v1.RateLimitRequest.limits:type_name -> sluice.v1.Limit
+	0,  // 5: sluice.v1.Limit.algorithm:type_name -> sluice.v1.Algorithm
+	2,  // 6: sluice.v1.Limit.mode:type_name -> sluice.v1.Mode
+	3,  // 7: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
+	9,  // 8: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	1,  // 9: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
+	12, // 10: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	6,  // 11: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	9,  // 12: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	4,  // 13: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	15, // 14: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	18, // 15: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	15, // 16: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	5,  // 17: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	10, // 18: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	13, // 19: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	16, // 20: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	19, // 21: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	8,  // 22: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	11, // 23: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	14, // 24: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	17, // 25: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	20, // 26: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -1326,8 +1745,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   15,
+			NumEnums:      5,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

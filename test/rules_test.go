@@ -1,0 +1,115 @@
+package test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestRulesFileThroughServeAndCheck(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	write := func(perHour int) {
+		t.Helper()
+		body := "rules:\n  - name: login\n    limits:\n      - {limit: " + strconv.Itoa(perHour) + ", window: 1h}\n      - {limit: 5, window: 1d}\n"
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil { // an atomic replace, as editors and ConfigMaps do
+			t.Fatal(err)
+		}
+	}
+	write(3)
+	ps := make([]*proc, 2)
+	for i := range ps {
+		ps[i] = newProc(t, i, "127.0.0.30")
+		ps[i].extra = []string{"--rules", path, "--rules-interval", "50ms"}
+		if i > 0 {
+			ps[i].join = []string{ps[0].gossip}
+		}
+		ps[i].start(t)
+	}
+	waitMembers(t, ps)
+
+	check := func(addr, name string) int {
+		_, code := runCLI(t, "check", "--addr", addr, "--name", name, "--key", "u1")
+		return code
+	}
+	// The rule's limits apply to checks without a limit: 3 per hour.
+	for i, want := range []int{0, 0, 0, 1} {
+		if got := check(ps[i%2].grpc, "login"); got != want {
+			t.Fatalf("check %d exited %d, want %d", i, got, want)
+		}
+	}
+	if got := check(ps[0].grpc, "no-such-rule"); got != 2 {
+		t.Fatalf("a check with no limit and no rule exited %d, want 2", got)
+	}
+
+	hashes := func() []string {
+		var hs []string
+		for _, p := range ps {
+			out, code := runCLI(t, "status", "--addr", p.grpc, "--json")
+			if code != 0 {
+				t.Fatalf("status: %s", out)
+			}
+			var st struct {
+				RulesHash string `json:"rules_hash"`
+			}
+			if err := json.Unmarshal([]byte(out), &st); err != nil {
+				t.Fatal(err)
+			}
+			hs = append(hs, st.RulesHash)
+		}
+		return hs
+	}
+	before := hashes()
+	if before[0] == "" || before[0] != before[1] {
+		t.Fatalf("rules hashes %v: want one non-empty hash on both nodes", before)
+	}
+
+	// A bad edit is refused whole; the rules in force stay.
+	if err := os.WriteFile(path, []byte("rules:\n  - name: login\n    limits: [{limit: 3, window: 0s}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := check(ps[1].grpc, "login"); got != 1 {
+		t.Fatalf("after a bad edit a check exited %d, want 1 (old rules, limit reached)", got)
+	}
+	// A good edit raises the hourly limit to 4; the daily limit of 5 still
+	// counts the 3 admitted hits: one more is admitted, then refused.
+	write(4)
+	waitFor(t, 10*time.Second, "both nodes reload the rules", func() bool {
+		h := hashes()
+		return h[0] != before[0] && h[0] == h[1]
+	})
+	for i, want := range []int{0, 1} {
+		if got := check(ps[i%2].grpc, "login"); got != want {
+			t.Fatalf("after reload, check %d exited %d, want %d", i, got, want)
+		}
+	}
+}
+
+func TestMultiLimitCheckIsAtomic(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 2)
+	base := []string{"check", "--addr", ps[0].grpc, "--name", "multi", "--key", "k",
+		"--limit", "2", "--window", "8760h", "--also", "limit=3,window=8760h"}
+	for i, want := range []int{0, 0, 1, 1} {
+		if _, got := runCLI(t, base...); got != want {
+			t.Fatalf("check %d exited %d, want %d", i, got, want)
+		}
+	}
+	// The refused checks consumed nothing from the second limit: a check
+	// against it alone (same limits, hits 1, but the first raised) admits one.
+	raised := []string{"check", "--addr", ps[1].grpc, "--name", "multi", "--key", "k",
+		"--limit", "10", "--window", "8760h", "--also", "limit=3,window=8760h"}
+	for i, want := range []int{0, 1} {
+		if _, got := runCLI(t, raised...); got != want {
+			t.Fatalf("raised check %d exited %d, want %d", i, got, want)
+		}
+	}
+}
