@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,5 +256,44 @@ func TestOwnerDecisionAllocatesNothing(t *testing.T) {
 	n.Check(context.Background(), reqs, out) // load the key
 	if a := testing.AllocsPerRun(1000, func() { n.Check(context.Background(), reqs, out) }); a != 0 {
 		t.Fatalf("a decision on the owner allocates %v times", a)
+	}
+}
+
+func TestElasticLimitFollowsTheNodesLoad(t *testing.T) {
+	t.Parallel()
+	var load atomic.Uint64 // percent
+	cfg := NodeConfig(t, "solo", "127.0.0.1:1")
+	cfg.Now = FixedClock(t0)
+	cfg.Load = func() float64 { return float64(load.Load()) / 100 }
+	n, err := New(cfg, NoPeers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	elastic := func(key string) bucket.Request {
+		r := req("api", key, 1, 2)
+		r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = bucket.ModeElastic, 4, 50
+		return r
+	}
+	count := func(key string) int {
+		got := 0
+		for range 10 {
+			o := check1(n, elastic(key))
+			if o.Err != "" {
+				t.Fatal(o.Err)
+			}
+			if o.Allowed() {
+				got++
+			}
+		}
+		return got
+	}
+	load.Store(10)
+	if got := count("idle"); got != 4 {
+		t.Fatalf("at 10%% load an elastic limit of 2 (ceiling 4 below 50%%) admitted %d, want 4", got)
+	}
+	load.Store(90)
+	if got := count("busy"); got != 2 {
+		t.Fatalf("at 90%% load it admitted %d, want the limit 2", got)
 	}
 }

@@ -98,6 +98,10 @@ type Config struct {
 	// announced its leave, for the news to reach every member before it
 	// redirects its keys. Default 1 s (several gossip rounds).
 	LeavePropagation time.Duration
+	// ReconnectInterval is how often the node tries to reach the members
+	// declared dead, so that the sides of a healed partition find each
+	// other again. Default 2 s.
+	ReconnectInterval time.Duration
 	// Rules resolves checks with limit 0; nil means there are no rules.
 	Rules Rules
 	// Load, when set, replaces the measured CPU load that elastic limits
@@ -128,6 +132,7 @@ func DefaultConfig() Config {
 		PullTimeout:         100 * time.Millisecond,
 		HandoffTimeout:      10 * time.Second,
 		LeavePropagation:    time.Second,
+		ReconnectInterval:   2 * time.Second,
 	}
 }
 
@@ -150,7 +155,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster: join retry %v must be positive", c.JoinRetry)
 	case c.LeaveTimeout <= 0:
 		return fmt.Errorf("cluster: leave timeout %v must be positive", c.LeaveTimeout)
-	case c.ReplicationInterval <= 0 || c.MoveWindow <= 0 || c.PullTimeout <= 0 || c.HandoffTimeout <= 0 || c.LeavePropagation < 0:
+	case c.ReplicationInterval <= 0 || c.MoveWindow <= 0 || c.PullTimeout <= 0 || c.HandoffTimeout <= 0 || c.LeavePropagation < 0 || c.ReconnectInterval <= 0:
 		return fmt.Errorf("cluster: replication interval, move window, pull and handoff timeouts must be positive")
 	case c.OwnerUnavailable > OwnerUnavailableDeny:
 		return fmt.Errorf("cluster: unknown owner-unavailable policy %d", c.OwnerUnavailable)

@@ -168,11 +168,12 @@ func (n *Node) Start(ctx context.Context) error {
 	n.ml.Store(ml)
 	n.rebuild()
 	n.cache.Start(ctx)
-	n.wg.Add(4)
+	n.wg.Add(5)
 	go n.rebuildLoop()
 	go n.rateLoop()
 	go n.replicateLoop()
 	go n.handoffLoop()
+	go n.reconnectLoop()
 	if len(n.cfg.Join) == 0 {
 		n.joined.Store(true)
 		return nil
@@ -208,6 +209,36 @@ func (n *Node) joinLoop() {
 		case <-t.C:
 			if n.tryJoin() {
 				return
+			}
+		}
+	}
+}
+
+// reconnectLoop tries, every ReconnectInterval, to join the members that
+// were declared dead (not those that left): memberlist does not look for
+// them once they are dead, so without this the two sides of a healed
+// partition would stay apart. A restarted or healed member answers and the
+// gossip pools merge.
+func (n *Node) reconnectLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.ReconnectInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			var addrs []string
+			for _, m := range n.roster.all() {
+				if m.state == StateDead && m.name != n.name {
+					addrs = append(addrs, m.gossip)
+				}
+			}
+			if len(addrs) == 0 || n.leaving() {
+				continue
+			}
+			if k, _ := n.ml.Load().Join(addrs); k > 0 {
+				n.log.Info("reached members declared dead", "members", k)
 			}
 		}
 	}
