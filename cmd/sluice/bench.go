@@ -55,6 +55,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, "how long to run (the run also stops after --calls)")
 	maxCalls := fs.Int64("calls", 0, "stop after this many calls (0: only --duration)")
 	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
+	callTimeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -125,10 +126,14 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					r.Key = keyNames[rng.IntN(len(keyNames))]
 				}
 				t := time.Now()
-				resp, err := c.Check(runCtx, req)
+				// Each call has its own deadline: the end of the run stops
+				// new calls but does not cut off the ones in flight.
+				cctx, ccancel := context.WithTimeout(ctx, *callTimeout)
+				resp, err := c.Check(cctx, req)
+				ccancel()
 				d := time.Since(t)
 				if err != nil {
-					if runCtx.Err() != nil {
+					if ctx.Err() != nil {
 						return
 					}
 					callErrs.Add(1)
