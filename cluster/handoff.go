@@ -321,19 +321,12 @@ func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) in
 }
 
 func (n *Node) replicateLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.ReplicationInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
-			n.ReplicateNow(ctx)
-			cancel()
-		}
-	}
+	n.every(n.cfg.ReplicationInterval, func(time.Time) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
+		defer cancel()
+		n.ReplicateNow(ctx) // failures are counted and the keys kept for the next round
+		return true
+	})
 }
 
 // ReplicateNow sends every counter changed since the last round to the

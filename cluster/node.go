@@ -199,15 +199,21 @@ func (n *Node) tryJoin() bool {
 }
 
 func (n *Node) joinLoop() {
+	n.every(n.cfg.JoinRetry, func(time.Time) bool { return !n.tryJoin() })
+}
+
+// every calls fn every d until fn returns false or the node stops, on a
+// goroutine counted in n.wg by the caller.
+func (n *Node) every(d time.Duration, fn func(now time.Time) bool) {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.JoinRetry)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-n.stop:
 			return
-		case <-t.C:
-			if n.tryJoin() {
+		case now := <-t.C:
+			if !fn(now) {
 				return
 			}
 		}
@@ -220,28 +226,20 @@ func (n *Node) joinLoop() {
 // partition would stay apart. A restarted or healed member answers and the
 // gossip pools merge.
 func (n *Node) reconnectLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.ReconnectInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-			var addrs []string
-			for _, m := range n.roster.all() {
-				if m.state == StateDead && m.name != n.name {
-					addrs = append(addrs, m.gossip)
-				}
+	n.every(n.cfg.ReconnectInterval, func(time.Time) bool {
+		var addrs []string
+		for _, m := range n.roster.all() {
+			if m.state == StateDead && m.name != n.name {
+				addrs = append(addrs, m.gossip)
 			}
-			if len(addrs) == 0 || n.leaving() {
-				continue
-			}
+		}
+		if len(addrs) > 0 && !n.leaving() {
 			if k, _ := n.ml.Load().Join(addrs); k > 0 {
 				n.log.Info("reached members declared dead", "members", k)
 			}
 		}
-	}
+		return true
+	})
 }
 
 // Ready reports whether the node has started and, when it was given seeds,
@@ -312,23 +310,16 @@ func (n *Node) rebuild() {
 }
 
 func (n *Node) rateLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	last, lastAt, lastCPU := n.checks.Load(), time.Now(), cpuTime()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case now := <-t.C:
-			c, cpu := n.checks.Load(), cpuTime()
-			wall := now.Sub(lastAt)
-			n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
-			load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))
-			n.load.Store(math.Float64bits(min(max(load, 0), 1)))
-			last, lastAt, lastCPU = c, now, cpu
-		}
-	}
+	n.every(time.Second, func(now time.Time) bool {
+		c, cpu := n.checks.Load(), cpuTime()
+		wall := now.Sub(lastAt)
+		n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
+		load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))
+		n.load.Store(math.Float64bits(min(max(load, 0), 1)))
+		last, lastAt, lastCPU = c, now, cpu
+		return true
+	})
 }
 
 // Load is the load elastic limits see: the CPU time this process used in

@@ -425,25 +425,7 @@ func (c *Cache) Reclaim(hash uint64, k Key) {
 // installs rec when it is newer than what is held, like Merge, reporting
 // whether it did. An installed record counts as a change (OnChange).
 func (c *Cache) Adopt(hash uint64, rec Record) bool {
-	s := c.shardFor(hash)
-	e, err := c.find(s, rec.Key, 0, true)
-	defer s.mu.Unlock()
-	if err != nil {
-		if !errors.Is(err, ErrClosed) {
-			c.log.Error("writeback: adopt: store read failed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
-		}
-		return false
-	}
-	delete(s.moved, rec.Key)
-	if rec.Version <= e.version {
-		return false
-	}
-	e.state, e.version = rec.State, rec.Version
-	s.queue(rec.Key, e)
-	if c.cfg.OnChange != nil {
-		c.cfg.OnChange(hash, rec.Key)
-	}
-	return true
+	return c.install(hash, rec, true)
 }
 
 // Range calls fn with the record of every live key in memory (including
@@ -508,6 +490,11 @@ func (c *Cache) Get(hash uint64, k Key, now int64) (Record, bool, error) {
 // or in the store, and marks it dirty. It reports whether it installed rec;
 // a store read failure is logged and reported as false.
 func (c *Cache) Merge(hash uint64, rec Record) bool {
+	return c.install(hash, rec, false)
+}
+
+// install is Merge, and with adopt Adopt.
+func (c *Cache) install(hash uint64, rec Record, adopt bool) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
@@ -515,15 +502,21 @@ func (c *Cache) Merge(hash uint64, rec Record) bool {
 	defer s.mu.Unlock()
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
-			c.log.Error("writeback: merge: store read failed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
+			c.log.Error("writeback: store read failed; counter not installed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
 		}
 		return false
+	}
+	if adopt {
+		delete(s.moved, rec.Key)
 	}
 	if rec.Version <= e.version {
 		return false
 	}
 	e.state, e.version = rec.State, rec.Version
 	s.queue(rec.Key, e)
+	if adopt && c.cfg.OnChange != nil {
+		c.cfg.OnChange(hash, rec.Key)
+	}
 	return true
 }
 
