@@ -705,29 +705,26 @@ func (c *Cache) Start(ctx context.Context) {
 }
 
 func (c *Cache) flushLoop(ctx context.Context) {
-	defer c.loops.Done()
-	t := time.NewTicker(c.cfg.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = c.Flush(ctx) // logged and counted by Flush
-		}
-	}
+	c.tick(ctx, c.cfg.FlushInterval, func() {
+		_ = c.Flush(ctx) // logged and counted by Flush
+	})
 }
 
 func (c *Cache) expiryLoop(ctx context.Context) {
+	c.tick(ctx, c.cfg.ExpiryInterval, func() { c.expire(time.Now().UnixNano()) })
+}
+
+// tick calls fn every d until ctx ends; it runs on a loop goroutine.
+func (c *Cache) tick(ctx context.Context, d time.Duration, fn func()) {
 	defer c.loops.Done()
-	t := time.NewTicker(c.cfg.ExpiryInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c.expire(time.Now().UnixNano())
+			fn()
 		}
 	}
 }
