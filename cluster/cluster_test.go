@@ -168,12 +168,18 @@ func TestForwardedIsNeverForwardedAgain(t *testing.T) {
 			break
 		}
 	}
-	// n0 receives a forward for a key it does not own: it decides itself.
+	// n0 receives a forward for a key it sees owned by n1: it does not
+	// forward it; it answers where the key lives.
 	before := net.Calls()
 	out := make([]bucket.Outcome, 1)
 	nodes[0].CheckForwarded(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out)
-	if out[0].Owner != "n0" || !out[0].Allowed() {
-		t.Fatalf("forwarded check answered %+v", out[0])
+	if out[0].MovedTo != memAddr(1) || out[0].Status != bucket.StatusUnspecified {
+		t.Fatalf("forwarded check for another owner's key answered %+v, want MovedTo %s", out[0], memAddr(1))
+	}
+	// As a stand-in for an owner that did not answer, it decides.
+	nodes[0].CheckStandIn(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out)
+	if out[0].Owner != "n0" || !out[0].Allowed() || out[0].MovedTo != "" {
+		t.Fatalf("stand-in check answered %+v", out[0])
 	}
 	if net.Calls() != before {
 		t.Fatal("a forwarded check was forwarded again")
@@ -220,13 +226,13 @@ func TestLeaveShrinksEveryRing(t *testing.T) {
 
 func TestMetadataRoundTripAndRefusal(t *testing.T) {
 	t.Parallel()
-	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}} {
+	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}, {grpcAddr: "h:1", ready: true, leaving: true}} {
 		got, err := decodeMeta(encodeMeta(m))
 		if err != nil || got != m {
 			t.Fatalf("round trip of %+v: %+v %v", m, got, err)
 		}
 	}
-	for _, b := range [][]byte{nil, {1}, {1, 0}, {2, 0, 1, 'x'}, {1, 0, 5, 'x'}, {1, 0, 0}, {1, 2, 1, 'x'}} {
+	for _, b := range [][]byte{nil, {1}, {1, 0}, {2, 0, 1, 'x'}, {1, 0, 5, 'x'}, {1, 0, 0}, {1, 4, 1, 'x'}} {
 		if _, err := decodeMeta(b); err == nil {
 			t.Errorf("decodeMeta(%v) accepted", b)
 		}

@@ -185,33 +185,14 @@ func (n *Node) markSettled(k writeback.Key) {
 }
 
 // tableChanged registers what a ring change moved to and from this node.
-// old is the table before the change; for a node that has just joined, the
-// table of the others stands for it.
-func (n *Node) tableChanged(old, cur *ring.Table, members []ring.Member) {
+// old is the table before the change. A joining node enters its own ring
+// only once it knows every member (see metaReady), so its old table is the
+// cluster's table without it.
+func (n *Node) tableChanged(old, cur *ring.Table) {
 	if cur.Len() <= 1 && old.Len() <= 1 {
 		return
 	}
-	// A node that joins through seeds held nothing the cluster needs: for
-	// the MoveWindow after its first join, the owners before each change it
-	// sees are those of the others alone (it may learn of them one by one).
-	// A node that was alone and is joined by others keeps its own table as
-	// the old one.
 	now := n.now().UnixNano()
-	if len(n.cfg.Join) > 0 && n.joinedAt == 0 && cur.Len() > 1 {
-		n.joinedAt = now
-		defer n.preJoin.Store(false) // after the moves are registered
-	}
-	if n.joinedAt != 0 && now-n.joinedAt <= int64(n.cfg.MoveWindow) && onlyAdds(old, members) {
-		others := make([]ring.Member, 0, len(members))
-		for _, m := range members {
-			if m.Name != n.name {
-				others = append(others, m)
-			}
-		}
-		if t, err := ring.BuildTable(n.ring.Config(), others); err == nil {
-			old = t
-		}
-	}
 	gained, lost := false, false
 	for p := range cur.Partitions() {
 		o, _ := old.PartitionOwner(p)
@@ -238,21 +219,6 @@ func (n *Node) tableChanged(old, cur *ring.Table, members []ring.Member) {
 			n.log.Warn("handoff queue full; new owners will pull on first touch")
 		}
 	}
-}
-
-// onlyAdds reports whether every member of old is in members: the change
-// only added members.
-func onlyAdds(old *ring.Table, members []ring.Member) bool {
-	for _, o := range old.Members() {
-		found := false
-		for _, m := range members {
-			found = found || m.Name == o.Name
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 type handoffJob struct{ old, cur *ring.Table }

@@ -32,10 +32,18 @@ const metaVersion = 1
 // leave notification does not carry the difference.
 const metaLeaving = 1
 
+// metaReady is the flag a node sets once it knows the whole membership
+// (right after its join): only then do the others, and the node itself,
+// put it in the ring, so that the table it computes before taking its
+// partitions is the cluster's real one, and it pulls moved keys from
+// their real previous owners.
+const metaReady = 2
+
 // meta is what a node gossips about itself.
 type meta struct {
 	grpcAddr string
 	leaving  bool
+	ready    bool
 }
 
 // encodeMeta returns the metadata a node gossips: version, flags, then its
@@ -45,6 +53,9 @@ func encodeMeta(m meta) []byte {
 	var flags byte
 	if m.leaving {
 		flags |= metaLeaving
+	}
+	if m.ready {
+		flags |= metaReady
 	}
 	b = append(b, metaVersion, flags, byte(len(m.grpcAddr)))
 	return append(b, m.grpcAddr...)
@@ -57,14 +68,14 @@ func decodeMeta(b []byte) (meta, error) {
 		return meta{}, fmt.Errorf("metadata is %d bytes, want at least 3", len(b))
 	case b[0] != metaVersion:
 		return meta{}, fmt.Errorf("metadata version %d, want %d", b[0], metaVersion)
-	case b[1]&^metaLeaving != 0:
+	case b[1]&^(metaLeaving|metaReady) != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
 	case int(b[2]) != len(b)-3:
 		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow", b[2], len(b)-3)
 	case b[2] == 0:
 		return meta{}, errors.New("metadata has an empty gRPC address")
 	}
-	return meta{grpcAddr: string(b[3:]), leaving: b[1]&metaLeaving != 0}, nil
+	return meta{grpcAddr: string(b[3:]), leaving: b[1]&metaLeaving != 0, ready: b[1]&metaReady != 0}, nil
 }
 
 // MemberStatus is one member as this node sees it.

@@ -13,6 +13,7 @@ import (
 // ForwardHandler is the receiving side of the peer calls: Node implements it.
 type ForwardHandler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
 	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
 }
@@ -131,6 +132,18 @@ func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Reques
 		return err
 	}
 	h.CheckForwarded(ctx, p.from, reqs, out)
+	return nil
+}
+
+func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	p.m.mu.Lock()
+	p.m.calls++
+	p.m.mu.Unlock()
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return err
+	}
+	h.CheckStandIn(ctx, p.from, reqs, out)
 	return nil
 }
 

@@ -46,8 +46,7 @@ type Node struct {
 	shutErr  error
 
 	rebuildMu  sync.Mutex
-	joinedAt   int64                   // Unix ns of the first join through seeds; guarded by rebuildMu
-	preJoin    atomic.Bool             // joining through seeds, no multi-member ring built yet
+	inRing     atomic.Bool             // this node announced metaReady: it takes partitions
 	repl       replSet                 // keys changed since the last replication round
 	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
 	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it
@@ -121,7 +120,6 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n.preJoin.Store(len(cfg.Join) > 0)
 	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1), onRejoin: func(name string) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
@@ -176,6 +174,7 @@ func (n *Node) Start(ctx context.Context) error {
 	go n.reconnectLoop()
 	if len(n.cfg.Join) == 0 {
 		n.joined.Store(true)
+		n.enterRing()
 		return nil
 	}
 	if n.tryJoin() {
@@ -190,8 +189,11 @@ func (n *Node) tryJoin() bool {
 	ml := n.ml.Load()
 	k, err := ml.Join(n.cfg.Join)
 	if k > 0 {
+		// Join has merged the seed's full membership (the callbacks ran):
+		// this node now knows every member and can take its partitions.
 		n.joined.Store(true)
 		n.log.Info("joined cluster", "contacted", k, "members", ml.NumMembers())
+		n.enterRing()
 		return true
 	}
 	n.log.Warn("join failed; retrying", "seeds", strings.Join(n.cfg.Join, ","), "err", err)
@@ -242,6 +244,24 @@ func (n *Node) reconnectLoop() {
 	})
 }
 
+// enterRing announces that this node takes its partitions (metaReady) and
+// puts it in its own ring. Keys that move to it are pulled from their
+// previous owners, computed from the ring just before.
+func (n *Node) enterRing() {
+	n.rebuild() // the others' ring, without this node
+	n.leaveMu.Lock()
+	defer n.leaveMu.Unlock()
+	if n.left {
+		return
+	}
+	n.inRing.Store(true)
+	n.deleg.setMeta(meta{grpcAddr: n.cfg.GRPCAddr, ready: true})
+	if err := n.ml.Load().UpdateNode(n.cfg.LeaveTimeout); err != nil {
+		n.log.Warn("ready flag not gossiped yet", "err", err)
+	}
+	n.rebuild()
+}
+
 // Ready reports whether the node has started and, when it was given seeds,
 // has joined through one of them.
 func (n *Node) Ready() bool {
@@ -290,7 +310,10 @@ func (n *Node) rebuild() {
 		// A leaving member is routed around at once; this node routes
 		// around itself only once it drains (until then it decides what
 		// nobody has pulled yet).
-		if (m.name == n.name && n.draining.Load()) || (m.name != n.name && m.meta.leaving) {
+		if m.name == n.name && (n.draining.Load() || !n.inRing.Load()) {
+			continue
+		}
+		if m.name != n.name && (m.meta.leaving || !m.meta.ready) {
 			continue
 		}
 		ms = append(ms, ring.Member{Name: m.name, Addr: m.meta.grpcAddr})
@@ -305,7 +328,7 @@ func (n *Node) rebuild() {
 	}
 	n.log.Debug("ring rebuilt", "members", len(ms))
 	if !n.draining.Load() {
-		n.tableChanged(old, n.ring.Table(), ms)
+		n.tableChanged(old, n.ring.Table())
 	}
 }
 
@@ -365,7 +388,7 @@ func (n *Node) Leave(ctx context.Context) error {
 	// the key here), while this node still decides the keys nobody pulled.
 	// Once the news has spread, stop deciding, route around this node, hand
 	// every remaining counter to its next owner, then leave.
-	n.deleg.setMeta(meta{grpcAddr: n.cfg.GRPCAddr, leaving: true})
+	n.deleg.setMeta(meta{grpcAddr: n.cfg.GRPCAddr, leaving: true, ready: true})
 	if err := ml.UpdateNode(timeout / 2); err != nil {
 		n.log.Warn("leaving flag not gossiped", "err", err)
 	}
@@ -435,17 +458,37 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	}
 }
 
-// CheckForwarded decides reqs that the node from forwarded here. It never
-// forwards again (hop limit 1), whatever this node's view of the ring.
+// CheckForwarded decides reqs that the node from forwarded here because it
+// sees this node as their owner. A request is never forwarded again (hop
+// limit 1): when this node sees another node as the key's owner (the two
+// views differ during a membership change), or has handed the key on, the
+// item comes back undecided with MovedTo that node, and the sender asks it.
 func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	n.checkHere(ctx, reqs, out, false)
+}
+
+// CheckStandIn decides reqs that the node from sent here because their
+// owner did not answer: this node decides every one from what it holds, as
+// the key's replica, whoever owns it in its view.
+func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	n.checkHere(ctx, reqs, out, true)
+}
+
+func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, standIn bool) {
 	now := n.now().UnixNano()
+	tbl := n.ring.Table()
 	for i := range reqs {
 		r := &reqs[i]
 		lims, ok := n.prepare(r, &out[i])
 		if !ok {
 			continue
 		}
-		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, now, &out[i])
+		h := ring.Hash(r.Name, r.Key)
+		if owner, ok := tbl.Owner(h); !standIn && ok && owner.Name != n.name {
+			out[i].MovedTo = owner.Addr
+			continue
+		}
+		n.decide(ctx, h, r, lims, now, &out[i])
 	}
 }
 
@@ -497,12 +540,6 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 			o.MovedTo = owner.Addr
 			return
 		}
-	}
-	if n.preJoin.Load() && n.ml.Load() != nil {
-		// Others may route here before this node's ring loop has seen
-		// them: build the ring now, so that the keys moving here are
-		// pulled from their previous owners before any decision.
-		n.rebuild()
 	}
 	if ms := n.moves.Load(); ms != nil {
 		if len(lims.more) == 0 {
@@ -600,7 +637,7 @@ func groupByAddr(remote []route) [][]route {
 // send forwards the routes to addr and fills their answers. It returns the
 // routes the peer could not answer (all of them on a transport error) and
 // those it answered with MovedTo (their out holds the new address).
-func (n *Node) send(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, g []route) (failed, moved []route) {
+func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []route) (failed, moved []route) {
 	sub := make([]bucket.Request, len(g))
 	subOut := make([]bucket.Outcome, len(g))
 	for j, rt := range g {
@@ -609,7 +646,12 @@ func (n *Node) send(ctx context.Context, addr string, reqs []bucket.Request, out
 		sub[j].Limit, sub[j].More = rt.lims.one, rt.lims.more
 	}
 	fctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
-	err := n.peers.Forward(fctx, addr, sub, subOut)
+	var err error
+	if standIn {
+		err = n.peers.ForwardStandIn(fctx, addr, sub, subOut)
+	} else {
+		err = n.peers.Forward(fctx, addr, sub, subOut)
+	}
 	cancel()
 	n.forwarded.Add(uint64(len(g)))
 	if err != nil {
@@ -632,19 +674,27 @@ func (n *Node) send(ctx context.Context, addr string, reqs []bucket.Request, out
 // that fails too, get the owner-unavailable policy.
 func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
 	failedAddr := g[0].owner.Addr
-	failed, moved := n.send(ctx, failedAddr, reqs, out, g)
-	for len(moved) > 0 {
+	failed, moved := n.send(ctx, failedAddr, false, reqs, out, g)
+	// Items the receiver sees elsewhere (views differ while membership
+	// changes, or it handed the key on) go where it points, once as a
+	// plain forward, then, pointed on again, as a stand-in that the node
+	// pointed to decides whatever its view.
+	for round := 0; len(moved) > 0; round++ {
+		n.redirects.Add(uint64(len(moved)))
 		var again []route
 		for _, rt := range moved {
 			rt.owner = ring.Member{Addr: out[rt.i].MovedTo}
 			again = append(again, rt)
 		}
-		n.redirects.Add(uint64(len(again)))
 		moved = nil
 		for _, rg := range groupByAddr(again) {
-			f, m := n.send(ctx, rg[0].owner.Addr, reqs, out, rg)
+			f, m := n.send(ctx, rg[0].owner.Addr, round > 0, reqs, out, rg)
 			failed = append(failed, f...)
-			failed = append(failed, m...) // moved twice: give up on the peers
+			if round > 0 {
+				failed = append(failed, m...) // a stand-in that still points on
+			} else {
+				moved = append(moved, m...)
+			}
 		}
 	}
 	if len(failed) == 0 {
@@ -690,7 +740,7 @@ func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket
 		n.decideOrPolicy(ctx, reqs, out, rt, now)
 	}
 	for _, g := range groupByAddr(remote) {
-		f, m := n.send(ctx, g[0].owner.Addr, reqs, out, g)
+		f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
 		n.failovers.Add(uint64(len(g) - len(f) - len(m)))
 		rest = append(rest, f...)
 		rest = append(rest, m...)

@@ -17,6 +17,9 @@ import (
 // out (len(out) == len(reqs)) with its answers; an item the peer no longer
 // holds comes back with MovedTo set instead of a decision.
 //
+// ForwardStandIn is Forward for requests whose owner did not answer: the
+// receiver, a replica, decides them all from what it holds.
+//
 // Replicate sends counters to addr, which installs those newer than its own
 // copies; with handoff the receiver owns them from now on.
 //
@@ -25,6 +28,7 @@ import (
 // those keys for ttl.
 type Peers interface {
 	Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error
+	ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error
 	Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (installed, stale int, err error)
 	Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error
 }
@@ -40,6 +44,11 @@ var _ Peers = NoPeers{}
 
 // Forward fails at once.
 func (NoPeers) Forward(context.Context, string, []bucket.Request, []bucket.Outcome) error {
+	return ErrNoPeers
+}
+
+// ForwardStandIn fails at once.
+func (NoPeers) ForwardStandIn(context.Context, string, []bucket.Request, []bucket.Outcome) error {
 	return ErrNoPeers
 }
 

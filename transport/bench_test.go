@@ -18,6 +18,10 @@ func (h *trivialHandler) Check(_ context.Context, reqs []bucket.Request, out []b
 	}
 }
 
+func (h *trivialHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.CheckForwarded(ctx, from, reqs, out)
+}
+
 func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
 	h.forwards.Add(1)
 	h.Check(ctx, reqs, out)

@@ -18,6 +18,7 @@ import (
 type fakeHandler struct {
 	calls     atomic.Int64 // Check calls
 	forwards  atomic.Int64 // CheckForwarded calls (= Forward RPCs)
+	standIns  atomic.Int64 // CheckStandIn calls
 	mu        sync.Mutex
 	sizes     []int            // items per CheckForwarded call, in order
 	last      []bucket.Request // copy of the last Check's requests
@@ -39,6 +40,12 @@ func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bu
 	h.last = append(h.last[:0], reqs...)
 	h.mu.Unlock()
 	decide(reqs, out, "")
+}
+
+// CheckStandIn records the call, then answers like CheckForwarded.
+func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.standIns.Add(1)
+	h.CheckForwarded(ctx, from, reqs, out)
 }
 
 func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {

@@ -170,6 +170,46 @@ func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Re
 	return nil
 }
 
+// ForwardStandIn asks the node at addr to decide reqs although it may not
+// own their keys, because their owner did not answer (CheckStandIn there).
+// It is sent at once, in one RPC per MaxBatch items, outside the batching
+// of Forward: stand-ins are rare. Answers and errors are as for Forward.
+func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	if len(reqs) != len(out) {
+		return fmt.Errorf("transport: forward: %d requests but %d outcomes", len(reqs), len(out))
+	}
+	p, err := pc.peer(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := pc.withDeadline(ctx)
+	defer cancel()
+	for start := 0; start < len(reqs); start += pc.maxBatch {
+		end := min(start+pc.maxBatch, len(reqs))
+		req := &sluicev1.ForwardRequest{From: pc.name, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, end-start)}
+		for i := start; i < end; i++ {
+			req.Requests = append(req.Requests, RequestToProto(reqs[i]))
+		}
+		resp, err := p.client.Forward(ctx, req)
+		if err != nil {
+			return fmt.Errorf("transport: stand-in forward of %d requests to %s: %w", end-start, addr, err)
+		}
+		if len(resp.GetResponses()) != end-start {
+			return fmt.Errorf("transport: %s answered %d of %d stand-in requests", addr, len(resp.GetResponses()), end-start)
+		}
+		if err := checkMoved(resp, end-start); err != nil {
+			return fmt.Errorf("transport: %s: %w", addr, err)
+		}
+		for i, r := range resp.GetResponses() {
+			out[start+i] = OutcomeFromProto(r)
+			if mv := resp.GetMovedTo(); len(mv) > 0 {
+				out[start+i].MovedTo = mv[i]
+			}
+		}
+	}
+	return nil
+}
+
 func noop() {}
 
 // withDeadline gives ctx a deadline no later than now+timeout.

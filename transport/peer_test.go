@@ -392,3 +392,22 @@ func TestForwardKeepsMore(t *testing.T) {
 		}
 	}
 }
+
+func TestForwardStandInReachesCheckStandIn(t *testing.T) {
+	t.Parallel()
+	h := &fakeHandler{}
+	addr := startServer(t, h).GRPCAddr()
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	defer pc.Close()
+	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
+	out := make([]bucket.Outcome, 1)
+	if err := pc.ForwardStandIn(context.Background(), addr, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	if h.standIns.Load() != 1 {
+		t.Fatalf("CheckStandIn called %d times, want 1", h.standIns.Load())
+	}
+	if out[0].Err != "" || out[0].Status == bucket.StatusUnspecified {
+		t.Fatalf("answer %+v", out[0])
+	}
+}

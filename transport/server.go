@@ -31,6 +31,10 @@ type Handler interface {
 	// Check decides reqs and fills out; it may forward to other nodes. It
 	// validates each item itself and answers an invalid one with Outcome.Err.
 	Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome)
+	// CheckStandIn decides reqs that another node (named from) sent here
+	// because their owner did not answer: this node decides them all from
+	// what it holds (hop limit 1).
+	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
 	// CheckForwarded decides reqs another node (named from) forwarded to this
 	// one; it never forwards again (hop limit 1).
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
@@ -342,13 +346,13 @@ func batchTooLarge(n int) error {
 // response. from is "" for a client's check.
 func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) *sluicev1.CheckResponse {
 	resp := &sluicev1.CheckResponse{}
-	resp.Responses, _ = s.run(ctx, reqs, forwarded, from)
+	resp.Responses, _ = s.run(ctx, reqs, forwarded, false, from)
 	return resp
 }
 
 // run is decide's work: the wire answers, and moved (nil unless some outcome
 // has MovedTo, else one address per item, "" for the decided ones).
-func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) (resps []*sluicev1.RateLimitResponse, moved []string) {
+func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn bool, from string) (resps []*sluicev1.RateLimitResponse, moved []string) {
 	n := len(reqs)
 	if n == 0 {
 		return nil, nil
@@ -357,9 +361,12 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 	for i, r := range reqs {
 		b.reqs[i] = RequestFromProto(r)
 	}
-	if forwarded {
+	switch {
+	case standIn:
+		s.cfg.Handler.CheckStandIn(ctx, from, b.reqs, b.outs)
+	case forwarded:
 		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs)
-	} else {
+	default:
 		s.cfg.Handler.Check(ctx, b.reqs, b.outs)
 	}
 	resps = AppendResponses(make([]*sluicev1.RateLimitResponse, 0, n), b.outs)
@@ -401,7 +408,7 @@ func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (
 		return nil, batchTooLarge(n)
 	}
 	resp := &sluicev1.ForwardResponse{}
-	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetFrom())
+	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetFrom())
 	return resp, nil
 }
 

@@ -1052,9 +1052,13 @@ func (x *Member) GetRulesHash() string {
 }
 
 type ForwardRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Requests      []*RateLimitRequest    `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
-	From          string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"` // name of the sending node
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Requests []*RateLimitRequest    `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	From     string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"` // name of the sending node
+	// stand_in: the keys' owner did not answer; the receiver, a replica,
+	// decides every item from what it holds. Without it a receiver that
+	// sees another node as a key's owner answers moved_to that node.
+	StandIn       bool `protobuf:"varint,3,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1101,6 +1105,13 @@ func (x *ForwardRequest) GetFrom() string {
 		return x.From
 	}
 	return ""
+}
+
+func (x *ForwardRequest) GetStandIn() bool {
+	if x != nil {
+		return x.StandIn
+	}
+	return false
 }
 
 type ForwardResponse struct {
@@ -1598,10 +1609,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x12\n" +
 	"\x04keys\x18\x05 \x01(\x03R\x04keys\x12\x1d\n" +
 	"\n" +
-	"rules_hash\x18\x06 \x01(\tR\trulesHash\"]\n" +
+	"rules_hash\x18\x06 \x01(\tR\trulesHash\"x\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
-	"\x04from\x18\x02 \x01(\tR\x04from\"h\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +
+	"\bstand_in\x18\x03 \x01(\bR\astandIn\"h\n" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"_\n" +
