@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
 )
 
 var t0 = time.Date(2026, 11, 22, 12, 0, 30, 0, time.UTC)
@@ -301,5 +302,46 @@ func TestElasticLimitFollowsTheNodesLoad(t *testing.T) {
 	load.Store(90)
 	if got := count("busy"); got != 2 {
 		t.Fatalf("at 90%% load it admitted %d, want the limit 2", got)
+	}
+}
+
+func TestInvalidRequestsWriteNothing(t *testing.T) {
+	t.Parallel()
+	cfg := NodeConfig(t, "solo", "127.0.0.1:1")
+	n, err := New(cfg, NoPeers{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	bad := []bucket.Request{
+		{Name: "", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a\x00b", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a", Key: "", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a", Key: "k", Hits: -1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: bucket.MaxLimit + 1, WindowMS: 1000}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: bucket.MaxWindowMS + 1}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000, Burst: -1}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000, Algorithm: 99}},
+		{Name: "a", Key: "k", Hits: 1}, // no limit, no rules
+	}
+	good := req("a", "ok", 1, 5)
+	reqs := append(append([]bucket.Request{}, bad...), good)
+	out := make([]bucket.Outcome, len(reqs))
+	n.Check(context.Background(), reqs, out)
+	for i := range bad {
+		if out[i].Err == "" || out[i].Status != bucket.StatusUnspecified {
+			t.Errorf("bad item %d answered %+v", i, out[i])
+		}
+	}
+	if last := out[len(bad)]; last.Err != "" || !last.Allowed() {
+		t.Fatalf("the valid item among bad ones answered %+v", last)
+	}
+	if err := n.Cache().Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	n.Cache().RangeStored(time.Now().UnixNano(), func(writeback.Record) bool { stored++; return true })
+	if l := n.Cache().Len(); l != 1 || stored != 1 {
+		t.Fatalf("after %d bad items and 1 good: %d keys in memory, %d stored; want 1 and 1", len(bad), l, stored)
 	}
 }
