@@ -56,6 +56,13 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 }
 
+// newServeFlagSet returns the flag set of `sluice serve` bound to f.
+func newServeFlagSet(f *serveFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
+	f.register(fs)
+	return fs
+}
+
 // parseWithEnv parses args, then gives every flag that was not on the
 // command line the value of its SLUICE_ environment variable, if set.
 func parseWithEnv(fs *flag.FlagSet, args []string) error {
@@ -95,10 +102,9 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var f serveFlags
-	f.register(fs)
+	fs := newServeFlagSet(&f)
+	fs.SetOutput(stderr)
 	if err := parseWithEnv(fs, args); err != nil {
 		return err
 	}
