@@ -213,6 +213,10 @@ type Request struct {
 	// with Limit 0 but other fields set alongside a non-empty More, which
 	// would be ambiguous. At most MaxLimitsPerRequest limits in all.
 	More []Limit
+	// PullFrom, between nodes only (stand-in forwards), is the gRPC address
+	// of the node that handed the key to the receiver: the receiver pulls
+	// the key from it before deciding.
+	PullFrom string
 }
 
 // Decision is the answer of an algorithm to one request.

@@ -175,6 +175,34 @@ func cloneKey(k writeback.Key) writeback.Key {
 	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
 }
 
+// pullKey pulls k's counters (every limit's) from the node at addr,
+// releasing them there, and adopts what is newer. A failed pull is counted
+// and the decision goes on with what this node holds.
+func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
+	var keys []bucket.Counter
+	if len(lims.more) == 0 {
+		keys = []bucket.Counter{{Name: k.Name, Key: k.Key}}
+	} else {
+		for i := range 1 + len(lims.more) {
+			sk := writeback.SubKey(k, i)
+			keys = append(keys, bucket.Counter{Name: sk.Name, Key: sk.Key})
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+	err := n.peers.Pull(pctx, addr, keys, true, n.cfg.MoveWindow)
+	cancel()
+	n.pulls.Add(1)
+	if err != nil {
+		n.pullErrors.Add(1)
+		return
+	}
+	for _, c := range keys {
+		if c.Version > 0 {
+			n.cache.Adopt(h, writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version})
+		}
+	}
+}
+
 // markSettled records that k arrived by handoff: no pull is needed.
 func (n *Node) markSettled(k writeback.Key) {
 	if ms := n.moves.Load(); ms != nil {

@@ -174,7 +174,7 @@ func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 		nodes[2].Status().Pulls, nodes[0].Status().HandedOff+nodes[1].Status().HandedOff)
 }
 
-func TestPullReleasesAndRedirects(t *testing.T) {
+func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	t.Parallel()
 	nodes, _ := memCluster(t, 2, nil)
 	key := keysOwnedBy(nodes[0], "n0", 1)[0]
@@ -184,11 +184,26 @@ func TestPullReleasesAndRedirects(t *testing.T) {
 	if keys[0].Version == 0 || keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
 	}
-	// n0 no longer decides the key: a forwarded check comes back moved to n1.
+	h := ring.Hash("api", key)
+	k := writeback.Key{Name: "api", Key: key}
+	if !nodes[0].Cache().Released(h, k, t0.UnixNano()) {
+		t.Fatal("a pull with release did not release the key")
+	}
+	// n1 decides two hits with what it pulled.
+	nodes[1].Cache().Adopt(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
 	out := make([]bucket.Outcome, 1)
+	nodes[1].CheckStandIn(context.Background(), "x", []bucket.Request{req("api", key, 2, 10)}, out)
+	if !out[0].Allowed() || out[0].Remaining != 5 {
+		t.Fatalf("n1 answered %+v", out[0])
+	}
+	// n0 still owns the key in its view: a check there takes it back from
+	// n1, with n1's count, instead of deciding from its stale copy.
 	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out)
-	if out[0].MovedTo != memAddr(1) {
-		t.Fatalf("released key answered %+v, want MovedTo %s", out[0], memAddr(1))
+	if out[0].MovedTo != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
+		t.Fatalf("n0 answered %+v, want a decision on 5 earlier hits (remaining 4)", out[0])
+	}
+	if !nodes[1].Cache().Released(h, k, t0.UnixNano()) {
+		t.Fatal("taking the key back did not release it on n1")
 	}
 }
 

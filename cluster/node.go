@@ -488,6 +488,9 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 			out[i].MovedTo = owner.Addr
 			continue
 		}
+		if standIn && r.PullFrom != "" && r.PullFrom != n.cfg.GRPCAddr {
+			n.pullKey(ctx, h, writeback.Key{Name: r.Name, Key: r.Key}, lims, r.PullFrom)
+		}
 		n.decide(ctx, h, r, lims, now, &out[i])
 	}
 }
@@ -552,10 +555,15 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 	}
 	d, err := n.decideCache(h, k, lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
-		if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
-			return
+		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name {
+			if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
+				return
+			}
+		} else if to := n.movedTo(h, k); to != "" && to != n.cfg.GRPCAddr {
+			// This node owns the key in its view but had handed it on
+			// (views differed): take it back from where it went.
+			n.pullKey(ctx, h, k, lims, to)
 		}
-		// Released, but nobody else claims it now: take it back.
 		n.reclaim(h, k, lims)
 		d, err = n.decideCache(h, k, lims, r.Hits, now)
 	}
@@ -593,6 +601,7 @@ type route struct {
 	hash  uint64
 	lims  limits
 	owner ring.Member
+	from  string // the address that pointed here (stand-ins pull from it)
 }
 
 // forward sends the remote requests, one call per owner, the calls to
@@ -644,6 +653,9 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 		sub[j] = reqs[rt.i]
 		// The owner gets the resolved limits; it needs no rules.
 		sub[j].Limit, sub[j].More = rt.lims.one, rt.lims.more
+		if standIn {
+			sub[j].PullFrom = rt.from
+		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 	var err error
@@ -675,26 +687,23 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
 	failedAddr := g[0].owner.Addr
 	failed, moved := n.send(ctx, failedAddr, false, reqs, out, g)
-	// Items the receiver sees elsewhere (views differ while membership
-	// changes, or it handed the key on) go where it points, once as a
-	// plain forward, then, pointed on again, as a stand-in that the node
-	// pointed to decides whatever its view.
-	for round := 0; len(moved) > 0; round++ {
+	if len(moved) > 0 {
+		// The receiver sees the key elsewhere (views differ while
+		// membership changes) or handed it on: ask where it points.
 		n.redirects.Add(uint64(len(moved)))
-		var again []route
-		for _, rt := range moved {
-			rt.owner = ring.Member{Addr: out[rt.i].MovedTo}
-			again = append(again, rt)
-		}
-		moved = nil
-		for _, rg := range groupByAddr(again) {
-			f, m := n.send(ctx, rg[0].owner.Addr, round > 0, reqs, out, rg)
+		var stuck []route
+		for _, rg := range groupByAddr(retarget(moved, out)) {
+			f, m := n.send(ctx, rg[0].owner.Addr, false, reqs, out, rg)
 			failed = append(failed, f...)
-			if round > 0 {
-				failed = append(failed, m...) // a stand-in that still points on
-			} else {
-				moved = append(moved, m...)
-			}
+			stuck = append(stuck, m...)
+		}
+		// Pointed on again: the node the first receiver handed the key to
+		// decides it as a stand-in, after pulling the key from that
+		// receiver.
+		for _, rg := range groupByAddr(stuck) {
+			f, m := n.send(ctx, rg[0].owner.Addr, true, reqs, out, rg)
+			failed = append(failed, f...)
+			failed = append(failed, m...)
 		}
 	}
 	if len(failed) == 0 {
@@ -707,6 +716,17 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bu
 		return
 	}
 	n.failover(ctx, reqs, out, failed, failedAddr, now)
+}
+
+// retarget points routes at the address their answer moved them to,
+// remembering where they came from.
+func retarget(moved []route, out []bucket.Outcome) []route {
+	again := make([]route, len(moved))
+	for j, rt := range moved {
+		rt.from, rt.owner = rt.owner.Addr, ring.Member{Addr: out[rt.i].MovedTo}
+		again[j] = rt
+	}
+	return again
 }
 
 // failover answers routes whose owner failed from the key's first replica

@@ -187,10 +187,10 @@ func TestScaleOutThenInUnderLoad(t *testing.T) {
 	waitCalls(t, l, 3000)
 	close(stop)
 	<-done
-	// Measured: 0 in every run of the last ten; a hit can still escape the
-	// count in a rare interleaving (issue 4 is open on this); more than a
-	// few is a regression.
-	const scaleOutSlack = 5
+	// Measured: 0 in each of the last ten runs. Two hits are tolerated so
+	// that a rare interleaving not yet seen does not make CI flaky; any
+	// loss is printed, and more is a regression.
+	const scaleOutSlack = 2
 	lost := l.verify(t, dial(t, ps[0].grpc), scaleOutSlack)
 	t.Logf("scale-out: %d calls, %d errors, max latency %v, over-admission %d", l.calls.Load(), l.callErrors.Load(), time.Duration(l.maxLatency.Load()), lost)
 
@@ -209,7 +209,7 @@ func TestScaleOutThenInUnderLoad(t *testing.T) {
 	waitCalls(t, l, l.calls.Load()+3000)
 	close(stop)
 	<-done
-	// Measured: 0 in most runs, 1 hit in one run of five.
+	// Measured: 0 in each of the last ten runs.
 	lostBefore := lost
 	lost = l.verify(t, dial(t, ps[1].grpc), lostBefore+scaleOutSlack)
 	t.Logf("scale-in: %d calls, %d errors, max latency %v, over-admission %d", l.calls.Load(), l.callErrors.Load(), time.Duration(l.maxLatency.Load()), lost)
@@ -280,10 +280,10 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 		<-done
 	}
 	// Measured: no admitted hit lost and no key over its limit in the last
-	// ten runs; before the ready flag and the moved_to answers, keys at
-	// their limit were over-admitted by up to 16 hits in a run. A few is
-	// tolerated (issue 4 is open on exactness); more is a regression.
-	const restartSlack = 5
+	// fifteen runs (before the ready flag and the moved_to answers, keys at
+	// their limit were over-admitted by up to 16 hits in a run). Two are
+	// tolerated as above; more is a regression.
+	const restartSlack = 2
 	lost := l.verifyLoss(t, dial(t, ps[2].grpc), restartSlack, 0)
 	t.Logf("rolling restart of 3 nodes: %d calls, %d errors, over-admission %d", l.calls.Load(), l.callErrors.Load(), lost)
 }

@@ -189,6 +189,14 @@ func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bu
 		req := &sluicev1.ForwardRequest{From: pc.name, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, end-start)}
 		for i := start; i < end; i++ {
 			req.Requests = append(req.Requests, RequestToProto(reqs[i]))
+			if reqs[i].PullFrom != "" && req.PullFrom == nil {
+				req.PullFrom = make([]string, end-start)
+			}
+		}
+		if req.PullFrom != nil {
+			for i := start; i < end; i++ {
+				req.PullFrom[i-start] = reqs[i].PullFrom
+			}
 		}
 		resp, err := p.client.Forward(ctx, req)
 		if err != nil {

@@ -399,13 +399,22 @@ func TestForwardStandInReachesCheckStandIn(t *testing.T) {
 	addr := startServer(t, h).GRPCAddr()
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	defer pc.Close()
-	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
-	out := make([]bucket.Outcome, 1)
+	reqs := []bucket.Request{
+		{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}, PullFrom: "10.0.0.1:8081"},
+		{Name: "n", Key: "k2", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}},
+	}
+	out := make([]bucket.Outcome, 2)
 	if err := pc.ForwardStandIn(context.Background(), addr, reqs, out); err != nil {
 		t.Fatal(err)
 	}
 	if h.standIns.Load() != 1 {
 		t.Fatalf("CheckStandIn called %d times, want 1", h.standIns.Load())
+	}
+	h.mu.Lock()
+	got := append([]bucket.Request(nil), h.lastFwd...)
+	h.mu.Unlock()
+	if len(got) != 2 || got[0].PullFrom != "10.0.0.1:8081" || got[1].PullFrom != "" {
+		t.Fatalf("the handler saw %+v, want PullFrom carried per request", got)
 	}
 	if out[0].Err != "" || out[0].Status == bucket.StatusUnspecified {
 		t.Fatalf("answer %+v", out[0])

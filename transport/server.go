@@ -346,13 +346,13 @@ func batchTooLarge(n int) error {
 // response. from is "" for a client's check.
 func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) *sluicev1.CheckResponse {
 	resp := &sluicev1.CheckResponse{}
-	resp.Responses, _ = s.run(ctx, reqs, forwarded, false, from)
+	resp.Responses, _ = s.run(ctx, reqs, forwarded, false, from, nil)
 	return resp
 }
 
 // run is decide's work: the wire answers, and moved (nil unless some outcome
 // has MovedTo, else one address per item, "" for the decided ones).
-func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn bool, from string) (resps []*sluicev1.RateLimitResponse, moved []string) {
+func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn bool, from string, pullFrom []string) (resps []*sluicev1.RateLimitResponse, moved []string) {
 	n := len(reqs)
 	if n == 0 {
 		return nil, nil
@@ -360,6 +360,9 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 	b := s.getBuf(n)
 	for i, r := range reqs {
 		b.reqs[i] = RequestFromProto(r)
+		if standIn && len(pullFrom) == n {
+			b.reqs[i].PullFrom = pullFrom[i]
+		}
 	}
 	switch {
 	case standIn:
@@ -408,7 +411,10 @@ func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (
 		return nil, batchTooLarge(n)
 	}
 	resp := &sluicev1.ForwardResponse{}
-	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetFrom())
+	if pf := req.GetPullFrom(); len(pf) != 0 && len(pf) != len(req.GetRequests()) {
+		return nil, status.Errorf(codes.InvalidArgument, "pull_from has %d entries for %d requests", len(pf), len(req.GetRequests()))
+	}
+	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetFrom(), req.GetPullFrom())
 	return resp, nil
 }
 

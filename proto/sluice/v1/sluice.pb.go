@@ -1058,7 +1058,11 @@ type ForwardRequest struct {
 	// stand_in: the keys' owner did not answer; the receiver, a replica,
 	// decides every item from what it holds. Without it a receiver that
 	// sees another node as a key's owner answers moved_to that node.
-	StandIn       bool `protobuf:"varint,3,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
+	StandIn bool `protobuf:"varint,3,opt,name=stand_in,json=standIn,proto3" json:"stand_in,omitempty"`
+	// pull_from[i], on a stand-in, when not empty: the gRPC address of the
+	// node that pointed the sender here for requests[i]; the receiver pulls
+	// that key from it before deciding. Empty, or one entry per request.
+	PullFrom      []string `protobuf:"bytes,4,rep,name=pull_from,json=pullFrom,proto3" json:"pull_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1112,6 +1116,13 @@ func (x *ForwardRequest) GetStandIn() bool {
 		return x.StandIn
 	}
 	return false
+}
+
+func (x *ForwardRequest) GetPullFrom() []string {
+	if x != nil {
+		return x.PullFrom
+	}
+	return nil
 }
 
 type ForwardResponse struct {
@@ -1609,11 +1620,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x12\n" +
 	"\x04keys\x18\x05 \x01(\x03R\x04keys\x12\x1d\n" +
 	"\n" +
-	"rules_hash\x18\x06 \x01(\tR\trulesHash\"x\n" +
+	"rules_hash\x18\x06 \x01(\tR\trulesHash\"\x95\x01\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +
-	"\bstand_in\x18\x03 \x01(\bR\astandIn\"h\n" +
+	"\bstand_in\x18\x03 \x01(\bR\astandIn\x12\x1b\n" +
+	"\tpull_from\x18\x04 \x03(\tR\bpullFrom\"h\n" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"_\n" +
