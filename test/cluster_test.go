@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -166,5 +168,17 @@ func TestCLICheckAndStatus(t *testing.T) {
 	}
 	if out, code := runCLI(t, "status", "--addr", ps[0].grpc); code != 0 || !strings.Contains(out, ps[2].name) {
 		t.Fatalf("status exited %d: %s", code, out)
+	}
+
+	// /metrics speaks the Prometheus text format and counts the checks.
+	mresp, err := http.Get("http://" + ps[1].http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if mresp.StatusCode != 200 || !strings.Contains(string(body), "# TYPE sluice_checks_total counter") ||
+		!strings.Contains(string(body), "sluice_members_alive 3") {
+		t.Fatalf("/metrics answered %d:\n%s", mresp.StatusCode, body)
 	}
 }

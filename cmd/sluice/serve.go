@@ -149,6 +149,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		Handler:      node,
 		Peer:         node,
 		Status:       statusSource{node: node, rules: watcher(cfg.Rules)},
+		Metrics:      metricsHandler{node},
 		Logger:       lg,
 	})
 	if err != nil {
