@@ -109,17 +109,18 @@ func infoOf(n *memberlist.Node, state string) memberInfo {
 	return memberInfo{name: n.Name, gossip: n.Address(), meta: md, metaErr: err, state: state}
 }
 
-// joined records n as alive and reports whether it had been declared dead
-// (not left): a partition healed, or the node restarted.
-func (r *roster) joined(n *memberlist.Node) (wasDead bool) {
+// joined records n as alive and returns the state it had before ("" for
+// a member never seen): StateDead means a partition healed or the node
+// restarted after a crash, StateLeft that it came back after leaving.
+func (r *roster) joined(n *memberlist.Node) (before string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
 		r.m = make(map[string]memberInfo)
 	}
-	wasDead = r.m[n.Name].state == StateDead
+	before = r.m[n.Name].state
 	r.m[n.Name] = infoOf(n, StateAlive)
-	return wasDead
+	return before
 }
 
 // updated records n's new metadata.
@@ -163,8 +164,9 @@ func (r *roster) all() []memberInfo {
 type delegate struct {
 	meta     atomic.Pointer[[]byte]
 	roster   *roster
-	changed  chan struct{}     // capacity 1: a pending rebuild
-	onRejoin func(name string) // a member declared dead is alive again
+	changed  chan struct{}         // capacity 1: a pending rebuild
+	onRejoin func(name string)     // a member declared dead is alive again
+	onReturn func(info memberInfo) // a member that was dead or had left is back
 }
 
 var (
@@ -190,8 +192,12 @@ func (d *delegate) LocalState(join bool) []byte                { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
 
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
-	if d.roster.joined(n) && d.onRejoin != nil {
+	before := d.roster.joined(n)
+	if before == StateDead && d.onRejoin != nil {
 		d.onRejoin(n.Name)
+	}
+	if (before == StateDead || before == StateLeft) && d.onReturn != nil {
+		d.onReturn(infoOf(n, StateAlive))
 	}
 	d.signal()
 }

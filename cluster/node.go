@@ -120,7 +120,10 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1), onRejoin: func(name string) {
+	// A node without seeds is a cluster of its own from the start; one with
+	// seeds decides nothing until it has joined (enterRing).
+	n.inRing.Store(len(cfg.Join) == 0)
+	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1), onReturn: n.peerReturned, onRejoin: func(name string) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
@@ -243,6 +246,27 @@ func (n *Node) reconnectLoop() {
 		return true
 	})
 }
+
+// PeerCloser is implemented by Peers that keep a connection per peer
+// (transport.PeerClient): when a member comes back after a crash or a
+// leave, its old connection, possibly waiting out a reconnect backoff, is
+// dropped so that the next call dials it at once.
+type PeerCloser interface {
+	ClosePeer(addr string) error
+}
+
+// peerReturned drops the connection to a member that is back. It runs off
+// memberlist's callback goroutine.
+func (n *Node) peerReturned(m memberInfo) {
+	pc, ok := n.peers.(PeerCloser)
+	if !ok || m.metaErr != nil {
+		return
+	}
+	go pc.ClosePeer(m.meta.grpcAddr)
+}
+
+// errJoining answers checks a node gets before it has joined the cluster.
+const errJoining = "node is joining the cluster and decides nothing yet; ask another node"
 
 // enterRing announces that this node takes its partitions (metaReady) and
 // puts it in its own ring. Keys that move to it are pulled from their
@@ -443,6 +467,12 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
+			if !n.inRing.Load() {
+				// Joining: what this node holds may be stale, and the
+				// cluster has not handed it anything yet.
+				out[i] = bucket.Outcome{Owner: n.name, Err: errJoining}
+				continue
+			}
 			n.decide(ctx, h, r, lims, now, &out[i])
 			if out[i].MovedTo == "" {
 				continue

@@ -164,7 +164,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // waitMembers waits until every process sees exactly the given processes
-// alive.
+// alive and in the ring (a joining node owns nothing until it has joined).
 func waitMembers(t *testing.T, ps []*proc) {
 	t.Helper()
 	clients := make([]*transport.Client, len(ps))
@@ -181,7 +181,7 @@ func waitMembers(t *testing.T, ps []*proc) {
 			}
 			alive := 0
 			for _, m := range st.Members {
-				if m.State == "alive" {
+				if m.State == "alive" && m.Share > 0 {
 					alive++
 				}
 			}
