@@ -25,6 +25,11 @@ func NodeConfig(t testing.TB, name, grpcAddr string) Config {
 	cfg.GRPCAddr = grpcAddr
 	cfg.DataDir = t.TempDir()
 	cfg.JoinRetry = 100 * time.Millisecond
+	// Generous: a forward that times out after its owner decided is
+	// answered again by the replica (counted twice), which would make
+	// exact-count tests flaky on a slow machine (-race). Tests of timeouts
+	// set their own.
+	cfg.ForwardTimeout = 2 * time.Second
 	cfg.Log = slog.New(slog.DiscardHandler)
 	cfg.Cache.FlushInterval = 50 * time.Millisecond
 	return cfg

@@ -124,18 +124,14 @@ type memPeers struct {
 var _ Peers = memPeers{}
 
 func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	p.m.mu.Lock()
-	p.m.calls++
-	p.m.mu.Unlock()
-	h, err := p.reach(ctx, addr)
-	if err != nil {
-		return err
-	}
-	h.CheckForwarded(ctx, p.from, reqs, out)
-	return nil
+	return p.forward(ctx, addr, false, reqs, out)
 }
 
 func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return p.forward(ctx, addr, true, reqs, out)
+}
+
+func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome) error {
 	p.m.mu.Lock()
 	p.m.calls++
 	p.m.mu.Unlock()
@@ -143,7 +139,11 @@ func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket
 	if err != nil {
 		return err
 	}
-	h.CheckStandIn(ctx, p.from, reqs, out)
+	if standIn {
+		h.CheckStandIn(ctx, p.from, reqs, out)
+	} else {
+		h.CheckForwarded(ctx, p.from, reqs, out)
+	}
 	return nil
 }
 

@@ -247,22 +247,19 @@ func (n *Node) reconnectLoop() {
 	})
 }
 
-// PeerCloser is implemented by Peers that keep a connection per peer
+// PeerWaker is implemented by Peers that keep a connection per peer
 // (transport.PeerClient): when a member comes back after a crash or a
-// leave, its old connection, possibly waiting out a reconnect backoff, is
-// dropped so that the next call dials it at once.
-type PeerCloser interface {
-	ClosePeer(addr string) error
+// leave, its connection, possibly waiting out a reconnect backoff, is told
+// to reconnect at once.
+type PeerWaker interface {
+	ResetBackoff(addr string)
 }
 
-// peerReturned drops the connection to a member that is back. It runs off
-// memberlist's callback goroutine.
+// peerReturned wakes the connection to a member that is back.
 func (n *Node) peerReturned(m memberInfo) {
-	pc, ok := n.peers.(PeerCloser)
-	if !ok || m.metaErr != nil {
-		return
+	if pw, ok := n.peers.(PeerWaker); ok && m.metaErr == nil {
+		pw.ResetBackoff(m.meta.grpcAddr)
 	}
-	go pc.ClosePeer(m.meta.grpcAddr)
 }
 
 // errJoining answers checks a node gets before it has joined the cluster.

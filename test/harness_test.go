@@ -97,7 +97,10 @@ func newProc(t *testing.T, i int, ip string) *proc {
 func (p *proc) start(t *testing.T) {
 	t.Helper()
 	args := []string{"serve", "--node-name", p.name, "--grpc-addr", p.grpc, "--http-addr", p.http,
-		"--gossip-addr", p.gossip, "--data-dir", p.dataDir, "--log-level", "debug"}
+		"--gossip-addr", p.gossip, "--data-dir", p.dataDir, "--log-level", "debug",
+		// A forward that times out after the owner decided is decided again
+		// by the replica: generous on a busy test machine.
+		"--forward-timeout", "1s"}
 	for _, j := range p.join {
 		args = append(args, "--join", j)
 	}

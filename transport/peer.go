@@ -268,6 +268,15 @@ func (pc *PeerClient) ClosePeer(addr string) error {
 	return v.(*peer).close()
 }
 
+// ResetBackoff makes the connection to addr, if any, try to reconnect at
+// once instead of waiting out gRPC's reconnect backoff: the node at addr has
+// come back. Calls in progress are not disturbed.
+func (pc *PeerClient) ResetBackoff(addr string) {
+	if v, ok := pc.peers.Load(addr); ok {
+		v.(*peer).conn.ResetConnectBackoff()
+	}
+}
+
 // Close closes every connection, fails the forwards in progress and waits
 // until no batch is on the wire. Forward after Close returns ErrClosed.
 func (pc *PeerClient) Close() error {

@@ -420,3 +420,21 @@ func TestForwardStandInReachesCheckStandIn(t *testing.T) {
 		t.Fatalf("answer %+v", out[0])
 	}
 }
+
+func TestResetBackoffReconnectsAtOnce(t *testing.T) {
+	t.Parallel()
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	defer pc.Close()
+	pc.ResetBackoff("127.0.0.1:1") // unknown peer: nothing to do
+	h := &fakeHandler{}
+	addr := startServer(t, h).GRPCAddr()
+	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
+	out := make([]bucket.Outcome, 1)
+	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	pc.ResetBackoff(addr) // a known, healthy peer: calls go on
+	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+		t.Fatalf("forward after ResetBackoff: %v", err)
+	}
+}
