@@ -149,6 +149,29 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 // ctx.Err() (context.DeadlineExceeded also when Timeout ran out). It never
 // waits past min(ctx's deadline, now+Timeout).
 func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return pc.chunked(ctx, addr, reqs, out, func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error {
+		if err := p.forward(ctx, reqs, out); err != nil {
+			return fmt.Errorf("transport: forward %d requests to %s: %w", len(reqs), addr, err)
+		}
+		return nil
+	})
+}
+
+// ForwardStandIn asks the node at addr to decide reqs although it may not
+// own their keys, because their owner did not answer (CheckStandIn there).
+// It is sent at once, in one RPC per MaxBatch items, outside the batching
+// of Forward: stand-ins are rare. Answers and errors are as for Forward.
+func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return pc.chunked(ctx, addr, reqs, out, func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error {
+		return p.forwardStandIn(ctx, reqs, out)
+	})
+}
+
+// chunked checks reqs and out, finds the peer at addr and calls send on
+// chunks of at most MaxBatch items under one deadline (ctx's, or
+// now+Timeout when that is sooner).
+func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome,
+	send func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error) error {
 	if len(reqs) != len(out) {
 		return fmt.Errorf("transport: forward: %d requests but %d outcomes", len(reqs), len(out))
 	}
@@ -163,56 +186,41 @@ func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Re
 	defer cancel()
 	for start := 0; start < len(reqs); start += pc.maxBatch {
 		end := min(start+pc.maxBatch, len(reqs))
-		if err := p.forward(ctx, reqs[start:end], out[start:end]); err != nil {
-			return fmt.Errorf("transport: forward %d requests to %s: %w", len(reqs), addr, err)
+		if err := send(ctx, p, reqs[start:end], out[start:end]); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// ForwardStandIn asks the node at addr to decide reqs although it may not
-// own their keys, because their owner did not answer (CheckStandIn there).
-// It is sent at once, in one RPC per MaxBatch items, outside the batching
-// of Forward: stand-ins are rare. Answers and errors are as for Forward.
-func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	if len(reqs) != len(out) {
-		return fmt.Errorf("transport: forward: %d requests but %d outcomes", len(reqs), len(out))
+// forwardStandIn sends one chunk as a stand-in Forward RPC.
+func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) error {
+	req := &sluicev1.ForwardRequest{From: p.pc.name, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, len(reqs))}
+	for i := range reqs {
+		req.Requests = append(req.Requests, RequestToProto(reqs[i]))
+		if reqs[i].PullFrom != "" && req.PullFrom == nil {
+			req.PullFrom = make([]string, len(reqs))
+		}
 	}
-	p, err := pc.peer(addr)
+	if req.PullFrom != nil {
+		for i := range reqs {
+			req.PullFrom[i] = reqs[i].PullFrom
+		}
+	}
+	resp, err := p.client.Forward(ctx, req)
 	if err != nil {
-		return err
+		return fmt.Errorf("transport: stand-in forward of %d requests to %s: %w", len(reqs), p.addr, err)
 	}
-	ctx, cancel := pc.withDeadline(ctx)
-	defer cancel()
-	for start := 0; start < len(reqs); start += pc.maxBatch {
-		end := min(start+pc.maxBatch, len(reqs))
-		req := &sluicev1.ForwardRequest{From: pc.name, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, end-start)}
-		for i := start; i < end; i++ {
-			req.Requests = append(req.Requests, RequestToProto(reqs[i]))
-			if reqs[i].PullFrom != "" && req.PullFrom == nil {
-				req.PullFrom = make([]string, end-start)
-			}
-		}
-		if req.PullFrom != nil {
-			for i := start; i < end; i++ {
-				req.PullFrom[i-start] = reqs[i].PullFrom
-			}
-		}
-		resp, err := p.client.Forward(ctx, req)
-		if err != nil {
-			return fmt.Errorf("transport: stand-in forward of %d requests to %s: %w", end-start, addr, err)
-		}
-		if len(resp.GetResponses()) != end-start {
-			return fmt.Errorf("transport: %s answered %d of %d stand-in requests", addr, len(resp.GetResponses()), end-start)
-		}
-		if err := checkMoved(resp, end-start); err != nil {
-			return fmt.Errorf("transport: %s: %w", addr, err)
-		}
-		for i, r := range resp.GetResponses() {
-			out[start+i] = OutcomeFromProto(r)
-			if mv := resp.GetMovedTo(); len(mv) > 0 {
-				out[start+i].MovedTo = mv[i]
-			}
+	if len(resp.GetResponses()) != len(reqs) {
+		return fmt.Errorf("transport: %s answered %d of %d stand-in requests", p.addr, len(resp.GetResponses()), len(reqs))
+	}
+	if err := checkMoved(resp, len(reqs)); err != nil {
+		return fmt.Errorf("transport: %s: %w", p.addr, err)
+	}
+	for i, r := range resp.GetResponses() {
+		out[i] = OutcomeFromProto(r)
+		if mv := resp.GetMovedTo(); len(mv) > 0 {
+			out[i].MovedTo = mv[i]
 		}
 	}
 	return nil
