@@ -47,3 +47,4 @@ bench:
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzStateDecode -fuzztime 30s ./bucket/
+	go test -run '^$$' -fuzz FuzzHashIsXXH64 -fuzztime 30s ./ring/

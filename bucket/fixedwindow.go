@@ -11,7 +11,7 @@ import (
 // it; a request is admitted when Count + hits ≤ limit. Every window admits
 // at most the limit; a trailing window of length W may see 2 × limit
 // across an edge.
-func decideFixedWindow(s *State, p params, cal Calendar, hits, now int64) Decision {
+func decideFixedWindow(s *State, p *params, cal Calendar, hits, now int64) Decision {
 	limit := p.limit
 	start, end := windowAt(cal, p.w, now)
 	st := *s

@@ -15,7 +15,7 @@ import "math"
 // For a shaping leaky bucket the admitted request is to be delayed by D,
 // the time the queue ahead of it needs to drain: it is the allowed
 // answer's RetryAfterMS.
-func decideTAT(s *State, alg Algorithm, p params, hits, now int64, shaping bool) Decision {
+func decideTAT(s *State, alg Algorithm, p *params, hits, now int64, shaping bool) Decision {
 	limit, b, w := p.limit, p.burst, p.w
 	// The debt D = di + df/limit ns.
 	var di, df int64

@@ -7,7 +7,7 @@ import "sort"
 // admits a request when the hits in (now − W, now] plus its own are at most
 // the limit. Validate caps its limit at MaxLogLimit. Hits are logged at
 // now, or at the newest logged time if that is ahead of this clock.
-func decideSlidingLog(s *State, p params, hits, now int64) Decision {
+func decideSlidingLog(s *State, p *params, hits, now int64) Decision {
 	limit, w := p.limit, p.w
 	var log []int64
 	if s.Algorithm == SlidingLog && s.Ext != nil {

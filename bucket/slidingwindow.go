@@ -17,42 +17,42 @@ const nsPerMS = int64(1_000_000)
 // (docs/algorithms.md): every aligned window admits at most limit, so any
 // trailing window of length W admits at most 2 × limit; the estimate itself
 // is exact when the previous window's hits were spread evenly.
-func decideSlidingWindow(s *State, p params, hits, now int64) Decision {
+func decideSlidingWindow(out *Decision, s *State, p *params, hits, now int64) {
+	// The state is read and written field by field, never copied whole:
+	// this is the path of every check, and a whole-struct copy of fields
+	// just written one by one stalls the processor's store forwarding.
 	w, limit := p.w, p.limit
 	cur := now - now%w
-	st := *s
-	if st.Algorithm != SlidingWindow && st.Algorithm != AlgorithmUnspecified || st.Ext != nil {
+	start, count, prev := s.Start, s.Count, s.Prev
+	if s.Algorithm != SlidingWindow && s.Algorithm != AlgorithmUnspecified || s.Ext != nil {
 		// Another algorithm's counter (the limit's algorithm changed), or
 		// a sub-window counter's: count afresh; only an admission
 		// replaces it. (A sub-window state read here is counted
 		// conservatively below.)
-		if st.Ext != nil && st.Algorithm == SlidingWindow && !st.Fresh(now) {
+		start, count, prev = 0, 0, 0
+		if s.Ext != nil && s.Algorithm == SlidingWindow && !s.Fresh(now) {
 			// Its hits, in the window that keeps them until its Expires.
-			last := st.Expires - 1
-			st = State{Start: max(last-last%w-w, 0), Count: min(extSum(st.Ext), MaxLimit)}
-		} else {
-			st = State{}
+			last := s.Expires - 1
+			start, count = max(last-last%w-w, 0), min(extSum(s.Ext), MaxLimit)
 		}
 	}
-	st.Algorithm = SlidingWindow
 	switch {
-	case st.Start == cur:
-	case st.Start > cur:
+	case start == cur:
+	case start > cur:
 		// The state is ahead of this clock (another node's clock, or a
 		// window length that changed): keep counting in its window.
-		cur = st.Start
-	case st.Start == cur-w:
-		st.Prev, st.Count, st.Start = st.Count, 0, cur
+		cur = start
+	case start == cur-w:
+		prev, count, start = count, 0, cur
 	default:
-		st.Prev, st.Count, st.Start = 0, 0, cur
+		prev, count, start = 0, 0, cur
 	}
 	elapsed := min(now-cur, w)
 	if elapsed < 0 {
 		elapsed = 0
 	}
-	estimate := weigh(st.Prev, w-elapsed, w) + st.Count
+	estimate := weigh(prev, w-elapsed, w) + count
 
-	var d Decision
 	allowed := hits <= limit && estimate+hits <= limit
 	if hits == 0 {
 		allowed = estimate < limit
@@ -61,27 +61,31 @@ func decideSlidingWindow(s *State, p params, hits, now int64) Decision {
 	switch {
 	case allowed:
 		add = hits
-	case p.refused && hits > 0 && st.Count < limit:
+	case p.refused && hits > 0 && count < limit:
 		// Refused hits count too, up to a full window.
-		add = min(hits, limit-st.Count)
+		add = min(hits, limit-count)
 	}
 	if add > 0 {
-		st.Count += add
+		count += add
 		estimate += add
 		// Two windows after its start the state is forgotten. Set on
 		// every admission: the window may have grown since the last one.
-		st.Expires = addSat(cur, 2*w)
-		*s = st
+		s.Algorithm, s.Start, s.Count, s.Prev, s.Expires = SlidingWindow, start, count, prev, addSat(cur, 2*w)
+		if s.Ext != nil {
+			s.Ext = nil
+		}
 	}
-	if allowed {
-		d.Status = UnderLimit
-	} else {
-		d.Status = OverLimit
-		d.RetryAfterMS = ceilMS(retrySlidingWindow(st, limit, max(hits, 1), now, cur, w))
+	status, retry := UnderLimit, int64(0)
+	if !allowed {
+		status = OverLimit
+		retry = ceilMS(retrySlidingWindow(count, prev, limit, max(hits, 1), now, cur, w))
 	}
-	d.Remaining = max(limit-estimate, 0)
-	d.ResetAfterMS = ceilMS(resetSlidingWindow(st, now, cur, w))
-	return d
+	*out = Decision{
+		Status:       status,
+		Remaining:    max(limit-estimate, 0),
+		ResetAfterMS: ceilMS(resetSlidingWindow(count, prev, now, cur, w)),
+		RetryAfterMS: retry,
+	}
 }
 
 // weigh returns floor(n × part / whole) without overflow, for 0 ≤ part ≤
@@ -125,24 +129,24 @@ func waitFor(prev, room, w int64) int64 {
 //
 // cur − now is in (−w, 0] unless the state is ahead of this clock, when it
 // may be as large as MaxInt64: sums saturate rather than wrap.
-func retrySlidingWindow(st State, limit, hits, now, cur, w int64) int64 {
+func retrySlidingWindow(count, prev, limit, hits, now, cur, w int64) int64 {
 	if hits > limit {
-		return max(resetSlidingWindow(st, now, cur, w), w)
+		return max(resetSlidingWindow(count, prev, now, cur, w), w)
 	}
-	if st.Count+hits <= limit {
-		return max(addSat(cur-now, waitFor(st.Prev, limit-hits-st.Count, w)), 0)
+	if count+hits <= limit {
+		return max(addSat(cur-now, waitFor(prev, limit-hits-count, w)), 0)
 	}
 	// The current window's hits must first become the previous window's.
-	return max(addSat(cur-now, w+waitFor(st.Count, limit-hits, w)), 0)
+	return max(addSat(cur-now, w+waitFor(count, limit-hits, w)), 0)
 }
 
 // resetSlidingWindow returns how long, from now, until the estimate is 0.
-func resetSlidingWindow(st State, now, cur, w int64) int64 {
+func resetSlidingWindow(count, prev, now, cur, w int64) int64 {
 	switch {
-	case st.Count > 0:
-		return max(addSat(cur-now, w+waitFor(st.Count, 0, w)), 0)
-	case st.Prev > 0:
-		return max(addSat(cur-now, waitFor(st.Prev, 0, w)), 0)
+	case count > 0:
+		return max(addSat(cur-now, w+waitFor(count, 0, w)), 0)
+	case prev > 0:
+		return max(addSat(cur-now, waitFor(prev, 0, w)), 0)
 	}
 	return 0
 }

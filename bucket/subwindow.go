@@ -16,7 +16,7 @@ package bucket
 // ms and Prev the number of sub-windows (the shape the counts were made
 // in), Ext the counts oldest first (the last at Start, leading zeros
 // dropped).
-func decideSubWindow(s *State, p params, n, hits, now int64) Decision {
+func decideSubWindow(s *State, p *params, n, hits, now int64) Decision {
 	limit, w := p.limit, p.w
 	g := (w + n - 1) / n
 	cur := now - now%g

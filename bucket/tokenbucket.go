@@ -12,7 +12,7 @@ package bucket
 // at least hits tokens; then it takes them. So any interval of length t
 // admits at most b + limit × t / W hits. It makes the same decisions as
 // GCRA with the same limit and burst.
-func decideTokenBucket(s *State, p params, hits, now int64) Decision {
+func decideTokenBucket(s *State, p *params, hits, now int64) Decision {
 	limit, b, w := p.limit, p.burst, p.w
 	st := *s
 	c, fr, last := b, int64(0), now

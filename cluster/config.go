@@ -109,7 +109,8 @@ type Config struct {
 	Load func() float64
 	// Log receives the node's log lines. Default slog.Default().
 	Log *slog.Logger
-	// Now is the clock of every decision. Default time.Now.
+	// Now is the clock of every decision. Default: the wall clock, read
+	// cheaply (wallClock).
 	Now func() time.Time
 }
 

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"testing"
 	"time"
@@ -96,7 +97,12 @@ func TestThreeNodesOverGRPCAdmitExactlyTheLimit(t *testing.T) {
 
 func TestGRPCBatchAcrossOwnersKeepsOrderAndErrors(t *testing.T) {
 	t.Parallel()
-	_, srvs := grpcCluster(t, 3)
+	nodes, srvs := grpcCluster(t, 3)
+	defer func() {
+		if t.Failed() {
+			logPaths(t, nodes)
+		}
+	}()
 	c, err := transport.Dial(srvs[0].GRPCAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +140,17 @@ func TestGRPCBatchAcrossOwnersKeepsOrderAndErrors(t *testing.T) {
 	}
 }
 
+// logPaths logs the counters that tell which path each node's checks took
+// (forward, redirect, failover), for a failed exact-count test.
+func logPaths(t *testing.T, nodes []*cluster.Node) {
+	t.Helper()
+	for _, n := range nodes {
+		st := n.Status()
+		t.Logf("%s: checks %d forwarded %d forward-errors %d failovers %d redirects %d pulls %d pull-errors %d rejoins %d members %+v",
+			st.Node, st.Checks, st.Forwarded, st.ForwardErrors, st.Failovers, st.Redirects, st.Pulls, st.PullErrors, st.Rejoins, st.Members)
+	}
+}
+
 // The in-process decision on the owner: hash, route, shard lock, LRU,
 // algorithm.
 func BenchmarkNodeCheckOwner(b *testing.B) {
@@ -147,13 +164,18 @@ func BenchmarkNodeCheckOwner(b *testing.B) {
 	for i := range keys {
 		keys[i] = fmt.Sprint("user:", i)
 	}
+	// In a shuffled order, as in BenchmarkOwnerDecision.
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 	reqs := make([]bucket.Request, 1)
 	out := make([]bucket.Outcome, 1)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		reqs[0] = bucket.Request{Name: "api", Key: keys[i%len(keys)], Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}
+		if i == len(keys) {
+			i = 0
+		}
+		reqs[0] = bucket.Request{Name: "api", Key: keys[i], Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}
 		n.Check(ctx, reqs, out)
 	}
 }

@@ -31,61 +31,16 @@ import (
 //     counter it holds to the keys' next owners and only then leaves the
 //     gossip pool.
 
-// replSet collects the keys changed since the last replication round.
-type replSet struct {
-	shards [16]struct {
-		mu sync.Mutex
-		m  map[writeback.Key]uint64
-	}
-}
-
-func (r *replSet) add(h uint64, k writeback.Key) {
-	s := &r.shards[h&15]
-	s.mu.Lock()
-	if s.m == nil {
-		s.m = make(map[writeback.Key]uint64)
-	}
-	s.m[k] = h
-	s.mu.Unlock()
-}
-
-// len returns the number of collected keys.
-func (r *replSet) len() int {
-	n := 0
-	for i := range r.shards {
-		s := &r.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
-}
-
-// take returns and clears every collected key.
-func (r *replSet) take() map[writeback.Key]uint64 {
-	var all map[writeback.Key]uint64
-	for i := range r.shards {
-		s := &r.shards[i]
-		s.mu.Lock()
-		m := s.m
-		s.m = nil
-		s.mu.Unlock()
-		if all == nil {
-			all = m
-			continue
-		}
-		for k, h := range m {
-			all[k] = h
-		}
-	}
-	return all
-}
-
 // move is one recent ring change that gave this node partitions: keys of
 // those partitions are pulled from their holder under prev on first touch.
 type move struct {
-	prev    *ring.Table
-	until   int64    // Unix ns; no pulls after it
+	prev  *ring.Table
+	until int64 // Unix ns; no pulls after it
+	// cur is set when this node entered the ring with this change (a start
+	// or a restart): the key's replicas in cur may hold newer counts than
+	// the previous owner, because they stood in for this node while it was
+	// unreachable and the others had not yet declared it dead.
+	cur     *ring.Table
 	settled sync.Map // writeback.Key → struct{}: pulled or handed over
 }
 
@@ -129,21 +84,7 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*m
 		n.pulls.Add(1)
 		if err != nil {
 			n.pullErrors.Add(1)
-			reps = m.prev.Replicas(h, reps[:0])
-			for _, r := range reps[1:] {
-				if r.Name == n.name {
-					continue
-				}
-				keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
-				pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-				err = n.peers.Pull(pctx, r.Addr, keys, false, 0)
-				cancel()
-				if err == nil {
-					break
-				}
-			}
-		}
-		if keys[0].Version > best.Version {
+		} else if keys[0].Version > best.Version {
 			best = keys[0]
 		}
 		if to := keys[0].MovedTo; err == nil && to != "" && to != n.cfg.GRPCAddr {
@@ -156,6 +97,19 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*m
 			}
 			cancel()
 			n.pulls.Add(1)
+		}
+		// The previous owner's replicas too, whether it answered or not: a
+		// replica that stood in for it while it was unreachable holds
+		// newer counts than it does (it may have restarted from a stale
+		// store, and answer with that).
+		reps = m.prev.Replicas(h, reps[:0])
+		n.pullNewest(ctx, k, reps[min(1, len(reps)):], prev.Name, false, &best)
+		if m.cur != nil {
+			// Entering the ring: the replicas that stood in for this node
+			// may hold newer counts than the previous owner; they release
+			// the key so that stand-in checks come here from now on.
+			reps = m.cur.Replicas(h, reps[:0])
+			n.pullNewest(ctx, k, reps, prev.Name, true, &best)
 		}
 		m.settled.Store(cloneKey(k), struct{}{})
 	}
@@ -229,7 +183,11 @@ func (n *Node) tableChanged(old, cur *ring.Table) {
 		lost = lost || (o.Name == n.name && c.Name != n.name && c.Name != "")
 	}
 	if gained {
-		ms := []*move{{prev: old, until: now + int64(n.cfg.MoveWindow)}}
+		m := &move{prev: old, until: now + int64(n.cfg.MoveWindow)}
+		if !hasMember(old, n.name) && hasMember(cur, n.name) {
+			m.cur = cur
+		}
+		ms := []*move{m}
 		if cur := n.moves.Load(); cur != nil {
 			for _, m := range *cur {
 				if m.until > now {
@@ -247,6 +205,34 @@ func (n *Node) tableChanged(old, cur *ring.Table) {
 			n.log.Warn("handoff queue full; new owners will pull on first touch")
 		}
 	}
+}
+
+// pullNewest pulls k from each of from except this node and skip (with
+// release, for MoveWindow) and keeps in *best the newest copy seen.
+func (n *Node) pullNewest(ctx context.Context, k writeback.Key, from []ring.Member, skip string, release bool, best *bucket.Counter) {
+	var ttl time.Duration
+	if release {
+		ttl = n.cfg.MoveWindow
+	}
+	keys := make([]bucket.Counter, 1)
+	for _, r := range from {
+		if r.Name == n.name || r.Name == skip {
+			continue
+		}
+		keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
+		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+		if n.peers.Pull(pctx, r.Addr, keys, release, ttl) == nil && keys[0].Version > best.Version {
+			*best = keys[0]
+		}
+		cancel()
+		n.pulls.Add(1)
+	}
+}
+
+// hasMember reports whether name is a member of t.
+func hasMember(t *ring.Table, name string) bool {
+	_, ok := t.Shares()[name]
+	return ok
 }
 
 type handoffJob struct{ old, cur *ring.Table }
@@ -327,10 +313,6 @@ func (n *Node) replicateLoop() {
 // other nodes of its replica set. Keys whose send failed are kept for the
 // next round. It returns the first error.
 func (n *Node) ReplicateNow(ctx context.Context) error {
-	keys := n.repl.take()
-	if len(keys) == 0 {
-		return nil
-	}
 	tbl := n.ring.Table()
 	now := n.now().UnixNano()
 	type batch struct {
@@ -339,16 +321,12 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 	}
 	batches := map[string]*batch{}
 	var reps []ring.Member
-	for k, h := range keys {
+	n.cache.TakeChanged(now, func(h uint64, rec writeback.Record) {
 		reps = tbl.Replicas(h, reps[:0])
 		if len(reps) < 2 {
-			continue
+			return
 		}
-		rec, ok, err := n.cache.Get(h, k, now)
-		if err != nil || !ok {
-			continue
-		}
-		c := bucket.Counter{Name: k.Name, Key: k.Key, State: rec.State, Version: rec.Version}
+		c := bucket.Counter{Name: rec.Key.Name, Key: rec.Key.Key, State: rec.State, Version: rec.Version}
 		for _, r := range reps {
 			if r.Name == n.name {
 				continue
@@ -361,6 +339,9 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 			b.counters = append(b.counters, c)
 			b.hashes = append(b.hashes, h)
 		}
+	})
+	if len(batches) == 0 {
+		return nil
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(batches))
@@ -371,7 +352,7 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 			if _, _, err := n.peers.Replicate(ctx, addr, false, b.counters); err != nil {
 				n.replicationErrors.Add(uint64(len(b.counters)))
 				for i, c := range b.counters {
-					n.repl.add(b.hashes[i], writeback.Key{Name: c.Name, Key: c.Key})
+					n.cache.MarkChanged(b.hashes[i], writeback.Key{Name: c.Name, Key: c.Key})
 				}
 				errs <- fmt.Errorf("replicate %d counters to %s: %w", len(b.counters), addr, err)
 				return

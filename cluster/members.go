@@ -6,13 +6,18 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 )
 
 // Member states as `sluice status` prints them. memberlist reports joins,
-// updates and departures but not suspicion, so a suspected member shows as
-// alive until it is declared dead.
+// updates and departures through its event delegate, but not suspicion: a
+// member is suspect when this node's failure detector suspects it
+// (memberlist logs "Suspect <name> has failed, no acks received", which
+// slogWriter catches), until this node's next successful probe of it
+// (memberlist's ping delegate), a new alive or update event, or its death.
+// Suspicions raised only by other members are not seen here.
 const (
 	StateAlive   = "alive"
 	StateSuspect = "suspect"
@@ -133,6 +138,26 @@ func (r *roster) updated(n *memberlist.Node) {
 	r.m[n.Name] = infoOf(n, StateAlive)
 }
 
+// suspected marks the alive member name as suspect.
+func (r *roster) suspected(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m, ok := r.m[name]; ok && m.state == StateAlive {
+		m.state = StateSuspect
+		r.m[name] = m
+	}
+}
+
+// answered marks the suspect member name as alive again.
+func (r *roster) answered(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m, ok := r.m[name]; ok && m.state == StateSuspect {
+		m.state = StateAlive
+		r.m[name] = m
+	}
+}
+
 // departed records n as left (it announced a graceful leave) or dead.
 func (r *roster) departed(n *memberlist.Node) {
 	info := infoOf(n, StateDead)
@@ -172,6 +197,7 @@ type delegate struct {
 var (
 	_ memberlist.Delegate      = (*delegate)(nil)
 	_ memberlist.EventDelegate = (*delegate)(nil)
+	_ memberlist.PingDelegate  = (*delegate)(nil)
 )
 
 func (d *delegate) NodeMeta(limit int) []byte {
@@ -210,6 +236,14 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 func (d *delegate) NotifyUpdate(n *memberlist.Node) {
 	d.roster.updated(n)
 	d.signal()
+}
+
+// AckPayload sends nothing with this node's acks.
+func (d *delegate) AckPayload() []byte { return nil }
+
+// NotifyPingComplete: this node's probe of other was answered.
+func (d *delegate) NotifyPingComplete(other *memberlist.Node, _ time.Duration, _ []byte) {
+	d.roster.answered(other.Name)
 }
 
 func (d *delegate) signal() {

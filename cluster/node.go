@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"math"
@@ -47,7 +48,6 @@ type Node struct {
 
 	rebuildMu  sync.Mutex
 	inRing     atomic.Bool             // this node announced metaReady: it takes partitions
-	repl       replSet                 // keys changed since the last replication round
 	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
 	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it
 	handoffs   chan handoffJob         // ring changes that moved partitions away
@@ -78,7 +78,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		cfg.Log = slog.Default()
 	}
 	if cfg.Now == nil {
-		cfg.Now = time.Now
+		cfg.Now = newWallClock().Now
 	}
 	if peers == nil {
 		peers = NoPeers{}
@@ -112,9 +112,8 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	if cc.Logger == nil {
 		cc.Logger = lg
 	}
-	if cfg.Ring.ReplicationFactor > 1 {
-		cc.OnChange = n.repl.add
-	}
+	// The cache lists changed keys for the replication rounds.
+	cc.TrackChanges = cfg.Ring.ReplicationFactor > 1
 	n.cache, err = writeback.New(cc, store)
 	if err != nil {
 		store.Close()
@@ -158,9 +157,17 @@ func (n *Node) Start(ctx context.Context) error {
 	mc := *n.cfg.Config
 	mc.Delegate = n.deleg
 	mc.Events = n.deleg
-	if mc.Logger == nil && mc.LogOutput == nil {
-		mc.Logger = log.New(slogWriter{n.log}, "", 0)
+	mc.Ping = n.deleg
+	// memberlist's log goes to the node's logger (or where the config sent
+	// it), through slogWriter, which also catches its suspicions.
+	w := slogWriter{l: n.log, onSuspect: n.roster.suspected}
+	switch {
+	case mc.Logger != nil:
+		w.next = mc.Logger.Writer()
+	case mc.LogOutput != nil:
+		w.next = mc.LogOutput
 	}
+	mc.Logger, mc.LogOutput = log.New(w, "", 0), nil
 	ml, err := memberlist.Create(&mc)
 	if err != nil {
 		return fmt.Errorf("cluster: gossip on %s:%d: %w", mc.BindAddr, mc.BindPort, err)
@@ -321,7 +328,9 @@ func (n *Node) rebuild() {
 	nodes := n.roster.all()
 	ms := make([]ring.Member, 0, len(nodes))
 	for _, m := range nodes {
-		if m.state != StateAlive {
+		if m.state != StateAlive && m.state != StateSuspect {
+			// A suspect member is still a member, as in memberlist: only
+			// its death moves its partitions.
 			continue
 		}
 		if m.metaErr != nil {
@@ -519,19 +528,29 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 			n.pullKey(ctx, h, writeback.Key{Name: r.Name, Key: r.Key}, lims, r.PullFrom)
 		}
 		n.decide(ctx, h, r, lims, now, &out[i])
+		if standIn && out[i].MovedTo != "" && !n.draining.Load() {
+			// This node had handed the key on (to the owner its sender
+			// could not reach, most often). A redirect would leave the
+			// sender to its own policy, deciding from what it holds —
+			// nothing, for a key it does not replicate — so the stand-in
+			// takes the key back and decides from its copy.
+			out[i].MovedTo = ""
+			n.reclaim(h, writeback.Key{Name: r.Name, Key: r.Key}, lims)
+			n.decide(ctx, h, r, lims, now, &out[i])
+		}
 	}
 }
 
 // limits are the resolved limits of a request: one, plus more decided
 // atomically with it (nil for a single limit, the common case).
 type limits struct {
-	one  bucket.Limit
+	one  *bucket.Limit // into the request or the rules; never written
 	more []bucket.Limit
 }
 
 // all returns every limit (allocates; for the multi-limit path).
 func (l limits) all() []bucket.Limit {
-	return append([]bucket.Limit{l.one}, l.more...)
+	return append([]bucket.Limit{*l.one}, l.more...)
 }
 
 // prepare validates r and resolves its limits: the inline limit and
@@ -545,13 +564,13 @@ func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (limits, bool) {
 	}
 	switch {
 	case r.Limit.Limit != 0 || r.WindowMS != 0:
-		return limits{one: r.Limit, more: r.More}, true
+		return limits{one: &r.Limit, more: r.More}, true
 	case len(r.More) > 0:
-		return limits{one: r.More[0], more: r.More[1:]}, true
+		return limits{one: &r.More[0], more: r.More[1:]}, true
 	}
 	if n.cfg.Rules != nil {
 		if ls, ok := n.cfg.Rules.Lookup(r.Name); ok && len(ls) > 0 {
-			return limits{one: ls[0], more: ls[1:]}, true
+			return limits{one: &ls[0], more: ls[1:]}, true
 		}
 	}
 	o.Err = fmt.Sprintf("no limit given and no rule for name %q", r.Name)
@@ -562,9 +581,14 @@ func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (limits, bool) {
 // key (it is draining, or handed the key to another node) it sets
 // o.MovedTo instead.
 func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
-	k := writeback.Key{Name: r.Name, Key: r.Key}
 	n.gate.RLock()
-	defer n.gate.RUnlock()
+	n.decideGated(ctx, h, r, lims, now, o)
+	n.gate.RUnlock()
+}
+
+// decideGated is decide with n.gate read-locked.
+func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
+	k := writeback.Key{Name: r.Name, Key: r.Key}
 	if n.draining.Load() {
 		if owner, ok := n.ring.Table().Owner(h); ok && owner.Name != n.name {
 			o.MovedTo = owner.Addr
@@ -580,7 +604,7 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 			}
 		}
 	}
-	d, err := n.decideCache(h, k, lims, r.Hits, now)
+	err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
 		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name {
 			if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
@@ -592,23 +616,26 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 			n.pullKey(ctx, h, k, lims, to)
 		}
 		n.reclaim(h, k, lims)
-		d, err = n.decideCache(h, k, lims, r.Hits, now)
+		err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
 	}
 	o.Owner = n.name
 	if err != nil {
+		o.Decision = bucket.Decision{}
 		o.Err = err.Error()
-		return
 	}
-	o.Decision = d
 }
 
 // decideCache applies hits to k's limits in the cache, with this node's
-// load for elastic limits.
-func (n *Node) decideCache(h uint64, k writeback.Key, lims limits, hits, now int64) (bucket.Decision, error) {
+// load for elastic limits, and writes the decision to *d.
+func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims limits, hits, now int64) error {
 	if len(lims.more) == 0 {
-		return n.cache.DecideLoad(h, k, lims.one, hits, now, n.Load())
+		return n.cache.DecideTo(d, h, k, lims.one, hits, now, n.Load())
 	}
-	return n.cache.DecideAll(h, k, lims.all(), hits, now, n.Load())
+	all, err := n.cache.DecideAll(h, k, lims.all(), hits, now, n.Load())
+	if err == nil {
+		*d = all
+	}
+	return err
 }
 
 // reclaim takes back every cache key of k's limits.
@@ -679,7 +706,7 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 	for j, rt := range g {
 		sub[j] = reqs[rt.i]
 		// The owner gets the resolved limits; it needs no rules.
-		sub[j].Limit, sub[j].More = rt.lims.one, rt.lims.more
+		sub[j].Limit, sub[j].More = *rt.lims.one, rt.lims.more
 		if standIn {
 			sub[j].PullFrom = rt.from
 		}
@@ -821,17 +848,17 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	r := reqs[rt.i]
 	out[rt.i] = bucket.Outcome{}
 	k := writeback.Key{Name: r.Name, Key: r.Key}
-	d, err := n.decideCache(rt.hash, k, rt.lims, r.Hits, now)
+	o := &out[rt.i]
+	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
 		n.reclaim(rt.hash, k, rt.lims)
-		d, err = n.decideCache(rt.hash, k, rt.lims, r.Hits, now)
+		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	}
-	out[rt.i].Owner = n.name
+	o.Owner = n.name
 	if err != nil {
-		out[rt.i].Err = err.Error()
-		return
+		o.Decision = bucket.Decision{}
+		o.Err = err.Error()
 	}
-	out[rt.i].Decision = d
 }
 
 // warnUnavailable logs an unreachable peer at most once a second.
@@ -900,7 +927,7 @@ func (n *Node) Status() Status {
 		Pulls:             n.pulls.Load(),
 		PullErrors:        n.pullErrors.Load(),
 		Rejoins:           n.rejoins.Load(),
-		Unreplicated:      n.repl.len(),
+		Unreplicated:      n.cache.Changed(),
 		Unflushed:         n.cache.Dirty(),
 		RulesHash:         n.rulesHash(),
 		ReplicationFactor: n.cfg.Ring.ReplicationFactor,
@@ -915,11 +942,31 @@ func (n *Node) rulesHash() string {
 	return n.cfg.Rules.Hash()
 }
 
-// slogWriter turns memberlist's log lines into slog records.
-type slogWriter struct{ l *slog.Logger }
+// slogWriter turns memberlist's log lines into slog records, or passes
+// them to next when the configuration gave memberlist a log of its own, and
+// reports the members this node's failure detector suspects.
+type slogWriter struct {
+	l         *slog.Logger
+	next      io.Writer
+	onSuspect func(name string)
+}
+
+// suspectLine is how memberlist (v0.7) logs a failed probe: "Suspect
+// <name> has failed, no acks received". TestStatusShowsSuspect fails if a
+// new version words it otherwise.
+const (
+	suspectPrefix = "memberlist: Suspect "
+	suspectSuffix = " has failed, no acks received"
+)
 
 func (w slogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
+	if i := strings.Index(msg, suspectPrefix); i >= 0 && strings.HasSuffix(msg, suspectSuffix) && w.onSuspect != nil {
+		w.onSuspect(msg[i+len(suspectPrefix) : len(msg)-len(suspectSuffix)])
+	}
+	if w.next != nil {
+		return w.next.Write(p)
+	}
 	level := slog.LevelDebug
 	switch {
 	case strings.Contains(msg, "[ERR]"):

@@ -15,16 +15,17 @@ import (
 // and enforces the limit on its own (at most sides × limit), heals it and
 // checks that the rings merge, the rejoin is counted, and the key's newest
 // version wins.
-func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
-	t.Parallel()
-	net := NewMemNetwork()
-	filters := make([]*FilterTransport, 4)
+// startFiltered starts k nodes named prefix0… with fast failure detection,
+// gossiping over real loopback sockets through a FilterTransport each (to
+// cut gossip) and calling each other through net (to cut peer calls).
+func startFiltered(t *testing.T, net *MemNetwork, prefix string, k int, tweak func(*Config)) ([]*Node, []*FilterTransport) {
+	t.Helper()
+	filters := make([]*FilterTransport, k)
 	var nodes []*Node
-	for i := range 4 {
-		cfg := NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
-		cfg.Now = FixedClock(t0)
-		cfg.ForwardTimeout = 50 * time.Millisecond
+	for i := range k {
+		cfg := NodeConfig(t, fmt.Sprint(prefix, i), memAddr(i))
 		FastFailureDetection(cfg.Config)
+		tweak(&cfg)
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
 			BindAddrs: []string{"127.0.0.1"}, BindPort: 0, Logger: log.New(io.Discard, "", 0),
 		})
@@ -42,6 +43,16 @@ func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
 		net.Register(memAddr(i), n)
 		nodes = append(nodes, n)
 	}
+	return nodes, filters
+}
+
+func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
+	t.Parallel()
+	net := NewMemNetwork()
+	nodes, filters := startFiltered(t, net, "n", 4, func(cfg *Config) {
+		cfg.Now = FixedClock(t0)
+		cfg.ForwardTimeout = 50 * time.Millisecond
+	})
 	t.Cleanup(net.Heal)
 	WaitRings(t, nodes)
 

@@ -86,9 +86,13 @@ func (c Config) Validate() error {
 // The partition is Hash % Partitions; other packages derive cache shards from
 // the same value. It allocates nothing.
 func Hash(name, key string) uint64 {
-	// Short keys, the common case, are joined in a stack buffer and hashed in
-	// one call, which is faster than three streaming writes.
-	if n := len(name) + 1 + len(key); n <= hashBufLen {
+	n := len(name) + 1 + len(key)
+	if n <= shortJoined {
+		return hashJoined(name, key)
+	}
+	// Longer keys are joined in a stack buffer and hashed in one call,
+	// which is faster than three streaming writes.
+	if n <= hashBufLen {
 		var buf [hashBufLen]byte
 		copy(buf[:], name)
 		buf[len(name)] = 0

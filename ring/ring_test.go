@@ -478,3 +478,55 @@ func TestHashIsXXHashOfJoinedKeyAtEveryLength(t *testing.T) {
 		}
 	}
 }
+
+// TestModMatchesRemainder: the division-free partition of a hash is the
+// remainder, for every partition count's edge cases and random hashes.
+func TestModMatchesRemainder(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 2, 3, 7, 271, 1021, 7919, 65536, MaxPartitions} {
+		tab := &Table{partitions: uint64(n), recip: reciprocal(n)}
+		hs := []uint64{0, 1, uint64(n) - 1, uint64(n), uint64(n) + 1, math.MaxUint64, math.MaxUint64 - 1, math.MaxUint64 - uint64(n)}
+		for range 100_000 {
+			hs = append(hs, rng.Uint64())
+		}
+		for _, h := range hs {
+			if got, want := tab.mod(h), h%uint64(n); got != want {
+				t.Fatalf("n %d: mod(%d) = %d, want %d", n, h, got, want)
+			}
+		}
+	}
+}
+
+// TestHashJoinedIsXXH64: Hash is xxhash64 of the joined bytes for every
+// split of every length up to 40, through each of its paths.
+func TestHashJoinedIsXXH64(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 64)
+	for total := 0; total <= 40; total++ {
+		for split := 0; split <= total; split++ {
+			for range 20 {
+				for i := range buf {
+					buf[i] = byte(rng.Uint32())
+				}
+				name, key := string(buf[:split]), string(buf[split:total])
+				want := xxhash.Sum64([]byte(name + "\x00" + key))
+				if got := Hash(name, key); got != want {
+					t.Fatalf("Hash(%q, %q) = %x, want %x", name, key, got, want)
+				}
+			}
+		}
+	}
+}
+
+func FuzzHashIsXXH64(f *testing.F) {
+	f.Add("api.create_url", "user:42")
+	f.Add("", "")
+	f.Add("12345678", "")
+	f.Fuzz(func(t *testing.T, name, key string) {
+		if got, want := Hash(name, key), xxhash.Sum64([]byte(name+"\x00"+key)); got != want {
+			t.Fatalf("Hash(%q, %q) = %x, want %x", name, key, got, want)
+		}
+	})
+}

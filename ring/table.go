@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/buraksezer/consistent"
@@ -15,6 +16,7 @@ import (
 // take no lock and allocate nothing.
 type Table struct {
 	partitions uint64   // Config.Partitions
+	recip      uint64   // floor(2^64 / partitions), for mod
 	r          int      // entries per partition in reps: min(ReplicationFactor, len(members))
 	members    []Member // sorted by name
 	reps       []int32  // reps[p*r : p*r+r]: owner of p, then its replicas, as indexes into members
@@ -22,7 +24,7 @@ type Table struct {
 }
 
 func emptyTable(cfg Config) *Table {
-	return &Table{partitions: uint64(cfg.Partitions)}
+	return &Table{partitions: uint64(cfg.Partitions), recip: reciprocal(cfg.Partitions)}
 }
 
 // cmember is the member type handed to consistent: its name.
@@ -92,6 +94,7 @@ func BuildTable(cfg Config, ms []Member) (*Table, error) {
 	r := min(cfg.ReplicationFactor, n)
 	t := &Table{
 		partitions: uint64(cfg.Partitions),
+		recip:      reciprocal(cfg.Partitions),
 		r:          r,
 		members:    members,
 		reps:       make([]int32, cfg.Partitions*r),
@@ -144,7 +147,33 @@ func consistentConfig(cfg Config) consistent.Config {
 }
 
 // Partition returns the partition of a key hash (see Hash): hash % Partitions.
-func (t *Table) Partition(hash uint64) int { return int(hash % t.partitions) }
+func (t *Table) Partition(hash uint64) int { return int(t.mod(hash)) }
+
+// reciprocal returns floor(2^64 / n) for n ≥ 2 (Config.Validate), 0 for
+// smaller n.
+func reciprocal(n int) uint64 {
+	if n < 2 {
+		return 0
+	}
+	q, _ := bits.Div64(1, 0, uint64(n))
+	return q
+}
+
+// mod returns hash % t.partitions without a division instruction, which
+// costs tens of cycles and sits on the path of every check: with m =
+// floor(2^64/n), the high word of hash×m is floor(hash/n) or one less, so
+// one subtraction corrects the remainder.
+func (t *Table) mod(hash uint64) uint64 {
+	if t.recip == 0 {
+		return hash % t.partitions
+	}
+	q, _ := bits.Mul64(hash, t.recip)
+	r := hash - q*t.partitions
+	if r >= t.partitions {
+		r -= t.partitions
+	}
+	return r
+}
 
 // Partitions returns the number of partitions.
 func (t *Table) Partitions() int { return int(t.partitions) }
@@ -155,14 +184,14 @@ func (t *Table) Owner(hash uint64) (Member, bool) {
 	if t.r == 0 {
 		return Member{}, false
 	}
-	return t.members[t.reps[(hash%t.partitions)*uint64(t.r)]], true
+	return t.members[t.reps[t.mod(hash)*uint64(t.r)]], true
 }
 
 // Replicas appends to dst the owner of hash's partition followed by its
 // replicas: min(ReplicationFactor, Len()) distinct members, nothing when the
 // table is empty. It allocates nothing when dst has room.
 func (t *Table) Replicas(hash uint64, dst []Member) []Member {
-	return t.appendRow(int(hash%t.partitions), dst)
+	return t.appendRow(int(t.mod(hash)), dst)
 }
 
 // PartitionOwner returns the owner of partition p; false when the table is

@@ -187,6 +187,11 @@ func waitMembers(t *testing.T, ps []*proc) {
 				if m.State == "alive" && m.Share > 0 {
 					alive++
 				}
+				if m.State == "suspect" {
+					// Still a member (and in the ring) until declared
+					// dead: the membership has not settled.
+					return false
+				}
 			}
 			if alive != len(ps) {
 				return false

@@ -5,8 +5,10 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
 // trivialHandler allows everything; it counts forwarded RPCs.
@@ -37,12 +39,14 @@ func benchCheck(b *testing.B, n int) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	done := cpuMeter(b)
 	for b.Loop() {
 		resp, err := c.Check(ctx, m)
 		if err != nil || len(resp.Responses) != n {
 			b.Fatal(err)
 		}
 	}
+	done()
 }
 
 // BenchmarkCheckUnary is one client call of one item over loopback gRPC,
@@ -71,6 +75,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 			b.SetParallelism(4)
 			b.ReportAllocs()
 			b.ResetTimer()
+			done := cpuMeter(b)
 			b.RunParallel(func(pb *testing.PB) {
 				rs := []bucket.Request{req("w"+strconv.FormatInt(id.Add(1), 10), 1)}
 				out := make([]bucket.Outcome, 1)
@@ -82,6 +87,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 					}
 				}
 			})
+			done()
 			b.ReportMetric(float64(h.forwards.Load())/float64(b.N), "rpcs/op")
 		})
 	}
@@ -99,11 +105,13 @@ func BenchmarkForwardSerial(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	done := cpuMeter(b)
 	for b.Loop() {
 		if err := pc.Forward(ctx, s.GRPCAddr(), rs, out); err != nil {
 			b.Fatal(err)
 		}
 	}
+	done()
 }
 
 // BenchmarkServerDecide is the server's part of a 100-item check without the
@@ -120,4 +128,99 @@ func BenchmarkServerDecide(b *testing.B) {
 			b.Fatal(len(resp.Responses))
 		}
 	}
+}
+
+// BenchmarkCheckUnaryParallel is single-item calls from 25×GOMAXPROCS
+// goroutines over one connection, client and server in one process: the
+// CPU cost per call under load (the shape of `sluice bench --batch 1`).
+func BenchmarkCheckUnaryParallel(b *testing.B) {
+	s := startServer(b, &trivialHandler{})
+	c := dial(b, s.GRPCAddr())
+	if _, err := c.Check(context.Background(), protoReqs(keys("k", 1))); err != nil { // connect
+		b.Fatal(err)
+	}
+	b.SetParallelism(25)
+	b.ReportAllocs()
+	b.ResetTimer()
+	done := cpuMeter(b)
+	b.RunParallel(func(pb *testing.PB) {
+		m := protoReqs(keys("k", 1))
+		ctx := context.Background()
+		for pb.Next() {
+			resp, err := c.Check(ctx, m)
+			if err != nil || len(resp.Responses) != 1 {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	done()
+}
+
+// forwardingHandler is the entry node of a three-node cluster in miniature:
+// it decides the items whose key hashes to it and forwards each other item
+// to the peer that owns it, like cluster.Node (without its cache).
+type forwardingHandler struct {
+	trivialHandler
+	peers *PeerClient
+	addrs [2]string // the other two owners
+}
+
+func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	for i := range reqs {
+		owner := len(reqs[i].Key) % 3 // keys of three lengths spread evenly
+		if owner == 0 {
+			h.trivialHandler.Check(ctx, reqs[i:i+1], out[i:i+1])
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, DefaultForwardTimeout)
+		if err := h.peers.Forward(fctx, h.addrs[owner-1], reqs[i:i+1], out[i:i+1]); err != nil {
+			out[i] = bucket.Outcome{Err: err.Error()}
+		}
+		cancel()
+	}
+}
+
+// BenchmarkClusterShape is the load test's shape in one process: 50
+// callers send single-item calls to an entry server that forwards two
+// thirds of them over the batching PeerClient to two other servers. It
+// counts every transport cost of a check: client call, entry server,
+// forward, owner's server.
+func BenchmarkClusterShape(b *testing.B) {
+	owners := [2]*Server{startServer(b, &trivialHandler{}), startServer(b, &trivialHandler{})}
+	pc := NewPeerClient(PeerConfig{NodeName: "entry"})
+	b.Cleanup(func() { pc.Close() })
+	h := &forwardingHandler{peers: pc, addrs: [2]string{owners[0].GRPCAddr(), owners[1].GRPCAddr()}}
+	entry := startServer(b, h)
+	c := dial(b, entry.GRPCAddr())
+	keyOf := []string{"k00", "k0001", "k01"} // lengths 3, 5, 4: owners 0, 2, 1
+	for _, k := range keyOf {
+		if _, err := c.Check(context.Background(), protoReqs([]bucket.Request{req(k, 1)})); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var id atomic.Int64
+	b.SetParallelism(25)
+	b.ReportAllocs()
+	b.ResetTimer()
+	done := cpuMeter(b)
+	b.RunParallel(func(pb *testing.PB) {
+		ms := make([]*sluicev1.CheckRequest, len(keyOf))
+		for i, k := range keyOf {
+			ms[i] = protoReqs([]bucket.Request{req(k, 1)})
+		}
+		n := int(id.Add(1))
+		ctx := context.Background()
+		for pb.Next() {
+			n++
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := c.Check(cctx, ms[n%len(ms)])
+			cancel()
+			if err != nil || len(resp.Responses) != 1 || resp.Responses[0].Error != "" {
+				b.Error(err, resp)
+				return
+			}
+		}
+	})
+	done()
 }

@@ -10,6 +10,20 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
+// The HTTP/2 flow-control windows of every connection this package makes
+// (Client, PeerClient) or accepts (Server), in bytes. Setting them turns
+// off gRPC's dynamic windows and with them its bandwidth-delay probe, which
+// answers nearly every message with a PING and its ack: on an otherwise idle
+// connection a one-check call cost 4 PING frames and 12 allocations more
+// (BenchmarkCheckUnary, 158 → 146 allocs/op). A megabyte per stream is far
+// above what a check or a forwarded batch (at most 1000 items, under 100
+// KiB) needs; 8 MiB per connection lets eight 1 MiB messages be on the wire
+// at once before the receiver must have read them.
+const (
+	StreamWindowSize = 1 << 20
+	ConnWindowSize   = 8 << 20
+)
+
 // Client is the Go client of the public API, for applications, the CLI and
 // the load tool. It is safe for concurrent use; make one per node address and
 // share it.
@@ -20,10 +34,15 @@ type Client struct {
 }
 
 // Dial returns a Client for the node at addr ("host:port"). It connects
-// lazily, on the first call. opts come after the default (insecure transport
-// credentials), so grpc.WithTransportCredentials in opts selects TLS.
+// lazily, on the first call. opts come after the defaults (insecure transport
+// credentials, StreamWindowSize and ConnWindowSize), so
+// grpc.WithTransportCredentials in opts selects TLS.
 func Dial(addr string, opts ...grpc.DialOption) (*Client, error) {
-	all := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	all := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(StreamWindowSize),
+		grpc.WithInitialConnWindowSize(ConnWindowSize),
+	}, opts...)
 	conn, err := grpc.NewClient(addr, all...)
 	if err != nil {
 		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)

@@ -64,7 +64,8 @@ type PeerConfig struct {
 	// bounded by Timeout, like a Forward.
 	BulkTimeout time.Duration
 	// DialOptions are added after the defaults (insecure transport
-	// credentials, reconnect backoff of at most 1 s), so they override them:
+	// credentials, StreamWindowSize and ConnWindowSize, reconnect backoff of
+	// at most 1 s), so they override them:
 	// pass grpc.WithTransportCredentials for TLS.
 	DialOptions []grpc.DialOption
 }
@@ -130,6 +131,8 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	}
 	pc.dialOpts = append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(StreamWindowSize),
+		grpc.WithInitialConnWindowSize(ConnWindowSize),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 5 * time.Second,

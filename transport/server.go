@@ -87,8 +87,9 @@ type ServerConfig struct {
 	MaxRecvMsgSize int
 	// Metrics, when set, is served at GET /metrics (e.g. promhttp.Handler()).
 	Metrics http.Handler
-	// GRPCOptions are added to the gRPC server's options (e.g. TLS
-	// credentials, keepalive).
+	// GRPCOptions are added after the gRPC server's defaults (MaxRecvMsgSize,
+	// the panic-recovering interceptor, StreamWindowSize and ConnWindowSize),
+	// so they override them (e.g. TLS credentials, keepalive).
 	GRPCOptions []grpc.ServerOption
 	// Logger receives serve errors and recovered panics; nil discards.
 	Logger *slog.Logger
@@ -150,6 +151,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.maxRecv),
 		grpc.ChainUnaryInterceptor(s.recoverUnary),
+		grpc.InitialWindowSize(StreamWindowSize),
+		grpc.InitialConnWindowSize(ConnWindowSize),
 	}, cfg.GRPCOptions...)
 	s.grpc = grpc.NewServer(opts...)
 	sluicev1.RegisterRateLimiterServer(s.grpc, rateLimiterServer{s: s})

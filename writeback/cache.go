@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/sluicehq/sluice/bucket"
@@ -37,64 +38,169 @@ type Stats struct {
 	ExpiryErrors   uint64 // failed expiry passes
 }
 
-// entry is the live state of one key. It is reached from exactly one of a
-// shard's LRU or its pending map; flushes and the dirty list hold pointers to
-// it. Every field is guarded by the shard's mutex.
-// The flag and the flushed version share a word so that an entry with a
-// 48-byte State is exactly 64 bytes, an allocation size class.
-type entry struct {
-	state   bucket.State
-	version uint64 // bumped by every change
-	// meta is the highest version known to be in the store, with
-	// queuedBit set while the entry is referenced from shard.dirty.
-	// Versions follow Unix nanoseconds and stay below 2^63 until 2262.
-	meta uint64
+// slot is the live state of one key: a bucket.State (its Algorithm kept in
+// meta), the version and the key's bytes. It is 64 bytes because the cache
+// holds a million of them: the key is a pointer to its bytes with the
+// length in meta, and the name is an index into the shard's table of names
+// (or, past that table's bound, stored in front of the key's bytes). Slots
+// live in the shard's slab and are named by 32-bit indices, which keeps the
+// LRU's list element at 64 bytes too. A slot is reached from exactly one of
+// its shard's LRU, overflow LRU or pending map; the dirty and changed lists
+// point to it. Every field is guarded by the shard's mutex.
+type slot struct {
+	start, count, prev, expires int64
+	ext                         *bucket.Ext
+	version                     uint64 // bumped by every change
+	meta                        uint64 // see the meta layout below
+	kp                          *byte  // the key's bytes (after the name's, when not interned)
 }
 
-const queuedBit = 1 << 63
+// The meta word of a slot.
+const (
+	keyLenMask   = 1<<16 - 1 // bits 0–15: length of the bytes at kp
+	nameIdxShift = 16        // bits 16–31: the name's index in shard.names; 0: not interned
+	nameLenShift = 32        // bits 32–47: the name's length when not interned
+	algShift     = 48        // bits 48–55: the State's Algorithm
+	changedBit   = 1 << 61   // on shard.changed, not yet taken by TakeChanged
+	queuedBit    = 1 << 62   // on shard.dirty, not yet copied by a flush
+	dirtyBit     = 1 << 63   // has a change the store may not hold yet
+	maxKeyBytes  = keyLenMask
+)
 
-func (e *entry) flushed() uint64 { return e.meta &^ queuedBit }
-func (e *entry) queued() bool    { return e.meta&queuedBit != 0 }
+func (sl *slot) has(bit uint64) bool { return sl.meta&bit != 0 }
+func (sl *slot) set(bit uint64)      { sl.meta |= bit }
+func (sl *slot) clear(bit uint64)    { sl.meta &^= bit }
 
-func (e *entry) setFlushed(v uint64) { e.meta = e.meta&queuedBit | v&^queuedBit }
+// bytes returns the bytes the slot keeps at kp.
+func (sl *slot) bytes() string { return unsafe.String(sl.kp, int(sl.meta&keyLenMask)) }
 
-func (e *entry) setQueued(q bool) {
-	if q {
-		e.meta |= queuedBit
-	} else {
-		e.meta &^= queuedBit
+func (sl *slot) nameIdx() int { return int(sl.meta >> nameIdxShift & 0xffff) }
+
+func (sl *slot) state() bucket.State {
+	var st bucket.State
+	sl.loadState(&st)
+	return st
+}
+
+// loadState writes sl's state to *st field by field (a State returned by
+// value is copied whole, which stalls store forwarding on the hot path).
+func (sl *slot) loadState(st *bucket.State) {
+	st.Algorithm = bucket.Algorithm(sl.meta >> algShift)
+	st.Start, st.Count, st.Prev, st.Expires, st.Ext = sl.start, sl.count, sl.prev, sl.expires, sl.ext
+}
+
+func (sl *slot) setState(st bucket.State) {
+	sl.start, sl.count, sl.prev, sl.expires, sl.ext = st.Start, st.Count, st.Prev, st.Expires, st.Ext
+	sl.meta = sl.meta&^(0xff<<algShift) | uint64(st.Algorithm)<<algShift
+}
+
+// differs reports whether st is not the state sl holds. (Field by field:
+// see bucket.DecideWith on whole-struct copies.)
+func (sl *slot) differs(st *bucket.State) bool {
+	return st.Start != sl.start || st.Count != sl.count || st.Prev != sl.prev || st.Expires != sl.expires ||
+		st.Ext != sl.ext || uint64(st.Algorithm) != sl.meta>>algShift&0xff
+}
+
+func (sl *slot) fresh(now int64) bool { return bucket.FreshAt(sl.expires, now) }
+
+// ref is a slot on a shard's changed list, with the caller's hash of its key.
+type ref struct {
+	h  uint64
+	sl *slot
+}
+
+// slab holds a shard's slots in fixed chunks, so that a slot never moves,
+// addressed by 32-bit indices; index 0 is never used.
+type slab struct {
+	chunks [][]slot
+	free   []uint32
+	next   uint32 // the next index to hand out (after checking it)
+}
+
+const (
+	chunkBits = 8
+	chunkMask = 1<<chunkBits - 1
+	// chunkSlots is one less than a power of two: a chunk of 255 slots
+	// and the 8-byte header Go gives large objects with pointers fill a
+	// 16 KiB size class (256 slots would take an 18 KiB one).
+	chunkSlots = chunkMask
+)
+
+func (b *slab) at(i uint32) *slot { return &b.chunks[i>>chunkBits][i&chunkMask] }
+
+// alloc returns a zero slot and its index.
+func (b *slab) alloc() (uint32, *slot) {
+	if n := len(b.free); n > 0 {
+		i := b.free[n-1]
+		b.free = b.free[:n-1]
+		return i, b.at(i)
 	}
+	if b.next == 0 || b.next&chunkMask == chunkSlots {
+		b.next++ // index 0 is never used, nor the offset a chunk lacks
+	}
+	i := b.next
+	if int(i>>chunkBits) == len(b.chunks) {
+		b.chunks = append(b.chunks, make([]slot, chunkSlots))
+	}
+	b.next++
+	return i, b.at(i)
 }
 
-// dirty reports whether the entry has changes the store does not hold yet.
-func (e *entry) dirty() bool { return e.version > e.flushed() }
+// release zeroes slot i (dropping what it points to) for reuse.
+func (b *slab) release(i uint32) {
+	*b.at(i) = slot{}
+	b.free = append(b.free, i)
+}
 
-// dirtyRef is one entry waiting for the next flush.
-type dirtyRef struct {
-	key Key
-	e   *entry
+// retired is an evicted slot waiting until nothing can refer to it any
+// more: the dirty list of the flush in progress and the list of changes
+// may still hold it (and must not see another key in it). It is released
+// once a flush that started after its retirement has completed and, with
+// TrackChanges, a TakeChanged has run since.
+type retired struct {
+	i           uint32
+	flush, take uint64 // the shard's flushStarts and takes at retirement
 }
 
 // maxNames bounds each shard's table of interned names.
 const maxNames = 4096
 
+// overSize is the capacity of a shard's overflow LRU, which holds keys
+// whose 64-bit hash collides with a key already in the shard's LRU.
+const overSize = 1024
+
 // flushChunk is how many dirty entries a flush copies per shard-lock hold.
 const flushChunk = 512
 
 // maxSpare is the largest dirty list a shard keeps for reuse.
-const maxSpare = 8192
+const maxSpare = 1024
 
 // shard is one independently locked part of the cache.
 type shard struct {
-	mu  sync.Mutex
-	lru *simplelru.LRU[Key, *entry]
-	// pending holds entries the LRU evicted before their changes were
-	// written; a miss looks here before the store. A flush that writes an
-	// entry's last change removes it.
-	pending map[Key]*entry
-	dirty   []dirtyRef // entries to write at the next flush
-	spare   []dirtyRef // the previous dirty list, reused
-	names   map[string]string
+	mu sync.Mutex
+	// lru holds the live slots by the low 32 bits of their key's hash
+	// (cacheHash; the shard came from the top bits); a key whose hash is
+	// taken by another key lives in over instead.
+	lru  *simplelru.LRU[uint32, uint32]
+	over *simplelru.LRU[Key, uint32] // made on the first collision
+	// pending holds slots the LRU evicted before their changes were
+	// written; a miss looks here before the store. A flush that writes a
+	// slot's last change removes it.
+	pending map[Key]uint32
+	slots   slab
+	limbo   []retired
+	dirty   []*slot // slots to write at the next flush
+	spare   []*slot // the previous dirty list, reused
+	track   bool    // keep the changed list (Config.TrackChanges)
+	changes []ref   // slots changed since the last TakeChanged
+	names   []string
+	nameIdx map[string]uint16
+
+	// flushStarts counts the flushes that took this shard's dirty list,
+	// flushDone is the count at the start of the last one that completed,
+	// takes counts TakeChanged calls: see retired.
+	flushStarts, flushDone, takes uint64
+
 	// moved holds the keys Release handed to another node, with the Unix
 	// nanosecond time until which Decide refuses them.
 	moved map[Key]int64
@@ -107,57 +213,161 @@ type shard struct {
 	hits, misses, loads, evictions uint64
 }
 
-// onEvict keeps an evicted entry whose changes are unwritten and not yet
-// expired in pending.
-func (s *shard) onEvict(k Key, e *entry) {
-	s.evictions++
-	if e.dirty() && !e.state.Fresh(s.now) {
-		s.pending[k] = e
-		return
+// keyOf returns sl's key. The strings share the slot's bytes and the
+// shard's names: they are immutable and never copied.
+func (s *shard) keyOf(sl *slot) Key {
+	b := sl.bytes()
+	if i := sl.nameIdx(); i != 0 {
+		return Key{Name: s.names[i], Key: b}
 	}
-	e.setQueued(false) // its dirty reference, if any, is now a no-op
+	n := int(sl.meta >> nameLenShift & 0xffff)
+	return Key{Name: b[:n], Key: b[n:]}
 }
 
-// lookup finds k in memory, moving it from pending back into the LRU.
-func (s *shard) lookup(k Key, now int64) *entry {
-	if e, ok := s.lru.Get(k); ok {
-		return e
+// is reports whether sl holds k.
+func (s *shard) is(sl *slot, k Key) bool {
+	b := sl.bytes()
+	if i := sl.nameIdx(); i != 0 {
+		return b == k.Key && s.names[i] == k.Name
 	}
-	e, ok := s.pending[k]
+	n := int(sl.meta >> nameLenShift & 0xffff)
+	return len(b) == len(k.Name)+len(k.Key) && b[n:] == k.Key && b[:n] == k.Name
+}
+
+// newSlot returns a slot for an owned copy of k holding rec's state.
+func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, error) {
+	if len(k.Name)+len(k.Key) > maxKeyBytes {
+		return 0, nil, fmt.Errorf("writeback: key of %d bytes is too long to cache", len(k.Name)+len(k.Key))
+	}
+	i, ok := s.nameIdx[k.Name]
+	if !ok && len(s.names) < maxNames {
+		if len(s.names) == 0 {
+			s.names = append(s.names, "") // index 0 means "not interned"
+		}
+		i = uint16(len(s.names))
+		name := strings.Clone(k.Name)
+		s.names = append(s.names, name)
+		s.nameIdx[name] = i
+	}
+	var b string
+	meta := uint64(i) << nameIdxShift
+	if i != 0 {
+		b = strings.Clone(k.Key)
+	} else {
+		b = k.Name + k.Key
+		meta |= uint64(len(k.Name)) << nameLenShift
+	}
+	idx, sl := s.slots.alloc()
+	*sl = slot{version: version, meta: meta | uint64(len(b)), kp: unsafe.StringData(b)}
+	sl.setState(st)
+	return idx, sl, nil
+}
+
+// cacheHash is the key under which the LRU holds k: the caller's hash of
+// the key, which is the same for every limit of a multi-limit key (SubKey),
+// mixed with the limit's suffix of the name.
+func cacheHash(h uint64, name string) uint32 {
+	i := strings.IndexByte(name, 0)
+	if i < 0 {
+		return uint32(h)
+	}
+	for _, c := range []byte(name[i:]) {
+		h = (h ^ uint64(c)) * 0x100000001b3
+	}
+	return uint32(h ^ h>>32)
+}
+
+// onEvict keeps an evicted slot whose changes are unwritten and not yet
+// expired in pending.
+func (s *shard) onEvict(i uint32) {
+	s.evictions++
+	sl := s.slots.at(i)
+	if sl.has(dirtyBit) && !sl.fresh(s.now) {
+		s.pending[s.keyOf(sl)] = i
+		return
+	}
+	sl.clear(queuedBit | dirtyBit) // its dirty reference, if any, is now a no-op
+	s.retire(i)
+}
+
+// retire puts the dropped slot i in limbo (see retired).
+func (s *shard) retire(i uint32) {
+	s.limbo = append(s.limbo, retired{i: i, flush: s.flushStarts, take: s.takes})
+}
+
+// reap releases the slots in limbo that nothing can refer to any more.
+func (s *shard) reap() {
+	keep := s.limbo[:0]
+	for _, r := range s.limbo {
+		if s.flushDone > r.flush && (!s.track || s.takes > r.take) {
+			s.slots.release(r.i)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	clear(s.limbo[len(keep):])
+	s.limbo = keep
+}
+
+// lookup finds k in memory, moving it from pending back into an LRU.
+func (s *shard) lookup(ch uint32, k Key, now int64) *slot {
+	if i, ok := s.lru.Get(ch); ok {
+		if sl := s.slots.at(i); s.is(sl, k) {
+			return sl
+		}
+	}
+	if s.over != nil && s.over.Len() > 0 {
+		if i, ok := s.over.Get(k); ok {
+			return s.slots.at(i)
+		}
+	}
+	i, ok := s.pending[k]
 	if !ok {
 		return nil
 	}
 	delete(s.pending, k)
-	s.insert(k, e, now)
-	return e
+	s.insert(ch, i, now)
+	return s.slots.at(i)
 }
 
-// insert adds e under an owned copy of k.
-func (s *shard) insert(k Key, e *entry, now int64) {
-	name, ok := s.names[k.Name]
-	if !ok {
-		name = strings.Clone(k.Name)
-		if len(s.names) < maxNames {
-			s.names[name] = name
-		}
-	}
+// insert adds slot i to the LRU, or to the overflow LRU when another key
+// holds ch.
+func (s *shard) insert(ch uint32, i uint32, now int64) {
 	s.now = now
-	s.lru.Add(Key{Name: name, Key: strings.Clone(k.Key)}, e)
+	if !s.lru.Contains(ch) {
+		s.lru.Add(ch, i)
+		return
+	}
+	if s.over == nil {
+		s.over, _ = simplelru.NewLRU(overSize, func(_ Key, i uint32) { s.onEvict(i) })
+	}
+	s.over.Add(s.keyOf(s.slots.at(i)), i)
 }
 
-// changed records a change of e's state.
-func (s *shard) changed(k Key, e *entry, now int64) {
+// changed records a change of sl's state; h is the caller's hash of its key.
+func (s *shard) changed(h uint64, sl *slot, now int64) {
 	// Versions follow the clock so that they keep growing even after a key
 	// expired, was deleted and started again.
-	e.version = max(e.version+1, uint64(max(now, 0)))
-	s.queue(k, e)
+	sl.version = max(sl.version+1, uint64(max(now, 0)))
+	s.queue(sl)
+	s.markChanged(h, sl)
 }
 
-// queue puts e on the dirty list unless it is there.
-func (s *shard) queue(k Key, e *entry) {
-	if !e.queued() {
-		e.setQueued(true)
-		s.dirty = append(s.dirty, dirtyRef{key: k, e: e})
+// queue puts sl on the dirty list unless it is there.
+func (s *shard) queue(sl *slot) {
+	sl.set(dirtyBit)
+	if !sl.has(queuedBit) {
+		sl.set(queuedBit)
+		s.dirty = append(s.dirty, sl)
+	}
+}
+
+// markChanged puts sl on the list of changes unless it is there (with
+// TrackChanges).
+func (s *shard) markChanged(h uint64, sl *slot) {
+	if s.track && !sl.has(changedBit) {
+		sl.set(changedBit)
+		s.changes = append(s.changes, ref{h: h, sl: sl})
 	}
 }
 
@@ -202,8 +412,8 @@ func New(cfg Config, store Store) (*Cache, error) {
 	}
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
-		s := &shard{pending: map[Key]*entry{}, names: map[string]string{}, moved: map[Key]int64{}}
-		lru, err := simplelru.NewLRU(per, s.onEvict)
+		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]int64{}, track: cfg.TrackChanges}
+		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
 		}
@@ -223,14 +433,15 @@ func (c *Cache) shardFor(hash uint64) *shard {
 // fresh entry; without, it gives nil. A store record whose state is fresh at
 // now counts as absent, but its version is kept so that versions keep
 // growing.
-func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
+func (c *Cache) find(s *shard, h uint64, k Key, now int64, create bool) (*slot, error) {
+	ch := cacheHash(h, k.Name)
 	s.mu.Lock()
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if e := s.lookup(k, now); e != nil {
+	if sl := s.lookup(ch, k, now); sl != nil {
 		s.hits++
-		return e, nil
+		return sl, nil
 	}
 	s.misses++
 	c.loadWG.Add(1)
@@ -247,8 +458,8 @@ func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
 		case s.closed:
 			return nil, ErrClosed
 		}
-		if e := s.lookup(k, now); e != nil {
-			return e, nil // loaded by another call meanwhile
+		if sl := s.lookup(ch, k, now); sl != nil {
+			return sl, nil // loaded by another call meanwhile
 		}
 		if s.writeSeq != seq {
 			continue // a flush completed meanwhile: rec may be stale
@@ -260,9 +471,12 @@ func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
 		if !ok && !create {
 			return nil, nil
 		}
-		e := &entry{state: rec.State, version: rec.Version, meta: rec.Version &^ queuedBit}
-		s.insert(k, e, now)
-		return e, nil
+		i, sl, err := s.newSlot(k, rec.State, rec.Version)
+		if err != nil {
+			return nil, err
+		}
+		s.insert(ch, i, now)
+		return sl, nil
 	}
 }
 
@@ -272,31 +486,38 @@ func (c *Cache) find(s *shard, k Key, now int64, create bool) (*entry, error) {
 // (without holding the shard lock) or starts fresh. The error is ErrClosed
 // or a store read failure. A hit allocates nothing.
 func (c *Cache) Decide(hash uint64, k Key, lim bucket.Limit, hits, now int64) (bucket.Decision, error) {
-	return c.DecideLoad(hash, k, lim, hits, now, 1)
+	return c.DecideLoad(hash, k, &lim, hits, now, 1)
 }
 
 // DecideLoad is Decide with the node's load in [0, 1] for elastic limits
-// (bucket.DecideLoad).
-func (c *Cache) DecideLoad(hash uint64, k Key, lim bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
+// (bucket.DecideLoad). lim is passed by pointer and not kept.
+func (c *Cache) DecideLoad(hash uint64, k Key, lim *bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
+	var d bucket.Decision
+	err := c.DecideTo(&d, hash, k, lim, hits, now, load)
+	return d, err
+}
+
+// DecideTo is DecideLoad writing the decision to *out (see bucket.DecideTo
+// for why), for the path of every check. On error *out is not written.
+func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.Limit, hits, now int64, load float64) error {
 	s := c.shardFor(hash)
-	e, err := c.find(s, k, now, true)
+	sl, err := c.find(s, hash, k, now, true)
 	if err == nil && len(s.moved) > 0 && s.isMoved(k, now) {
 		err = ErrMoved
 	}
 	if err != nil {
 		s.mu.Unlock()
-		return bucket.Decision{}, err
+		return err
 	}
-	before := e.state
-	d := bucket.DecideLoad(&e.state, lim, hits, now, load)
-	if e.state != before {
-		s.changed(k, e, now)
-		if c.cfg.OnChange != nil {
-			c.cfg.OnChange(hash, k)
-		}
+	var st bucket.State
+	sl.loadState(&st)
+	bucket.DecideTo(out, &st, lim, hits, now, load)
+	if sl.differs(&st) {
+		sl.setState(st)
+		s.changed(hash, sl, now)
 	}
 	s.mu.Unlock()
-	return d, nil
+	return nil
 }
 
 // SubKey is the key under which the cache keeps the state of limit i of a
@@ -325,12 +546,12 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 	for i := range lims {
 		keys[i] = SubKey(k, i)
 	}
-	es := make([]*entry, len(lims))
+	es := make([]*slot, len(lims))
 	for attempt := 0; ; attempt++ {
 		// Load every state (each find may drop the lock for a store read),
 		// then check under one hold of the lock that all are still there.
 		for i := range keys {
-			e, err := c.find(s, keys[i], now, true)
+			e, err := c.find(s, hash, keys[i], now, true)
 			s.mu.Unlock()
 			if err != nil {
 				return bucket.Decision{}, err
@@ -340,7 +561,7 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 		s.mu.Lock()
 		same := true
 		for i := range keys {
-			same = same && s.lookup(keys[i], now) == es[i]
+			same = same && s.lookup(cacheHash(hash, keys[i].Name), keys[i], now) == es[i]
 		}
 		if same {
 			break
@@ -358,19 +579,19 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 			}
 		}
 	}
+	vals := make([]bucket.State, len(es))
 	states := make([]*bucket.State, len(es))
 	before := make([]bucket.State, len(es))
 	for i, e := range es {
-		states[i], before[i] = &e.state, e.state
+		vals[i] = e.state()
+		states[i], before[i] = &vals[i], vals[i]
 	}
 	out := make([]bucket.Decision, len(lims))
 	bucket.DecideAllLoad(states, lims, hits, now, load, out)
 	for i, e := range es {
-		if e.state != before[i] {
-			s.changed(keys[i], e, now)
-			if c.cfg.OnChange != nil {
-				c.cfg.OnChange(hash, keys[i])
-			}
+		if vals[i] != before[i] {
+			e.setState(vals[i])
+			s.changed(hash, e, now)
 		}
 	}
 	return bucket.Combine(out), nil
@@ -393,16 +614,16 @@ func (s *shard) isMoved(k Key, now int64) bool {
 // Decide made before Release is in the record.
 func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
 	s := c.shardFor(hash)
-	e, err := c.find(s, k, now, false)
+	sl, err := c.find(s, hash, k, now, false)
 	defer s.mu.Unlock()
 	if err != nil {
 		return Record{}, false, err
 	}
 	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = now + int64(ttl)
-	if e == nil || e.state.Fresh(now) {
+	if sl == nil || sl.fresh(now) {
 		return Record{}, false, nil
 	}
-	return Record{Key: k, State: e.state, Version: e.version}, true, nil
+	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
 }
 
 // Released reports whether k is released at now.
@@ -423,7 +644,7 @@ func (c *Cache) Reclaim(hash uint64, k Key) {
 
 // Adopt takes ownership of rec's key: it ends a release of the key and
 // installs rec when it is newer than what is held, like Merge, reporting
-// whether it did. An installed record counts as a change (OnChange).
+// whether it did. An installed record counts as a change (TakeChanged).
 func (c *Cache) Adopt(hash uint64, rec Record) bool {
 	return c.install(hash, rec, true)
 }
@@ -437,18 +658,21 @@ func (c *Cache) Range(now int64, fn func(Record) bool) {
 	for _, s := range c.shards {
 		recs = recs[:0]
 		s.mu.Lock()
-		add := func(k Key, e *entry) {
-			if !e.state.Fresh(now) {
-				recs = append(recs, Record{Key: k, State: e.state, Version: e.version})
+		add := func(sl *slot) {
+			if !sl.fresh(now) {
+				recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
 			}
 		}
-		for _, k := range s.lru.Keys() {
-			if e, ok := s.lru.Peek(k); ok {
-				add(k, e)
+		for _, i := range s.lru.Values() {
+			add(s.slots.at(i))
+		}
+		if s.over != nil {
+			for _, i := range s.over.Values() {
+				add(s.slots.at(i))
 			}
 		}
-		for k, e := range s.pending {
-			add(k, e)
+		for _, i := range s.pending {
+			add(s.slots.at(i))
 		}
 		s.mu.Unlock()
 		for _, r := range recs {
@@ -478,12 +702,12 @@ func (c *Cache) RangeStored(now int64, fn func(Record) bool) error {
 // A counter that is fresh at now (never hit, or expired) is absent.
 func (c *Cache) Get(hash uint64, k Key, now int64) (Record, bool, error) {
 	s := c.shardFor(hash)
-	e, err := c.find(s, k, now, false)
+	sl, err := c.find(s, hash, k, now, false)
 	defer s.mu.Unlock()
-	if err != nil || e == nil || e.state.Fresh(now) {
+	if err != nil || sl == nil || sl.fresh(now) {
 		return Record{}, false, err
 	}
-	return Record{Key: k, State: e.state, Version: e.version}, true, nil
+	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
 }
 
 // Merge installs rec when its Version is newer than the one held in memory
@@ -498,7 +722,7 @@ func (c *Cache) install(hash uint64, rec Record, adopt bool) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
-	e, err := c.find(s, rec.Key, 0, true)
+	e, err := c.find(s, hash, rec.Key, 0, true)
 	defer s.mu.Unlock()
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
@@ -512,12 +736,76 @@ func (c *Cache) install(hash uint64, rec Record, adopt bool) bool {
 	if rec.Version <= e.version {
 		return false
 	}
-	e.state, e.version = rec.State, rec.Version
-	s.queue(rec.Key, e)
-	if adopt && c.cfg.OnChange != nil {
-		c.cfg.OnChange(hash, rec.Key)
+	e.setState(rec.State)
+	e.version = rec.Version
+	s.queue(e)
+	if adopt {
+		s.markChanged(hash, e)
 	}
 	return true
+}
+
+// TakeChanged calls fn, without any lock held, with the caller's hash and
+// the current record of every key changed by Decide or installed by Adopt
+// since the previous call (with Config.TrackChanges; otherwise it finds
+// none). A key that is fresh at now is skipped. The replication of cluster
+// sends these records to the keys' replicas.
+func (c *Cache) TakeChanged(now int64, fn func(hash uint64, rec Record)) {
+	var hs []uint64
+	var recs []Record
+	for _, s := range c.shards {
+		hs, recs = hs[:0], recs[:0]
+		s.mu.Lock()
+		for _, r := range s.changes {
+			if !r.sl.has(changedBit) {
+				continue
+			}
+			r.sl.clear(changedBit)
+			if !r.sl.fresh(now) {
+				hs = append(hs, r.h)
+				recs = append(recs, Record{Key: s.keyOf(r.sl), State: r.sl.state(), Version: r.sl.version})
+			}
+		}
+		if cap(s.changes) <= maxSpare {
+			clear(s.changes)
+			s.changes = s.changes[:0]
+		} else {
+			s.changes = nil
+		}
+		s.takes++
+		s.reap()
+		s.mu.Unlock()
+		for i := range recs {
+			fn(hs[i], recs[i])
+		}
+	}
+}
+
+// MarkChanged makes the next TakeChanged report k again, if k is in
+// memory (a replication that failed keeps its keys this way).
+func (c *Cache) MarkChanged(hash uint64, k Key) {
+	s := c.shardFor(hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.lookup(cacheHash(hash, k.Name), k, s.now); sl != nil {
+		s.markChanged(hash, sl)
+	}
+}
+
+// Changed returns the number of keys the next TakeChanged would report
+// (at most; fresh ones are skipped).
+func (c *Cache) Changed() int {
+	n := 0
+	for _, s := range c.shards {
+		s.mu.Lock()
+		for _, r := range s.changes {
+			if r.sl.has(changedBit) {
+				n++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // Dirty returns the number of entries whose changes are not yet in the
@@ -526,13 +814,13 @@ func (c *Cache) Dirty() int {
 	n := 0
 	for _, s := range c.shards {
 		s.mu.Lock()
-		for _, r := range s.dirty {
-			if r.e.queued() && r.e.dirty() {
+		for _, sl := range s.dirty {
+			if sl.has(queuedBit) {
 				n++
 			}
 		}
-		for _, e := range s.pending {
-			if !e.queued() && e.dirty() {
+		for _, i := range s.pending {
+			if sl := s.slots.at(i); !sl.has(queuedBit) && sl.has(dirtyBit) {
 				n++
 			}
 		}
@@ -548,6 +836,9 @@ func (c *Cache) Len() int {
 	for _, s := range c.shards {
 		s.mu.Lock()
 		n += s.lru.Len()
+		if s.over != nil {
+			n += s.over.Len()
+		}
 		s.mu.Unlock()
 	}
 	return n
@@ -578,8 +869,8 @@ func (c *Cache) Stats() Stats {
 
 // flushItem is one record of a flush and where it came from.
 type flushItem struct {
-	s *shard
-	e *entry
+	s  *shard
+	sl *slot
 }
 
 // Flush writes every dirty and pending entry to the store now, as one
@@ -604,8 +895,11 @@ func (c *Cache) Flush(ctx context.Context) error {
 func (c *Cache) flush(ctx context.Context) error {
 	var recs []Record
 	var items []flushItem
-	for _, s := range c.shards {
+	gens := make([]uint64, len(c.shards))
+	for si, s := range c.shards {
 		s.mu.Lock()
+		s.flushStarts++
+		gens[si] = s.flushStarts
 		all := s.dirty
 		s.dirty, s.spare = s.spare[:0], nil
 		s.mu.Unlock()
@@ -613,66 +907,74 @@ func (c *Cache) flush(ctx context.Context) error {
 			chunk := refs[:min(len(refs), flushChunk)]
 			refs = refs[len(chunk):]
 			s.mu.Lock()
-			for _, r := range chunk {
-				if !r.e.queued() {
+			for _, sl := range chunk {
+				if !sl.has(queuedBit) {
 					continue
 				}
-				r.e.setQueued(false)
-				recs = append(recs, Record{Key: r.key, State: r.e.state, Version: r.e.version})
-				items = append(items, flushItem{s: s, e: r.e})
+				sl.clear(queuedBit)
+				recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
+				items = append(items, flushItem{s: s, sl: sl})
 			}
 			s.mu.Unlock()
 		}
-		clear(all) // drop the keys and entries for the GC
+		clear(all) // drop the references for the GC
 		s.mu.Lock()
 		if s.spare == nil && cap(all) <= maxSpare {
 			s.spare = all[:0]
 		}
 		s.mu.Unlock()
 	}
-	if len(recs) == 0 {
-		return nil
-	}
-	err := ctx.Err()
-	if err == nil {
-		if err = c.store.Write(recs); err != nil {
-			c.flushErrors.Add(1)
-			c.log.Error("writeback: flush failed; entries stay dirty", "records", len(recs), "err", err)
+	var err error
+	if len(recs) > 0 {
+		if err = ctx.Err(); err == nil {
+			if err = c.store.Write(recs); err != nil {
+				c.flushErrors.Add(1)
+				c.log.Error("writeback: flush failed; entries stay dirty", "records", len(recs), "err", err)
+			}
 		}
 	}
 	if err != nil {
-		c.requeue(recs, items)
-		return err
-	}
-	c.flushes.Add(1)
-	c.flushedRecords.Add(uint64(len(recs)))
-	var s *shard
-	for i, it := range items {
-		if it.s != s {
-			if s != nil {
-				s.writeSeq++
-				s.mu.Unlock()
+		c.requeue(items)
+	} else if len(recs) > 0 {
+		c.flushes.Add(1)
+		c.flushedRecords.Add(uint64(len(recs)))
+		var s *shard
+		for i, it := range items {
+			if it.s != s {
+				if s != nil {
+					s.writeSeq++
+					s.mu.Unlock()
+				}
+				s = it.s
+				s.mu.Lock()
 			}
-			s = it.s
-			s.mu.Lock()
-		}
-		e := it.e
-		e.setFlushed(max(e.flushed(), recs[i].Version))
-		if !e.dirty() {
-			if p, ok := s.pending[recs[i].Key]; ok && p == e {
-				delete(s.pending, recs[i].Key)
+			// Versions only grow: the same version means no change since
+			// the copy was taken.
+			if sl := it.sl; sl.version == recs[i].Version && !sl.has(queuedBit) {
+				sl.clear(dirtyBit)
+				if p, ok := s.pending[recs[i].Key]; ok && s.slots.at(p) == sl {
+					delete(s.pending, recs[i].Key)
+					s.retire(p)
+				}
 			}
 		}
+		s.writeSeq++
+		s.mu.Unlock()
 	}
-	s.writeSeq++
-	s.mu.Unlock()
-	return nil
+	// This flush holds no slot any more: release what waited for it.
+	for si, s := range c.shards {
+		s.mu.Lock()
+		s.flushDone = gens[si]
+		s.reap()
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // requeue puts the entries of a failed flush back on their dirty lists.
-func (c *Cache) requeue(recs []Record, items []flushItem) {
+func (c *Cache) requeue(items []flushItem) {
 	var s *shard
-	for i, it := range items {
+	for _, it := range items {
 		if it.s != s {
 			if s != nil {
 				s.mu.Unlock()
@@ -680,9 +982,9 @@ func (c *Cache) requeue(recs []Record, items []flushItem) {
 			s = it.s
 			s.mu.Lock()
 		}
-		if e := it.e; e.dirty() && !e.queued() {
-			e.setQueued(true)
-			s.dirty = append(s.dirty, dirtyRef{key: recs[i].Key, e: e})
+		if sl := it.sl; sl.has(dirtyBit) && !sl.has(queuedBit) {
+			sl.set(queuedBit)
+			s.dirty = append(s.dirty, sl)
 		}
 	}
 	if s != nil {

@@ -1,9 +1,13 @@
 package writeback
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/debug"
+	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -125,17 +129,20 @@ func BenchmarkDecideMiss(b *testing.B) {
 // BenchmarkHeapPerKey measures the heap held per live key after 1M keys
 // went through a cache of Size 1M (run with -benchtime=1x): dirtyHeapB/key
 // right after filling (dirty lists and pending entries included),
-// heapB/key after a flush emptied them. The caller's key strings are
-// allocated before and not counted; the cache's own copies are.
+// heapB/key after a flush emptied them, and rssB/key, the growth of the
+// process's resident memory (Linux; after returning free memory to the
+// OS). The caller's key strings are allocated before and not counted; the
+// cache's own copies are.
 func BenchmarkHeapPerKey(b *testing.B) {
 	b.ReportAllocs()
 	const n = 1_000_000
 	keys, hashes := benchKeys(n)
 	var c *Cache
-	var dirty, flushed float64
+	var dirty, flushed, rss float64
 	for b.Loop() {
 		c = nil
-		runtime.GC()
+		debug.FreeOSMemory()
+		rssBefore := residentBytes()
 		var before, mid, after runtime.MemStats
 		runtime.ReadMemStats(&before)
 		var err error
@@ -162,9 +169,32 @@ func BenchmarkHeapPerKey(b *testing.B) {
 		}
 		dirty = float64(mid.HeapAlloc-before.HeapAlloc) / live
 		flushed = float64(after.HeapAlloc-before.HeapAlloc) / live
+		debug.FreeOSMemory()
+		rss = float64(residentBytes()-rssBefore) / live
 	}
 	runtime.KeepAlive(c)
 	runtime.KeepAlive(keys)
 	b.ReportMetric(flushed, "heapB/key")
 	b.ReportMetric(dirty, "dirtyHeapB/key")
+	if rss > 0 {
+		b.ReportMetric(rss, "rssB/key")
+	}
+}
+
+// residentBytes returns the process's resident set size from
+// /proc/self/statm, or 0 where that is not available.
+func residentBytes() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := bytes.Fields(b)
+	if len(f) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseInt(string(f[1]), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * int64(os.Getpagesize())
 }

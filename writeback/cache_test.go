@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -630,13 +631,195 @@ func TestNameInterned(t *testing.T) {
 		decide(t, c, Key{name, fmt.Sprint(i)}, lim10, 1, base)
 	}
 	s := c.shards[0]
-	keys := s.lru.Keys()
-	if len(s.names) != 1 || len(keys) != 3 {
-		t.Fatalf("names %d keys %d", len(s.names), len(keys))
+	slots := s.lru.Values()
+	if len(s.nameIdx) != 1 || len(slots) != 3 {
+		t.Fatalf("names %d keys %d", len(s.nameIdx), len(slots))
 	}
-	for _, k := range keys[1:] {
-		if unsafe.StringData(k.Name) != unsafe.StringData(keys[0].Name) {
+	first := s.keyOf(s.slots.at(slots[0]))
+	for _, i := range slots[1:] {
+		if k := s.keyOf(s.slots.at(i)); unsafe.StringData(k.Name) != unsafe.StringData(first.Name) {
 			t.Fatal("name not shared")
 		}
+	}
+}
+
+// TestHashCollision: keys whose 64-bit hashes collide (the caller's hash is
+// not collision-free; xxhash collisions can be made on purpose) keep
+// separate counters, in memory, through eviction and through the store.
+func TestHashCollision(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 2})
+	const h = 0x5eed
+	keys := []Key{{"api", "a"}, {"api", "b"}, {"api", "c"}, {"other", "a"}}
+	lim := bucket.Limit{Limit: 100, WindowMS: 60_000}
+	want := map[Key]int64{}
+	for round := range 3 {
+		for i, k := range keys {
+			hits := int64(i + 1)
+			if _, err := c.Decide(h, k, lim, hits, base); err != nil {
+				t.Fatal(err)
+			}
+			want[k] += hits
+		}
+		if round == 1 {
+			if err := c.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, k := range keys {
+		rec, ok, err := c.Get(h, k, base)
+		if err != nil || !ok || rec.State.Count != want[k] {
+			t.Fatalf("%v: count %d ok %v err %v, want %d", k, rec.State.Count, ok, err, want[k])
+		}
+	}
+	seen := map[Key]int64{}
+	c.Range(base, func(r Record) bool { seen[r.Key] = r.State.Count; return true })
+	if len(seen) != len(keys) {
+		t.Fatalf("Range saw %v", seen)
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	c.RangeStored(base, func(r Record) bool {
+		n++
+		if r.State.Count != want[r.Key] {
+			t.Errorf("stored %v count %d, want %d", r.Key, r.State.Count, want[r.Key])
+		}
+		return true
+	})
+	if n != len(keys) {
+		t.Fatalf("store holds %d records, want %d", n, len(keys))
+	}
+}
+
+// TestCacheAgainstModel runs random decisions, flushes, takes of changes
+// and reads through a tiny cache (constant eviction, pending entries,
+// slots reused, hash collisions on purpose) and checks every count against
+// a plain map, and that every change is reported with its own key's hash.
+func TestCacheAgainstModel(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 99))
+			st := newMemStore()
+			c, err := New(Config{Shards: 2, Size: 8, TrackChanges: true, Logger: quietLogger()}, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keys []Key
+			hashes := map[Key]uint64{}
+			for i := range 40 {
+				k := Key{Name: []string{"a", "b"}[i%2], Key: fmt.Sprint("k", i)}
+				keys = append(keys, k)
+				// Real top bits (the shard), and low bits that collide.
+				hashes[k] = hashKey(k)&^0xffffffff | uint64(i%3)
+			}
+			lim := bucket.Limit{Limit: bucket.MaxLimit, WindowMS: 60_000}
+			model := map[Key]int64{}
+			get := func(k Key) int64 {
+				rec, ok, err := c.Get(hashes[k], k, base)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					return 0
+				}
+				return rec.State.Count
+			}
+			for op := range 20_000 {
+				k := keys[rng.IntN(len(keys))]
+				switch r := rng.IntN(100); {
+				case r < 75:
+					hits := int64(1 + rng.IntN(3))
+					if _, err := c.Decide(hashes[k], k, lim, hits, base); err != nil {
+						t.Fatal(err)
+					}
+					model[k] += hits
+				case r < 90:
+					if err := c.Flush(t.Context()); err != nil {
+						t.Fatal(err)
+					}
+				case r < 93:
+					c.TakeChanged(base, func(h uint64, rec Record) {
+						if h != hashes[rec.Key] {
+							t.Fatalf("op %d: %v reported with hash %x, its own is %x", op, rec.Key, h, hashes[rec.Key])
+						}
+						if rec.State.Count != model[rec.Key] {
+							t.Fatalf("op %d: %v reported count %d, model %d", op, rec.Key, rec.State.Count, model[rec.Key])
+						}
+					})
+				case r < 95:
+					c.MarkChanged(hashes[k], k)
+				default:
+					if got := get(k); got != model[k] {
+						t.Fatalf("op %d: %v count %d, model %d", op, k, got, model[k])
+					}
+				}
+			}
+			if err := c.Close(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				rec, ok, _ := st.Load(k)
+				if model[k] != 0 && (!ok || rec.State.Count != model[k]) {
+					t.Fatalf("stored %v: %+v %v, model %d", k, rec, ok, model[k])
+				}
+			}
+		})
+	}
+}
+
+// TestSlotReuseWaitsForTakeChanged: the slot of a key evicted with a
+// change not yet taken is not given to another key before TakeChanged has
+// run, or the other key would be reported under the first key's hash.
+func TestSlotReuseWaitsForTakeChanged(t *testing.T) {
+	t.Parallel()
+	c, err := New(Config{Shards: 1, Size: 1, TrackChanges: true, Logger: quietLogger()}, newMemStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := bucket.Limit{Limit: bucket.MaxLimit, WindowMS: 60_000}
+	keys := []Key{{"x", "a"}, {"x", "b"}, {"x", "c"}}
+	c.Decide(1, keys[0], lim, 1, base)
+	if err := c.Flush(t.Context()); err != nil { // a is clean: evicted, it is dropped
+		t.Fatal(err)
+	}
+	c.Decide(2, keys[1], lim, 1, base) // evicts a
+	c.Decide(3, keys[2], lim, 1, base) // evicts b, takes a fresh slot
+	got := map[Key]uint64{}
+	c.TakeChanged(base, func(h uint64, r Record) { got[r.Key] = h })
+	for i, k := range keys {
+		if h, ok := got[k]; !ok || h != uint64(i+1) {
+			t.Fatalf("changes taken %v, want each key with its own hash", got)
+		}
+	}
+}
+
+// TestSlabIndices: slab indices skip 0 and each chunk's missing last
+// offset, address distinct slots, and are reused after release.
+func TestSlabIndices(t *testing.T) {
+	t.Parallel()
+	var b slab
+	seen := map[*slot]uint32{}
+	for range 3 * chunkSlots {
+		i, sl := b.alloc()
+		if i == 0 || i&chunkMask == chunkSlots || b.at(i) != sl {
+			t.Fatalf("index %d (slot %p, at %p)", i, sl, b.at(i))
+		}
+		if j, dup := seen[sl]; dup {
+			t.Fatalf("indices %d and %d share a slot", i, j)
+		}
+		seen[sl] = i
+	}
+	if len(b.chunks) != 4 { // 3×255 slots, index 0 skipped
+		t.Fatalf("%d chunks", len(b.chunks))
+	}
+	b.at(7).version = 42
+	b.release(7)
+	if i, sl := b.alloc(); i != 7 || sl.version != 0 {
+		t.Fatalf("after release: index %d version %d", i, sl.version)
 	}
 }

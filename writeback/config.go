@@ -26,11 +26,10 @@ type Config struct {
 	// Logger receives flush failures and corrupt records. Default
 	// slog.Default().
 	Logger *slog.Logger
-	// OnChange, when set, is called after a check changed a counter (Decide)
-	// and after Adopt installed one, with the caller's hash and the key. It
-	// runs under the shard's lock: it must be quick and must not call the
-	// Cache. The replication of cluster uses it to collect changed keys.
-	OnChange func(hash uint64, k Key)
+	// TrackChanges makes the cache list the keys that Decide changed and
+	// Adopt installed, for TakeChanged (the replication of cluster). Leave
+	// it off when nothing calls TakeChanged: the list would only grow.
+	TrackChanges bool
 }
 
 // Defaults.

@@ -100,35 +100,45 @@ func TestReleaseIsAtomicWithDecide(t *testing.T) {
 	}
 }
 
-func TestOnChangeAndRange(t *testing.T) {
+func TestTakeChangedAndRange(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	changed := map[Key]int{}
-	c, _ := newTestCache(t, Config{Shards: 1, Size: 2, OnChange: func(h uint64, k Key) {
-		mu.Lock()
-		changed[k]++
-		mu.Unlock()
-	}})
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 2, TrackChanges: true})
 	keys := []Key{{"a", "1"}, {"a", "2"}, {"a", "3"}}
 	for _, k := range keys {
 		c.Decide(hashKey(k), k, lim10, 1, base)
 	}
 	c.Decide(hashKey(keys[0]), keys[0], lim10, 0, base) // a peek changes nothing
-	for _, k := range keys {
-		if changed[k] != 1 {
-			t.Fatalf("OnChange calls %v", changed)
+	c.Decide(hashKey(keys[1]), keys[1], lim10, 1, base) // a second change, one report
+	if n := c.Changed(); n != 3 {
+		t.Fatalf("Changed %d, want 3", n)
+	}
+	changed := map[Key]int64{}
+	c.TakeChanged(base, func(h uint64, r Record) {
+		if h != hashKey(r.Key) {
+			t.Errorf("%v: hash %x, want the caller's %x", r.Key, h, hashKey(r.Key))
 		}
+		changed[r.Key] = r.State.Count
+	})
+	if len(changed) != 3 || changed[keys[0]] != 1 || changed[keys[1]] != 2 || changed[keys[2]] != 1 {
+		t.Fatalf("TakeChanged gave %v", changed)
+	}
+	c.TakeChanged(base, func(h uint64, r Record) { t.Errorf("taken twice: %v", r.Key) })
+	c.MarkChanged(hashKey(keys[2]), keys[2])
+	n := 0
+	c.TakeChanged(base, func(h uint64, r Record) { n++ })
+	if n != 1 {
+		t.Fatalf("MarkChanged: %d reported", n)
 	}
 	// Size 2: one key was evicted into pending; Range still sees all three.
 	seen := map[Key]bool{}
-	c.Range(base, func(r Record) bool { seen[r.Key] = r.State.Count == 1; return true })
+	c.Range(base, func(r Record) bool { seen[r.Key] = r.State.Count >= 1; return true })
 	if len(seen) != 3 || !seen[keys[0]] || !seen[keys[1]] || !seen[keys[2]] {
 		t.Fatalf("Range saw %v", seen)
 	}
 	if err := c.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	n = 0
 	if err := c.RangeStored(base, func(Record) bool { n++; return true }); err != nil || n != 3 {
 		t.Fatalf("RangeStored saw %d records, err %v", n, err)
 	}
@@ -140,8 +150,10 @@ func TestOnChangeAndRange(t *testing.T) {
 	// Adopt counts as a change.
 	k := Key{"b", "1"}
 	c.Adopt(hashKey(k), Record{Key: k, State: mustState(t, c, keys[0]), Version: uint64(base) + 100})
-	if changed[k] != 1 {
-		t.Fatal("Adopt did not call OnChange")
+	var adopted []Key
+	c.TakeChanged(base, func(h uint64, r Record) { adopted = append(adopted, r.Key) })
+	if len(adopted) != 1 || adopted[0] != k {
+		t.Fatalf("after Adopt TakeChanged gave %v", adopted)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"io"
 	"math/bits"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +59,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
 	callTimeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	conns := fs.Int("conns", 2, "gRPC connections per address (callers spread over them)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,6 +73,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--concurrency %d: want 1..10000", *conc)
 	case *batch < 1 || *batch > 1000:
 		return fmt.Errorf("--batch %d: want 1..1000", *batch)
+	case *conns < 1 || *conns > 1000:
+		return fmt.Errorf("--conns %d: want 1..1000", *conns)
 	case *keys < 1:
 		return fmt.Errorf("--keys %d: want at least 1", *keys)
 	case *duration <= 0 || *duration > 24*time.Hour:
@@ -85,12 +91,25 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 	list := strings.Split(*addrs, ",")
-	for _, a := range list {
-		c, err := transport.Dial(strings.TrimSpace(a))
-		if err != nil {
-			return fmt.Errorf("%s: %w", a, err)
+	for range *conns {
+		for _, a := range list {
+			c, err := transport.Dial(strings.TrimSpace(a))
+			if err != nil {
+				return fmt.Errorf("%s: %w", a, err)
+			}
+			clients = append(clients, c)
 		}
-		clients = append(clients, c)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	keyNames := make([]string, *keys)
