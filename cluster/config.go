@@ -60,6 +60,14 @@ type Rules interface {
 type Config struct {
 	*memberlist.Config
 
+	// ClusterName names the cluster. It becomes memberlist's Label
+	// (replacing any Label set on the memberlist config): gossip from a
+	// node with another name is dropped, so two clusters never merge, not
+	// even when one's member reuses an address the other still tries to
+	// reconnect to. The peer transport should carry it too
+	// (transport.PeerConfig.ClusterName). Default DefaultClusterName; at
+	// most 255 bytes.
+	ClusterName string
 	// GRPCAddr is the host:port at which peers reach this node's gRPC
 	// server. It travels in the memberlist metadata. Required.
 	GRPCAddr string
@@ -114,6 +122,9 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultClusterName is the cluster name when none is given.
+const DefaultClusterName = "sluice"
+
 // DefaultConfig returns a Config with memberlist's LAN defaults tuned for
 // fast failure detection (FastFailureDetection) and the defaults documented
 // on each field. Name, GRPCAddr and DataDir remain to be set.
@@ -123,6 +134,7 @@ func DefaultConfig() Config {
 	FastFailureDetection(ml)
 	return Config{
 		Config:              ml,
+		ClusterName:         DefaultClusterName,
 		JoinRetry:           time.Second,
 		Ring:                ring.DefaultConfig(),
 		Cache:               writeback.DefaultConfig(),
@@ -144,6 +156,8 @@ func (c *Config) Validate() error {
 		return errors.New("cluster: memberlist config is nil")
 	case c.Name == "":
 		return errors.New("cluster: node name is empty")
+	case len(c.ClusterName) > memberlist.LabelMaxSize:
+		return fmt.Errorf("cluster: cluster name is %d bytes, more than %d", len(c.ClusterName), memberlist.LabelMaxSize)
 	case c.GRPCAddr == "":
 		return errors.New("cluster: gRPC address is empty")
 	case len(c.GRPCAddr) > maxAddrLen:

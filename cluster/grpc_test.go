@@ -31,13 +31,13 @@ func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
 		name := fmt.Sprintf("g%d", i)
 		cfgs[i] = cluster.NodeConfig(t, name, ln.Addr().String())
 		cfgs[i].Now = cluster.FixedClock(t0)
-		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name})
+		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, ClusterName: cfgs[i].ClusterName})
 		t.Cleanup(func() { peers[i].Close() })
 	}
 	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })
 	srvs := make([]*transport.Server, k)
 	for i, n := range nodes {
-		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n, Peer: n})
+		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n, Peer: n, ClusterName: cfgs[i].ClusterName})
 		if err != nil {
 			t.Fatal(err)
 		}

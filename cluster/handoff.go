@@ -45,77 +45,213 @@ type move struct {
 }
 
 // settle makes sure this node holds the newest record of a key that a
-// recent ring change moved here: it pulls the key (releasing it) from its
-// previous owner, or reads it from the previous owner's replicas when the
-// owner does not answer, and adopts the newest copy. Each key is pulled at
-// most once per change.
+// recent ring change moved here, before it decides the key: see
+// settleBatch. Each key is pulled at most once per change.
 func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*move, now int64) {
-	var best bucket.Counter
-	var reps []ring.Member
-	var asked [4]string // previous owners already asked for this key
-	nasked := 0
+	if !needsSettle(h, k, moves, n.name, now) {
+		return
+	}
+	n.settleBatch(ctx, []settleItem{{h: h, k: k}}, moves, now)
+}
+
+// needsSettle reports whether some recent move brought k here and k has
+// not been settled since.
+func needsSettle(h uint64, k writeback.Key, moves []*move, self string, now int64) bool {
 	for _, m := range moves {
 		if now > m.until {
 			continue
 		}
-		prev, ok := m.prev.Owner(h)
-		if !ok || prev.Name == n.name {
+		if prev, ok := m.prev.Owner(h); !ok || prev.Name == self {
 			continue
 		}
-		if _, done := m.settled.Load(k); done {
-			break
-		}
-		seen := false
-		for _, a := range asked[:nasked] {
-			seen = seen || a == prev.Name
-		}
-		if seen {
-			m.settled.Store(cloneKey(k), struct{}{})
-			continue
-		}
-		if nasked < len(asked) {
-			asked[nasked] = prev.Name
-			nasked++
-		}
-		keys := []bucket.Counter{{Name: k.Name, Key: k.Key}}
-		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-		err := n.peers.Pull(pctx, prev.Addr, keys, true, n.cfg.MoveWindow)
-		cancel()
-		n.pulls.Add(1)
-		if err != nil {
-			n.pullErrors.Add(1)
-		} else if keys[0].Version > best.Version {
-			best = keys[0]
-		}
-		if to := keys[0].MovedTo; err == nil && to != "" && to != n.cfg.GRPCAddr {
-			// The previous owner had already handed the key on: the node
-			// it went to holds the newest state.
-			keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
-			pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-			if n.peers.Pull(pctx, to, keys, true, n.cfg.MoveWindow) == nil && keys[0].Version > best.Version {
-				best = keys[0]
+		_, done := m.settled.Load(k)
+		return !done
+	}
+	return false
+}
+
+// settleItem is one cache key to settle, and what was found for it.
+type settleItem struct {
+	h     uint64
+	k     writeback.Key
+	asked []pullFrom // nodes asked, deduplicated by address
+	moves []*move    // the moves it is settled for
+	best  bucket.Counter
+}
+
+// pullFrom is one node to pull a key from, releasing it there or not.
+type pullFrom struct {
+	addr    string
+	release bool
+}
+
+// settleBatch settles the keys of a batch that recent ring changes moved
+// here. For each key and each change it asks:
+//   - the previous owner, releasing the key there (so it stops deciding
+//     it); when that owner had already handed the key on, the node it went
+//     to as well;
+//   - the previous owner's replicas, whether the owner answered or not: a
+//     replica that stood in for it while it was unreachable holds newer
+//     counts than it does (it may have restarted from a stale store);
+//   - when this node entered the ring with the change (a start or a
+//     restart), the key's current replicas, releasing it there: they may
+//     have stood in for this node while it was unreachable, and from now on
+//     stand-in checks should come here.
+//
+// It adopts the newest copy of each key. The pulls go one call per node for
+// the whole batch, to every node at once, so settling a batch costs about
+// two round trips however many keys it holds — a key-by-key settle of a
+// 100-item batch after a membership change would outlast the sender's
+// forward deadline, and the sender would have the batch decided again by a
+// replica.
+func (n *Node) settleBatch(ctx context.Context, items []settleItem, moves []*move, now int64) {
+	var reps []ring.Member
+	for i := range items {
+		it := &items[i]
+		for _, m := range moves {
+			if now > m.until {
+				continue
 			}
-			cancel()
-			n.pulls.Add(1)
+			prev, ok := m.prev.Owner(it.h)
+			if !ok || prev.Name == n.name {
+				continue
+			}
+			if _, done := m.settled.Load(it.k); done {
+				break
+			}
+			it.moves = append(it.moves, m)
+			it.ask(prev.Addr, true)
+			reps = m.prev.Replicas(it.h, reps[:0])
+			for _, r := range reps[min(1, len(reps)):] {
+				if r.Name != n.name && r.Name != prev.Name {
+					it.ask(r.Addr, false)
+				}
+			}
+			if m.cur != nil {
+				reps = m.cur.Replicas(it.h, reps[:0])
+				for _, r := range reps {
+					if r.Name != n.name && r.Name != prev.Name {
+						it.ask(r.Addr, true)
+					}
+				}
+			}
 		}
-		// The previous owner's replicas too, whether it answered or not: a
-		// replica that stood in for it while it was unreachable holds
-		// newer counts than it does (it may have restarted from a stale
-		// store, and answer with that).
-		reps = m.prev.Replicas(h, reps[:0])
-		n.pullNewest(ctx, k, reps[min(1, len(reps)):], prev.Name, false, &best)
-		if m.cur != nil {
-			// Entering the ring: the replicas that stood in for this node
-			// may hold newer counts than the previous owner; they release
-			// the key so that stand-in checks come here from now on.
-			reps = m.cur.Replicas(h, reps[:0])
-			n.pullNewest(ctx, k, reps, prev.Name, true, &best)
+	}
+	moved := n.pullAll(ctx, items, func(it *settleItem) []pullFrom { return it.asked })
+	if len(moved) > 0 {
+		// A node asked had already handed the key on: the node it went to
+		// holds the newest state.
+		n.pullAll(ctx, items, func(it *settleItem) []pullFrom { return moved[it] })
+	}
+	for i := range items {
+		it := &items[i]
+		if it.best.Version > 0 {
+			n.cache.Adopt(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version})
 		}
-		m.settled.Store(cloneKey(k), struct{}{})
+		if len(it.moves) > 0 {
+			k := cloneKey(it.k)
+			for _, m := range it.moves {
+				m.settled.Store(k, struct{}{})
+			}
+		}
 	}
-	if best.Version > 0 {
-		n.cache.Adopt(h, writeback.Record{Key: k, State: best.State, Version: best.Version})
+}
+
+// ask adds addr to the nodes to ask for it (releasing there when any
+// reason to ask says so).
+func (it *settleItem) ask(addr string, release bool) {
+	for j := range it.asked {
+		if it.asked[j].addr == addr {
+			it.asked[j].release = it.asked[j].release || release
+			return
+		}
 	}
+	it.asked = append(it.asked, pullFrom{addr, release})
+}
+
+// pullAll pulls every item from the nodes targets names for it: one Pull
+// per node and release flag, all at once, each bounded by PullTimeout. It
+// keeps each item's newest copy in best, and returns where released copies
+// had already gone (addresses not asked yet, and not this node).
+func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []pullFrom) map[*settleItem][]pullFrom {
+	type call struct {
+		to   pullFrom
+		its  []*settleItem
+		keys []bucket.Counter
+		err  error
+	}
+	var calls []*call
+	for i := range items {
+		it := &items[i]
+		for _, to := range targets(it) {
+			var c *call
+			for _, x := range calls {
+				if x.to == to {
+					c = x
+					break
+				}
+			}
+			if c == nil {
+				c = &call{to: to}
+				calls = append(calls, c)
+			}
+			c.its = append(c.its, it)
+			c.keys = append(c.keys, bucket.Counter{Name: it.k.Name, Key: it.k.Key})
+		}
+	}
+	pull := func(c *call) {
+		var ttl time.Duration
+		if c.to.release {
+			ttl = n.cfg.MoveWindow
+		}
+		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
+		c.err = n.peers.Pull(pctx, c.to.addr, c.keys, c.to.release, ttl)
+		cancel()
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls[min(1, len(calls)):] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pull(c)
+		}()
+	}
+	if len(calls) > 0 {
+		pull(calls[0])
+	}
+	wg.Wait()
+	var moved map[*settleItem][]pullFrom
+	for _, c := range calls {
+		n.pulls.Add(uint64(len(c.keys)))
+		if c.err != nil {
+			n.pullErrors.Add(uint64(len(c.keys)))
+			continue
+		}
+		for j, got := range c.keys {
+			it := c.its[j]
+			if got.Version > it.best.Version {
+				it.best = got
+			}
+			if to := got.MovedTo; to != "" && to != n.cfg.GRPCAddr && !it.asks(to) {
+				if moved == nil {
+					moved = make(map[*settleItem][]pullFrom)
+				}
+				it.asked = append(it.asked, pullFrom{to, true})
+				moved[it] = append(moved[it], pullFrom{to, true})
+			}
+		}
+	}
+	return moved
+}
+
+// asks reports whether addr is among the nodes asked for it.
+func (it *settleItem) asks(addr string) bool {
+	for _, a := range it.asked {
+		if a.addr == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // keyHash is the ring hash of a cache key: that of its (name, key), also
@@ -204,28 +340,6 @@ func (n *Node) tableChanged(old, cur *ring.Table) {
 		default:
 			n.log.Warn("handoff queue full; new owners will pull on first touch")
 		}
-	}
-}
-
-// pullNewest pulls k from each of from except this node and skip (with
-// release, for MoveWindow) and keeps in *best the newest copy seen.
-func (n *Node) pullNewest(ctx context.Context, k writeback.Key, from []ring.Member, skip string, release bool, best *bucket.Counter) {
-	var ttl time.Duration
-	if release {
-		ttl = n.cfg.MoveWindow
-	}
-	keys := make([]bucket.Counter, 1)
-	for _, r := range from {
-		if r.Name == n.name || r.Name == skip {
-			continue
-		}
-		keys[0] = bucket.Counter{Name: k.Name, Key: k.Key}
-		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-		if n.peers.Pull(pctx, r.Addr, keys, release, ttl) == nil && keys[0].Version > best.Version {
-			*best = keys[0]
-		}
-		cancel()
-		n.pulls.Add(1)
 	}
 }
 

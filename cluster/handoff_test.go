@@ -246,3 +246,52 @@ func TestHandoffOf100kKeys(t *testing.T) {
 	t.Logf("graceful leave handed %d counters to the next owner in %v (flush, store scan, push, includes %v of leave propagation)",
 		k, took.Round(time.Millisecond), DefaultConfig().LeavePropagation)
 }
+
+// A batch of keys that a join moved to the new node is settled with one
+// Pull per node asked, not one per key: key by key, a 100-item forward
+// after a membership change took 100 round trips or more on the owner, ran
+// past the sender's forward deadline, and the sender had the batch decided
+// again by a replica — every item counted twice.
+func TestBatchAfterJoinSettlesInOneRoundOfPulls(t *testing.T) {
+	t.Parallel()
+	net := NewMemNetwork()
+	var nodes []*Node
+	for i := range 3 {
+		cfg := NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
+		cfg.Now = FixedClock(t0)
+		cfg.ForwardTimeout = time.Second
+		seed := ""
+		if i > 0 {
+			seed = nodes[0].GossipAddr()
+		}
+		n := StartNode(t, cfg, net.Peers(memAddr(i)), seed)
+		net.Register(memAddr(i), n)
+		nodes = append(nodes, n)
+	}
+	WaitRings(t, nodes)
+	// Every call takes 20 ms: 100 keys settled one by one would take
+	// seconds, past the forward deadline.
+	net.SetDelay(20 * time.Millisecond)
+	keys := keysOwnedBy(nodes[2], "n2", 100)
+	reqs := make([]bucket.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = req("api", k, 1, 10)
+	}
+	before := net.Pulls(memAddr(2))
+	out := make([]bucket.Outcome, len(reqs))
+	nodes[0].Check(context.Background(), reqs, out)
+	for i, o := range out {
+		if o.Err != "" || o.Owner != "n2" || !o.Allowed() || o.Remaining != 9 {
+			t.Fatalf("item %d (%s): %+v, want decided once by n2 (remaining 9)", i, keys[i], o)
+		}
+	}
+	if pulls := net.Pulls(memAddr(2)) - before; pulls > 4 {
+		t.Fatalf("n2 made %d Pull calls to settle one batch of %d moved keys, want at most 4 (one per node and release flag)", pulls, len(keys))
+	}
+	if st := nodes[0].Status(); st.ForwardErrors != 0 || st.Failovers != 0 {
+		t.Fatalf("forward errors %d, failovers %d", st.ForwardErrors, st.Failovers)
+	}
+	if st := nodes[2].Status(); st.Pulls < uint64(len(keys)) {
+		t.Fatalf("n2 pulled %d keys, want every one of the %d moved keys asked for", st.Pulls, len(keys))
+	}
+}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +23,11 @@ func NodeConfig(t testing.TB, name, grpcAddr string) Config {
 	ml.BindPort = 0
 	ml.LogOutput = io.Discard
 	cfg.Config = ml
+	// One cluster name per test: tests run in parallel on one loopback
+	// address, and a node that reconnects to a dead member's address must
+	// not pull another test's node, which the kernel may have given that
+	// port, into its cluster.
+	cfg.ClusterName = testClusterName(t)
 	cfg.GRPCAddr = grpcAddr
 	cfg.DataDir = t.TempDir()
 	cfg.JoinRetry = 100 * time.Millisecond
@@ -33,6 +39,14 @@ func NodeConfig(t testing.TB, name, grpcAddr string) Config {
 	cfg.Log = slog.New(slog.DiscardHandler)
 	cfg.Cache.FlushInterval = 50 * time.Millisecond
 	return cfg
+}
+
+// testClusterName is t's name, hashed when too long for a memberlist label.
+func testClusterName(t testing.TB) string {
+	if n := t.Name(); len(n) <= memberlist.LabelMaxSize {
+		return n
+	}
+	return fmt.Sprintf("%x", sha256.Sum256([]byte(t.Name())))
 }
 
 // StartNodes builds nodes from cfgs, starts the first, joins the others to

@@ -29,6 +29,7 @@ type MemNetwork struct {
 	faults map[[2]string]Fault       // by (from, to) address
 	delay  time.Duration
 	calls  int
+	pulls  map[string]int // Pull calls by sender address
 }
 
 // Fault is how a cut link fails.
@@ -47,7 +48,7 @@ var ErrUnreachable = errors.New("memnet: peer unreachable")
 
 // NewMemNetwork returns an empty network.
 func NewMemNetwork() *MemNetwork {
-	return &MemNetwork{nodes: make(map[string]ForwardHandler), faults: make(map[[2]string]Fault)}
+	return &MemNetwork{nodes: make(map[string]ForwardHandler), faults: make(map[[2]string]Fault), pulls: make(map[string]int)}
 }
 
 // Register makes h reachable at addr.
@@ -113,6 +114,13 @@ func (m *MemNetwork) Calls() int {
 	return m.calls
 }
 
+// Pulls returns the number of Pull calls the node at address from tried.
+func (m *MemNetwork) Pulls(from string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pulls[from]
+}
+
 // Peers returns the Peers of the node at address from.
 func (m *MemNetwork) Peers(from string) Peers { return memPeers{m: m, from: from} }
 
@@ -157,6 +165,9 @@ func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, coun
 }
 
 func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error {
+	p.m.mu.Lock()
+	p.m.pulls[p.from]++
+	p.m.mu.Unlock()
 	h, err := p.reach(ctx, addr)
 	if err != nil {
 		return err

@@ -158,6 +158,7 @@ func (n *Node) Start(ctx context.Context) error {
 	mc.Delegate = n.deleg
 	mc.Events = n.deleg
 	mc.Ping = n.deleg
+	mc.Label = n.cfg.ClusterName
 	// memberlist's log goes to the node's logger (or where the config sent
 	// it), through slogWriter, which also catches its suspicions.
 	w := slogWriter{l: n.log, onSuspect: n.roster.suspected}
@@ -463,6 +464,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
+	if n.inRing.Load() {
+		n.presettle(ctx, reqs, now, func(h uint64) bool {
+			owner, ok := tbl.Owner(h)
+			return !ok || owner.Name == n.name
+		})
+	}
 	var remote []route
 	for i := range reqs {
 		r := &reqs[i]
@@ -513,6 +520,10 @@ func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Requ
 func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, standIn bool) {
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
+	n.presettle(ctx, reqs, now, func(h uint64) bool {
+		owner, ok := tbl.Owner(h)
+		return standIn || !ok || owner.Name == n.name
+	})
 	for i := range reqs {
 		r := &reqs[i]
 		lims, ok := n.prepare(r, &out[i])
@@ -539,6 +550,47 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 			n.decide(ctx, h, r, lims, now, &out[i])
 		}
 	}
+}
+
+// presettle settles at once (settleBatch) the keys of a batch that this
+// node is about to decide (mine says which, by ring hash) and that a recent
+// ring change moved here; decide would otherwise settle them one by one.
+func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, now int64, mine func(h uint64) bool) {
+	ms := n.moves.Load()
+	if ms == nil || len(reqs) < 2 {
+		return
+	}
+	var items []settleItem
+	var o bucket.Outcome
+	for i := range reqs {
+		r := &reqs[i]
+		lims, ok := n.prepare(r, &o)
+		if !ok {
+			continue
+		}
+		h := ring.Hash(r.Name, r.Key)
+		if !mine(h) {
+			continue
+		}
+		k := writeback.Key{Name: r.Name, Key: r.Key}
+		for j := range 1 + len(lims.more) {
+			sk := k
+			if len(lims.more) > 0 {
+				sk = writeback.SubKey(k, j)
+			}
+			if needsSettle(h, sk, *ms, n.name, now) {
+				items = append(items, settleItem{h: h, k: sk})
+			}
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	// Under the gate, like a decision: a drain that starts meanwhile hands
+	// on what was adopted.
+	n.gate.RLock()
+	n.settleBatch(ctx, items, *ms, now)
+	n.gate.RUnlock()
 }
 
 // limits are the resolved limits of a request: one, plus more decided

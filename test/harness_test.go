@@ -98,6 +98,10 @@ func (p *proc) start(t *testing.T) {
 	t.Helper()
 	args := []string{"serve", "--node-name", p.name, "--grpc-addr", p.grpc, "--http-addr", p.http,
 		"--gossip-addr", p.gossip, "--data-dir", p.dataDir, "--log-level", "debug",
+		// Tests run in parallel on the same loopback addresses: a node that
+		// reconnects to a dead member's address must never reach another
+		// test's cluster.
+		"--cluster-name", t.Name(),
 		// A forward that times out after the owner decided is decided again
 		// by the replica: generous on a busy test machine.
 		"--forward-timeout", "1s"}

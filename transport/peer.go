@@ -46,6 +46,9 @@ var ErrClosed = errors.New("transport: peer client closed")
 type PeerConfig struct {
 	// NodeName is this node's name, sent as ForwardRequest.from.
 	NodeName string
+	// ClusterName is sent with every call (ForwardRequest.cluster, …); a
+	// receiver whose ServerConfig.ClusterName differs refuses the call.
+	ClusterName string
 	// Timeout bounds each Forward when ctx has no earlier deadline;
 	// 0 means DefaultForwardTimeout (250 ms).
 	Timeout time.Duration
@@ -85,6 +88,7 @@ type PeerConfig struct {
 // A PeerClient is safe for concurrent use.
 type PeerClient struct {
 	name        string
+	cluster     string
 	timeout     time.Duration
 	maxBatch    int
 	maxInFlight int
@@ -107,6 +111,7 @@ type PeerClient struct {
 func NewPeerClient(cfg PeerConfig) *PeerClient {
 	pc := &PeerClient{
 		name:        cfg.NodeName,
+		cluster:     cfg.ClusterName,
 		timeout:     cfg.Timeout,
 		maxBatch:    cfg.MaxBatch,
 		maxInFlight: cfg.MaxInFlight,
@@ -198,7 +203,7 @@ func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Re
 
 // forwardStandIn sends one chunk as a stand-in Forward RPC.
 func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) error {
-	req := &sluicev1.ForwardRequest{From: p.pc.name, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, len(reqs))}
+	req := &sluicev1.ForwardRequest{From: p.pc.name, Cluster: p.pc.cluster, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, len(reqs))}
 	for i := range reqs {
 		req.Requests = append(req.Requests, RequestToProto(reqs[i]))
 		if reqs[i].PullFrom != "" && req.PullFrom == nil {
@@ -397,7 +402,7 @@ func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 	if p.inflight < pc.maxInFlight { // the queue is empty: send now
 		p.inflight++
 		p.mu.Unlock()
-		c.req.Requests, c.req.From = c.ptrs, pc.name
+		c.req.Requests, c.req.From, c.req.Cluster = c.ptrs, pc.name, pc.cluster
 		resp, err := p.client.Forward(ctx, &c.req)
 		if err == nil {
 			err = checkMoved(resp, len(c.ptrs))
@@ -532,7 +537,7 @@ func (p *peer) send(b *batch) {
 		err := context.Canceled
 		if b.live() {
 			ctx, cancel := context.WithDeadline(p.pc.ctx, dl)
-			b.req.Requests, b.req.From = b.ptrs, p.pc.name
+			b.req.Requests, b.req.From, b.req.Cluster = b.ptrs, p.pc.name, p.pc.cluster
 			resp, err = p.client.Forward(ctx, &b.req)
 			cancel()
 		}

@@ -68,6 +68,9 @@ func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateReques
 		return nil, status.Error(codes.Unimplemented, "replication is not available on this server")
 	}
 	from, ms := req.GetFrom(), req.GetCounters()
+	if err := g.sameCluster("replicate", from, req.GetCluster()); err != nil {
+		return nil, err
+	}
 	if len(ms) > MaxCounters {
 		g.s.log.Warn("refused replication", "from", from, "counters", len(ms))
 		return nil, tooManyCounters(len(ms))
@@ -114,6 +117,9 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		return nil, status.Error(codes.Unimplemented, "pull is not available on this server")
 	}
 	from, ks := req.GetFrom(), req.GetKeys()
+	if err := g.sameCluster("pull", from, req.GetCluster()); err != nil {
+		return nil, err
+	}
 	if len(ks) > MaxCounters {
 		g.s.log.Warn("refused pull", "from", from, "keys", len(ks))
 		return nil, tooManyCounters(len(ks))
@@ -179,7 +185,7 @@ func (pc *PeerClient) Replicate(ctx context.Context, addr string, handoff bool, 
 	defer cancel()
 	dl, _ := ctx.Deadline()
 
-	req := &sluicev1.ReplicateRequest{From: pc.name, Kind: sluicev1.ReplicateRequest_KIND_REPLICA}
+	req := &sluicev1.ReplicateRequest{From: pc.name, Cluster: pc.cluster, Kind: sluicev1.ReplicateRequest_KIND_REPLICA}
 	if handoff {
 		req.Kind = sluicev1.ReplicateRequest_KIND_HANDOFF
 	}
@@ -285,7 +291,7 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 		msgs[i].Name, msgs[i].Key = keys[i].Name, keys[i].Key
 		ptrs[i] = &msgs[i]
 	}
-	req := &sluicev1.PullRequest{From: pc.name, Release: release, ReleaseTtlMs: releaseTTLMS(ttl)}
+	req := &sluicev1.PullRequest{From: pc.name, Cluster: pc.cluster, Release: release, ReleaseTtlMs: releaseTTLMS(ttl)}
 	size := pc.maxCounters
 	for start := 0; start < len(keys); {
 		end := min(start+size, len(keys))

@@ -720,3 +720,46 @@ func FuzzCounterFromProto(f *testing.F) {
 		}
 	})
 }
+
+// A node whose address once belonged to another cluster's node (or a wrong
+// --join) gets that cluster's peer calls: each is refused and changes
+// nothing, while calls from its own cluster are served.
+func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
+	t.Parallel()
+	h, p := &fakeHandler{}, &fakePeer{}
+	addr := startServer(t, h, func(c *ServerConfig) { c.Peer, c.ClusterName = p, "blue" }).GRPCAddr()
+	ctx := testCtx(t)
+	counters := []bucket.Counter{{Name: "n", Key: "k", Version: 1, State: bucket.State{Count: 1}}}
+
+	other := NewPeerClient(PeerConfig{NodeName: "x", ClusterName: "green"})
+	defer other.Close()
+	out := make([]bucket.Outcome, 1)
+	for what, err := range map[string]error{
+		"forward":  other.Forward(ctx, addr, keys("k", 1), out),
+		"stand-in": other.ForwardStandIn(ctx, addr, keys("k", 1), out),
+		"replicate": func() error {
+			_, _, err := other.Replicate(ctx, addr, false, counters)
+			return err
+		}(),
+		"pull": other.Pull(ctx, addr, []bucket.Counter{{Name: "n", Key: "k"}}, true, time.Second),
+	} {
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `cluster "green"`) || !strings.Contains(err.Error(), `"blue"`) {
+			t.Errorf("%s from another cluster: %v, want FAILED_PRECONDITION naming both clusters", what, err)
+		}
+	}
+	if n := h.forwards.Load(); n != 0 {
+		t.Errorf("the handler decided %d forwarded batches from another cluster", n)
+	}
+	if r, pl := p.replicateCalls(), p.pullCalls(); len(r) != 0 || len(pl) != 0 {
+		t.Errorf("the peer handler saw replicate %v and pull %v from another cluster", r, pl)
+	}
+
+	same := NewPeerClient(PeerConfig{NodeName: "y", ClusterName: "blue"})
+	defer same.Close()
+	if err := same.Forward(ctx, addr, keys("k", 1), out); err != nil || out[0].Err != "" {
+		t.Fatalf("forward from the same cluster: %v %+v", err, out[0])
+	}
+	if installed, _, err := same.Replicate(ctx, addr, false, counters); err != nil || installed != 1 {
+		t.Fatalf("replicate from the same cluster: installed %d, %v", installed, err)
+	}
+}

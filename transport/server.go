@@ -82,6 +82,9 @@ type ServerConfig struct {
 	Status StatusSource
 	// Peer answers Peer/Replicate and Peer/Pull; nil answers Unimplemented.
 	Peer PeerHandler
+	// ClusterName is this node's cluster. Peer calls that carry another
+	// cluster name are refused with FAILED_PRECONDITION and change nothing.
+	ClusterName string
 	// MaxRecvMsgSize is the largest gRPC message and HTTP body in bytes;
 	// 0 means DefaultMaxRecvMsgSize (4 MiB).
 	MaxRecvMsgSize int
@@ -409,6 +412,9 @@ type peerServer struct {
 // Forward decides forwarded items; moved_to is filled only when some item's
 // key has moved to another node, and then has one entry per item.
 func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
+	if err := g.sameCluster("forward", req.GetFrom(), req.GetCluster()); err != nil {
+		return nil, err
+	}
 	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
 		g.s.log.Warn("refused forwarded batch", "from", req.GetFrom(), "requests", n)
 		return nil, batchTooLarge(n)
@@ -419,6 +425,16 @@ func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (
 	}
 	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetFrom(), req.GetPullFrom())
 	return resp, nil
+}
+
+// sameCluster refuses a peer call from another cluster: a node whose
+// address another cluster's node once had, or a misconfigured --join.
+func (g peerServer) sameCluster(call, from, cluster string) error {
+	if cluster == g.s.cfg.ClusterName {
+		return nil
+	}
+	g.s.log.Warn("refused peer call from another cluster", "call", call, "from", from, "cluster", cluster, "this_cluster", g.s.cfg.ClusterName)
+	return status.Errorf(codes.FailedPrecondition, "%s from node %q of cluster %q refused: this node is in cluster %q", call, from, cluster, g.s.cfg.ClusterName)
 }
 
 type adminServer struct {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -60,5 +61,38 @@ func TestParseWithEnvPrefersTheCommandLine(t *testing.T) {
 	t.Setenv("SLUICE_CACHE_SIZE", "lots")
 	if err := parseWithEnv(newServeFlagSet(&serveFlags{}), nil); err == nil || !strings.Contains(err.Error(), "SLUICE_CACHE_SIZE") {
 		t.Fatalf("a bad environment value gave %v, want an error naming the variable", err)
+	}
+}
+
+func TestClusterNameFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "sluice"},
+		{[]string{"--cluster-name", "payments-eu"}, "payments-eu"},
+	} {
+		var f serveFlags
+		if err := parseWithEnv(newServeFlagSet(&f), tc.args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := f.clusterConfig(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ClusterName != tc.want {
+			t.Errorf("%v: cluster name %q, want %q", tc.args, cfg.ClusterName, tc.want)
+		}
+	}
+	var f serveFlags
+	if err := parseWithEnv(newServeFlagSet(&f), []string{"--cluster-name", strings.Repeat("x", 256), "--node-name", "n"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.clusterConfig(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "cluster name") {
+		t.Fatalf("a 256-byte cluster name: %v, want an error naming it", err)
 	}
 }

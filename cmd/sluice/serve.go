@@ -24,18 +24,20 @@ import (
 // serveFlags are the flags of `sluice serve`; each also reads SLUICE_<NAME>
 // (upper case, dashes as underscores) when not given on the command line.
 type serveFlags struct {
-	nodeName, grpcAddr, httpAddr, gossipAddr, advertiseAddr string
-	join, dataDir, onOwnerUnavailable, logLevel, logFormat  string
-	rulesPath                                               string
-	rulesInterval                                           time.Duration
-	cacheSize, replicas                                     int
-	flushInterval, forwardTimeout, shutdownTimeout          time.Duration
-	replicationInterval, moveWindow                         time.Duration
+	nodeName, clusterName                                  string
+	grpcAddr, httpAddr, gossipAddr, advertiseAddr          string
+	join, dataDir, onOwnerUnavailable, logLevel, logFormat string
+	rulesPath                                              string
+	rulesInterval                                          time.Duration
+	cacheSize, replicas                                    int
+	flushInterval, forwardTimeout, shutdownTimeout         time.Duration
+	replicationInterval, moveWindow                        time.Duration
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.nodeName, "node-name", host, "unique name of this node in the cluster")
+	fs.StringVar(&f.clusterName, "cluster-name", cluster.DefaultClusterName, "name of the cluster; nodes with another name are refused (gossip and peer calls)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (public API and peer traffic)")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, health, status page); empty disables")
 	fs.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address, TCP and UDP")
@@ -136,7 +138,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		grpcLn.Close()
 		return err
 	}
-	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, Timeout: f.forwardTimeout})
+	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout})
 	defer peers.Close()
 	node, err := cluster.New(cfg, peers)
 	if err != nil {
@@ -148,6 +150,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		HTTPAddr:     f.httpAddr,
 		Handler:      node,
 		Peer:         node,
+		ClusterName:  cfg.ClusterName,
 		Status:       statusSource{node: node, rules: watcher(cfg.Rules)},
 		Metrics:      metricsHandler{node},
 		Logger:       lg,
@@ -219,6 +222,7 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 		ml.AdvertiseAddr, ml.AdvertisePort = f.advertiseAddr, port
 	}
 	cfg.Config = ml
+	cfg.ClusterName = f.clusterName
 	if f.join != "" {
 		for _, s := range strings.Split(f.join, ",") {
 			if s = strings.TrimSpace(s); s != "" {

@@ -1062,7 +1062,12 @@ type ForwardRequest struct {
 	// pull_from[i], on a stand-in, when not empty: the gRPC address of the
 	// node that pointed the sender here for requests[i]; the receiver pulls
 	// that key from it before deciding. Empty, or one entry per request.
-	PullFrom      []string `protobuf:"bytes,4,rep,name=pull_from,json=pullFrom,proto3" json:"pull_from,omitempty"`
+	PullFrom []string `protobuf:"bytes,4,rep,name=pull_from,json=pullFrom,proto3" json:"pull_from,omitempty"`
+	// cluster: the sender's cluster name (sluice serve --cluster-name). A
+	// receiver in another cluster refuses the call (FAILED_PRECONDITION), so
+	// an address reused by another cluster's node never takes or gives
+	// counters.
+	Cluster       string `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1123,6 +1128,13 @@ func (x *ForwardRequest) GetPullFrom() []string {
 		return x.PullFrom
 	}
 	return nil
+}
+
+func (x *ForwardRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
 }
 
 type ForwardResponse struct {
@@ -1253,6 +1265,7 @@ type ReplicateRequest struct {
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	Kind          ReplicateRequest_Kind  `protobuf:"varint,2,opt,name=kind,proto3,enum=sluice.v1.ReplicateRequest_Kind" json:"kind,omitempty"`
 	Counters      []*Counter             `protobuf:"bytes,3,rep,name=counters,proto3" json:"counters,omitempty"`
+	Cluster       string                 `protobuf:"bytes,4,opt,name=cluster,proto3" json:"cluster,omitempty"` // as ForwardRequest.cluster
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1306,6 +1319,13 @@ func (x *ReplicateRequest) GetCounters() []*Counter {
 		return x.Counters
 	}
 	return nil
+}
+
+func (x *ReplicateRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
 }
 
 type ReplicateResponse struct {
@@ -1426,6 +1446,7 @@ type PullRequest struct {
 	Keys          []*CounterKey          `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	Release       bool                   `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
 	ReleaseTtlMs  int64                  `protobuf:"varint,4,opt,name=release_ttl_ms,json=releaseTtlMs,proto3" json:"release_ttl_ms,omitempty"` // how long the receiver redirects released keys
+	Cluster       string                 `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`                                  // as ForwardRequest.cluster
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1486,6 +1507,13 @@ func (x *PullRequest) GetReleaseTtlMs() int64 {
 		return x.ReleaseTtlMs
 	}
 	return 0
+}
+
+func (x *PullRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
 }
 
 type PullResponse struct {
@@ -1620,12 +1648,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x12\n" +
 	"\x04keys\x18\x05 \x01(\x03R\x04keys\x12\x1d\n" +
 	"\n" +
-	"rules_hash\x18\x06 \x01(\tR\trulesHash\"\x95\x01\n" +
+	"rules_hash\x18\x06 \x01(\tR\trulesHash\"\xaf\x01\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +
 	"\bstand_in\x18\x03 \x01(\bR\astandIn\x12\x1b\n" +
-	"\tpull_from\x18\x04 \x03(\tR\bpullFrom\"h\n" +
+	"\tpull_from\x18\x04 \x03(\tR\bpullFrom\x12\x18\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\"h\n" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"_\n" +
@@ -1633,11 +1662,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\fR\x05state\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\"\xb8\x01\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"\xd2\x01\n" +
 	"\x10ReplicateRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x124\n" +
 	"\x04kind\x18\x02 \x01(\x0e2 .sluice.v1.ReplicateRequest.KindR\x04kind\x12.\n" +
-	"\bcounters\x18\x03 \x03(\v2\x12.sluice.v1.CounterR\bcounters\"*\n" +
+	"\bcounters\x18\x03 \x03(\v2\x12.sluice.v1.CounterR\bcounters\x12\x18\n" +
+	"\acluster\x18\x04 \x01(\tR\acluster\"*\n" +
 	"\x04Kind\x12\x10\n" +
 	"\fKIND_REPLICA\x10\x00\x12\x10\n" +
 	"\fKIND_HANDOFF\x10\x01\"a\n" +
@@ -1648,12 +1678,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"CounterKey\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x8c\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xa6\x01\n" +
 	"\vPullRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12)\n" +
 	"\x04keys\x18\x02 \x03(\v2\x15.sluice.v1.CounterKeyR\x04keys\x12\x18\n" +
 	"\arelease\x18\x03 \x01(\bR\arelease\x12$\n" +
-	"\x0erelease_ttl_ms\x18\x04 \x01(\x03R\freleaseTtlMs\"Y\n" +
+	"\x0erelease_ttl_ms\x18\x04 \x01(\x03R\freleaseTtlMs\x12\x18\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\"Y\n" +
 	"\fPullResponse\x12.\n" +
 	"\bcounters\x18\x01 \x03(\v2\x12.sluice.v1.CounterR\bcounters\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo*\xc7\x01\n" +
