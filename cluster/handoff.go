@@ -302,16 +302,17 @@ func (n *Node) markSettled(k writeback.Key) {
 	}
 }
 
-// tableChanged registers what a ring change moved to and from this node.
-// old is the table before the change. A joining node enters its own ring
-// only once it knows every member (see metaReady), so its old table is the
-// cluster's table without it.
-func (n *Node) tableChanged(old, cur *ring.Table) {
+// tableChanged registers what a ring change from old to cur moved to this
+// node, before cur becomes current, and reports whether partitions moved
+// away from it (to hand off once cur is current). A joining node enters its
+// own ring only once it knows every member (see metaReady), so its old
+// table is the cluster's table without it.
+func (n *Node) tableChanged(old, cur *ring.Table) (lost bool) {
 	if cur.Len() <= 1 && old.Len() <= 1 {
-		return
+		return false
 	}
 	now := n.now().UnixNano()
-	gained, lost := false, false
+	gained := false
 	for p := range cur.Partitions() {
 		o, _ := old.PartitionOwner(p)
 		c, _ := cur.PartitionOwner(p)
@@ -334,13 +335,7 @@ func (n *Node) tableChanged(old, cur *ring.Table) {
 		n.moves.Store(&ms)
 		n.log.Info("partitions moved here; pulling moved keys on first touch", "window", n.cfg.MoveWindow)
 	}
-	if lost {
-		select {
-		case n.handoffs <- handoffJob{old: old, cur: cur}:
-		default:
-			n.log.Warn("handoff queue full; new owners will pull on first touch")
-		}
-	}
+	return lost
 }
 
 // hasMember reports whether name is a member of t.

@@ -53,6 +53,7 @@ type Node struct {
 	handoffs   chan handoffJob         // ring changes that moved partitions away
 	draining   atomic.Bool             // leaving: decide nothing, redirect everything
 	gate       sync.RWMutex            // held shared by every local decision; drain takes it
+	published  func(*ring.Table)       // tests: called by rebuild once the new table is current
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -353,13 +354,34 @@ func (n *Node) rebuild() {
 		return // a draining node alone: nothing to route to
 	}
 	old := n.ring.Table()
-	if err := n.ring.SetMembers(ms); err != nil {
+	cur, err := n.ring.Build(ms)
+	if err != nil {
 		n.log.Error("ring not rebuilt", "err", err)
 		return
 	}
-	n.log.Debug("ring rebuilt", "members", len(ms))
+	// What moved here is registered before the table is current: a check
+	// that reads the new table must find the move and pull the key first.
+	// Deciding it from nothing would give it a clock-based version newer
+	// than the previous owner's record, which the pull could then not
+	// replace.
+	var lost bool
 	if !n.draining.Load() {
-		n.tableChanged(old, n.ring.Table())
+		lost = n.tableChanged(old, cur)
+	}
+	n.ring.SetTable(cur)
+	n.log.Debug("ring rebuilt", "members", len(ms))
+	if h := n.published; h != nil {
+		h(cur)
+	}
+	if lost {
+		// After the table is current: the handoff releases the keys that
+		// moved away, and checks must by then be routed to their new
+		// owners.
+		select {
+		case n.handoffs <- handoffJob{old: old, cur: cur}:
+		default:
+			n.log.Warn("handoff queue full; new owners will pull on first touch")
+		}
 	}
 }
 
@@ -587,9 +609,13 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, now int64, 
 		return
 	}
 	// Under the gate, like a decision: a drain that starts meanwhile hands
-	// on what was adopted.
+	// on what was adopted. A draining node pulls nothing: a pull releases
+	// the key at its holder, which would then send its checks here, to a
+	// node that is leaving and has already handed its counters on.
 	n.gate.RLock()
-	n.settleBatch(ctx, items, *ms, now)
+	if !n.draining.Load() {
+		n.settleBatch(ctx, items, *ms, now)
+	}
 	n.gate.RUnlock()
 }
 

@@ -148,6 +148,14 @@ func (r *Ring) SetMembers(ms []Member) error {
 	return nil
 }
 
+// Build returns the Table of the full member set ms (in any order) without
+// making it current: the caller can prepare for it first, then SetTable.
+func (r *Ring) Build(ms []Member) (*Table, error) { return BuildTable(r.cfg, ms) }
+
+// SetTable makes t, from Build, the current Table. Callers that mix Build
+// and SetTable with SetMembers serialise them.
+func (r *Ring) SetTable(t *Table) { r.table.Store(t) }
+
 // Table returns the current immutable snapshot; never nil. Use one snapshot
 // for a sequence of lookups that must agree with each other.
 func (r *Ring) Table() *Table { return r.table.Load() }

@@ -110,7 +110,10 @@ func (p *proc) start(t *testing.T) {
 	}
 	args = append(args, p.extra...)
 	p.cmd = exec.Command(sluiceBinary(t), args...)
-	p.log = &bytes.Buffer{}
+	if p.log == nil {
+		p.log = &bytes.Buffer{}
+	}
+	fmt.Fprintf(p.log, "=== start %s\n", p.name)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.exited = make(chan struct{})
 	if err := p.cmd.Start(); err != nil {
