@@ -342,7 +342,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 	}
 	got := make(chan seen, 64)
 	for _, n := range nodes[1:] {
-		n.published = func(tbl *ring.Table) {
+		hook := func(tbl *ring.Table) {
 			if hasMember(tbl, "n0") {
 				return
 			}
@@ -353,6 +353,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 				}
 			}
 		}
+		n.published.Store(&hook)
 	}
 	go nodes[0].Leave(context.Background())
 	select {

@@ -47,13 +47,13 @@ type Node struct {
 	shutErr  error
 
 	rebuildMu  sync.Mutex
-	inRing     atomic.Bool             // this node announced metaReady: it takes partitions
-	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
-	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it
-	handoffs   chan handoffJob         // ring changes that moved partitions away
-	draining   atomic.Bool             // leaving: decide nothing, redirect everything
-	gate       sync.RWMutex            // held shared by every local decision; drain takes it
-	published  func(*ring.Table)       // tests: called by rebuild once the new table is current
+	inRing     atomic.Bool                       // this node announced metaReady: it takes partitions
+	moves      atomic.Pointer[[]*move]           // recent ring changes that moved partitions here
+	releasedTo sync.Map                          // writeback.Key → gRPC address of the node that took it
+	handoffs   chan handoffJob                   // ring changes that moved partitions away
+	draining   atomic.Bool                       // leaving: decide nothing, redirect everything
+	gate       sync.RWMutex                      // held shared by every local decision; drain takes it
+	published  atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -370,8 +370,8 @@ func (n *Node) rebuild() {
 	}
 	n.ring.SetTable(cur)
 	n.log.Debug("ring rebuilt", "members", len(ms))
-	if h := n.published; h != nil {
-		h(cur)
+	if h := n.published.Load(); h != nil {
+		(*h)(cur)
 	}
 	if lost {
 		// After the table is current: the handoff releases the keys that
