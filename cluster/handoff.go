@@ -70,6 +70,16 @@ func needsSettle(h uint64, k writeback.Key, moves []*move, self string, now int6
 	return false
 }
 
+// anyActive reports whether some move is still within its window at now.
+func anyActive(moves []*move, now int64) bool {
+	for _, m := range moves {
+		if now <= m.until {
+			return true
+		}
+	}
+	return false
+}
+
 // settleItem is one cache key to settle, and what was found for it.
 type settleItem struct {
 	h     uint64

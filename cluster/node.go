@@ -579,7 +579,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 // ring change moved here; decide would otherwise settle them one by one.
 func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, now int64, mine func(h uint64) bool) {
 	ms := n.moves.Load()
-	if ms == nil || len(reqs) < 2 {
+	if ms == nil || len(reqs) < 2 || !anyActive(*ms, now) {
 		return
 	}
 	var items []settleItem
