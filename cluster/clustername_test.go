@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -12,25 +11,12 @@ import (
 // same cluster joins through the same seed.
 func TestNodeOfAnotherClusterCannotJoin(t *testing.T) {
 	t.Parallel()
-	start := func(name, cluster string, join ...string) *Node {
+	start := func(name, cluster, seed string) *Node {
 		cfg := NodeConfig(t, name, name+":8081")
 		cfg.ClusterName = cluster
-		cfg.Join = join
-		n, err := New(cfg, NoPeers{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			n.Shutdown(ctx)
-		})
-		return n
+		return StartNode(t, cfg, NoPeers{}, seed)
 	}
-	seed := start("a0", "blue")
+	seed := start("a0", "blue", "")
 	// Start makes one join attempt before it returns; it fails.
 	stranger := start("x0", "green", seed.GossipAddr())
 	if stranger.Ready() {
