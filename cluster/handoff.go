@@ -108,7 +108,10 @@ type pullFrom struct {
 //     have stood in for this node while it was unreachable, and from now on
 //     stand-in checks should come here.
 //
-// It adopts the newest copy of each key. The pulls go one call per node for
+// It adopts the newest copy of each key, unless this node released the key
+// while the pulls were out: the node that took it then holds this node's
+// state and decides it, and a check here is pointed there or pulls it back
+// (decideGated). The pulls go one call per node for
 // the whole batch, to every node at once, so settling a batch costs about
 // two round trips however many keys it holds — a key-by-key settle of a
 // 100-item batch after a membership change would outlast the sender's
@@ -156,7 +159,7 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, moves []*mov
 	for i := range items {
 		it := &items[i]
 		if it.best.Version > 0 {
-			n.cache.Adopt(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version})
+			n.cache.AdoptUnlessReleasedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
 		}
 		if len(it.moves) > 0 {
 			k := cloneKey(it.k)

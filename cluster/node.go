@@ -37,14 +37,17 @@ type Node struct {
 	gossipAddr atomic.Value // string: memberlist's advertised host:port, set by Start
 	ml         atomic.Pointer[memberlist.Memberlist]
 
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	started  atomic.Bool
-	joined   atomic.Bool
-	leaveMu  sync.Mutex
-	left     bool
-	shutOnce sync.Once
-	shutErr  error
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	started atomic.Bool
+	joined  atomic.Bool
+	leaveMu sync.Mutex
+	left    bool
+	// leavingFlag is left, readable without leaveMu (Leave holds it for
+	// the whole announcement and drain).
+	leavingFlag atomic.Bool
+	shutOnce    sync.Once
+	shutErr     error
 
 	rebuildMu  sync.Mutex
 	inRing     atomic.Bool                       // this node announced metaReady: it takes partitions
@@ -298,11 +301,9 @@ func (n *Node) Ready() bool {
 	return n.started.Load() && n.joined.Load() && !n.leaving()
 }
 
-func (n *Node) leaving() bool {
-	n.leaveMu.Lock()
-	defer n.leaveMu.Unlock()
-	return n.left
-}
+// leaving reports whether Leave has begun (the leave may still be being
+// announced: the node then decides what nobody has pulled from it).
+func (n *Node) leaving() bool { return n.leavingFlag.Load() }
 
 func (n *Node) rebuildLoop() {
 	defer n.wg.Done()
@@ -428,6 +429,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		return nil
 	}
 	n.left = true
+	n.leavingFlag.Store(true)
 	ml := n.ml.Load()
 	if ml == nil {
 		return nil
@@ -561,7 +563,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 			n.pullKey(ctx, h, writeback.Key{Name: r.Name, Key: r.Key}, lims, r.PullFrom)
 		}
 		n.decide(ctx, h, r, lims, now, &out[i])
-		if standIn && out[i].MovedTo != "" && !n.draining.Load() {
+		if standIn && out[i].MovedTo != "" && !n.leaving() {
 			// This node had handed the key on (to the owner its sender
 			// could not reach, most often). A redirect would leave the
 			// sender to its own policy, deciding from what it holds —
@@ -684,7 +686,11 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 	}
 	err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
-		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name {
+		// A leaving node still owns every key in its own view, but it
+		// never takes back a key another node pulled from it: it points
+		// there instead. Taking it back would let the puller, which owns
+		// the key in every other view, decide from the same count.
+		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name || n.leaving() {
 			if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -203,7 +204,7 @@ type shard struct {
 
 	// moved holds the keys Release handed to another node, with the Unix
 	// nanosecond time until which Decide refuses them.
-	moved map[Key]int64
+	moved map[Key]release
 	now   int64 // the now of the call that may evict, for onEvict
 	// writeSeq is bumped whenever a flush completes in this shard: a load
 	// that raced with one may have read an older record and must retry.
@@ -412,7 +413,7 @@ func New(cfg Config, store Store) (*Cache, error) {
 	}
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
-		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]int64{}, track: cfg.TrackChanges}
+		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
@@ -597,11 +598,14 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 	return bucket.Combine(out), nil
 }
 
+// release is when a key was released (Unix ns) and until when.
+type release struct{ at, until int64 }
+
 // isMoved reports whether k is released at now, forgetting an expired
 // release. s.mu must be held.
 func (s *shard) isMoved(k Key, now int64) bool {
-	until, ok := s.moved[k]
-	if ok && until <= now {
+	r, ok := s.moved[k]
+	if ok && r.until <= now {
 		delete(s.moved, k)
 		ok = false
 	}
@@ -619,7 +623,7 @@ func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Recor
 	if err != nil {
 		return Record{}, false, err
 	}
-	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = now + int64(ttl)
+	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = release{at: now, until: now + int64(ttl)}
 	if sl == nil || sl.fresh(now) {
 		return Record{}, false, nil
 	}
@@ -646,7 +650,16 @@ func (c *Cache) Reclaim(hash uint64, k Key) {
 // installs rec when it is newer than what is held, like Merge, reporting
 // whether it did. An installed record counts as a change (TakeChanged).
 func (c *Cache) Adopt(hash uint64, rec Record) bool {
-	return c.install(hash, rec, true)
+	return c.install(hash, rec, true, math.MaxInt64)
+}
+
+// AdoptUnlessReleasedSince is Adopt, except that when this cache released
+// the key at or after since (Unix ns) it changes nothing and reports false.
+// A node that pulls a key from another (since: when it began) must not end
+// a release that happened meanwhile: the node the key went to took this
+// cache's state, and it decides the key now.
+func (c *Cache) AdoptUnlessReleasedSince(hash uint64, rec Record, since int64) bool {
+	return c.install(hash, rec, true, since)
 }
 
 // Range calls fn with the record of every live key in memory (including
@@ -714,11 +727,11 @@ func (c *Cache) Get(hash uint64, k Key, now int64) (Record, bool, error) {
 // or in the store, and marks it dirty. It reports whether it installed rec;
 // a store read failure is logged and reported as false.
 func (c *Cache) Merge(hash uint64, rec Record) bool {
-	return c.install(hash, rec, false)
+	return c.install(hash, rec, false, math.MaxInt64)
 }
 
-// install is Merge, and with adopt Adopt.
-func (c *Cache) install(hash uint64, rec Record, adopt bool) bool {
+// install is Merge, and with adopt AdoptUnlessReleasedSince.
+func (c *Cache) install(hash uint64, rec Record, adopt bool, since int64) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
@@ -731,6 +744,9 @@ func (c *Cache) install(hash uint64, rec Record, adopt bool) bool {
 		return false
 	}
 	if adopt {
+		if r, ok := s.moved[rec.Key]; ok && r.at >= since {
+			return false
+		}
 		delete(s.moved, rec.Key)
 	}
 	if rec.Version <= e.version {
