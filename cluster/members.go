@@ -139,21 +139,17 @@ func (r *roster) updated(n *memberlist.Node) {
 }
 
 // suspected marks the alive member name as suspect.
-func (r *roster) suspected(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if m, ok := r.m[name]; ok && m.state == StateAlive {
-		m.state = StateSuspect
-		r.m[name] = m
-	}
-}
+func (r *roster) suspected(name string) { r.move(name, StateAlive, StateSuspect) }
 
 // answered marks the suspect member name as alive again.
-func (r *roster) answered(name string) {
+func (r *roster) answered(name string) { r.move(name, StateSuspect, StateAlive) }
+
+// move sets member name's state to to when it is from.
+func (r *roster) move(name, from, to string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if m, ok := r.m[name]; ok && m.state == StateSuspect {
-		m.state = StateAlive
+	if m, ok := r.m[name]; ok && m.state == from {
+		m.state = to
 		r.m[name] = m
 	}
 }
