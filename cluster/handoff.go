@@ -433,8 +433,17 @@ func (n *Node) replicateLoop() {
 
 // ReplicateNow sends every counter changed since the last round to the
 // other nodes of its replica set. Keys whose send failed are kept for the
-// next round. It returns the first error.
+// next round. It returns the first error. A round already in progress (the
+// periodic one) has taken its changes with it, so ReplicateNow first waits
+// for that round to end: when it returns nil, every change made before the
+// call is on the replicas.
 func (n *Node) ReplicateNow(ctx context.Context) error {
+	select {
+	case n.replRound <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: replicate: waiting for the round in progress: %w", ctx.Err())
+	}
+	defer func() { <-n.replRound }()
 	tbl := n.ring.Table()
 	now := n.now().UnixNano()
 	type batch struct {

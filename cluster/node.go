@@ -65,14 +65,18 @@ type Node struct {
 	redirects         atomic.Uint64 // requests re-sent to the node a key moved to
 	replicated        atomic.Uint64 // counters sent to replicas
 	replicationErrors atomic.Uint64 // counters whose replication failed (retried)
-	handedOff         atomic.Uint64 // counters pushed to new owners
-	handoffErrors     atomic.Uint64 // counters whose push failed
-	pulls             atomic.Uint64 // first-touch pulls of moved keys
-	pullErrors        atomic.Uint64 // pulls whose previous owner did not answer
-	rejoins           atomic.Uint64 // members alive again after being declared dead
-	rate              atomic.Uint64 // math.Float64bits of checks per second
-	load              atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
-	lastWarn          atomic.Int64  // Unix ns of the last owner-unavailable log line
+	// replRound is held by the replication round in progress: a round takes
+	// the changed keys, so a second round started meanwhile must wait for
+	// the first to end before it may say every change has been sent.
+	replRound     chan struct{}
+	handedOff     atomic.Uint64 // counters pushed to new owners
+	handoffErrors atomic.Uint64 // counters whose push failed
+	pulls         atomic.Uint64 // first-touch pulls of moved keys
+	pullErrors    atomic.Uint64 // pulls whose previous owner did not answer
+	rejoins       atomic.Uint64 // members alive again after being declared dead
+	rate          atomic.Uint64 // math.Float64bits of checks per second
+	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
+	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
 }
 
 // New validates cfg, opens the durable store under cfg.DataDir and builds a
@@ -103,14 +107,15 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	n := &Node{
-		cfg:      cfg,
-		name:     cfg.Name,
-		log:      lg,
-		now:      cfg.Now,
-		ring:     r,
-		peers:    peers,
-		stop:     make(chan struct{}),
-		handoffs: make(chan handoffJob, 16),
+		cfg:       cfg,
+		name:      cfg.Name,
+		log:       lg,
+		now:       cfg.Now,
+		ring:      r,
+		peers:     peers,
+		stop:      make(chan struct{}),
+		handoffs:  make(chan handoffJob, 16),
+		replRound: make(chan struct{}, 1),
 	}
 	cc := cfg.Cache
 	if cc.Logger == nil {
