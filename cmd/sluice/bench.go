@@ -61,6 +61,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	conns := fs.Int("conns", 2, "gRPC connections per address (callers spread over them)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
+	gcMinHeap := byteSize(DefaultGCMinHeap)
+	fs.Var(&gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,6 +86,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case alg == bucket.SlidingLog && *limit > bucket.MaxLogLimit:
 		return fmt.Errorf("--algorithm sliding_log keeps one timestamp per hit: give a --limit of at most %d", bucket.MaxLogLimit)
 	}
+	defer startGCFloor(uint64(gcMinHeap))()
 	var clients []*transport.Client
 	defer func() {
 		for _, c := range clients {

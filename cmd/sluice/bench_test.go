@@ -80,6 +80,8 @@ func TestBenchSpreadsCallersOverConnections(t *testing.T) {
 	err := bench(context.Background(), []string{
 		"--addr", addr, "--conns", "3", "--concurrency", "6", "--batch", "4", "--keys", "10",
 		"--calls", "60", "--duration", "20s", "--json",
+		"--gc-min-heap", "0", // GOGC is the process's: leave it to the other tests
+
 	}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("bench: %v (%s)", err, errOut.String())

@@ -32,6 +32,7 @@ type serveFlags struct {
 	cacheSize, replicas                                    int
 	flushInterval, forwardTimeout, shutdownTimeout         time.Duration
 	replicationInterval, moveWindow                        time.Duration
+	gcMinHeap                                              byteSize
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -56,6 +57,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	f.gcMinHeap = DefaultGCMinHeap
+	fs.Var(&f.gcMinHeap, "gc-min-heap", "the garbage collector lets the heap grow to at least this size before it collects (bytes, or with KiB, MiB, GiB); above it GOGC applies; 0 turns the floor off")
 }
 
 // newServeFlagSet returns the flag set of `sluice serve` bound to f.
@@ -118,6 +121,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer startGCFloor(uint64(f.gcMinHeap))()
 	if f.rulesPath != "" {
 		w, err := rules.NewWatcher(f.rulesPath, lg, f.rulesInterval)
 		if err != nil {
