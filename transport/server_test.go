@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -375,5 +376,67 @@ func TestCheckCarriesMore(t *testing.T) {
 	}
 	if r := resp.Responses[1]; r.Status != sluicev1.Status_STATUS_UNSPECIFIED || r.Error != "limits[3]: window is 0 ms, must be at least 1 ms" {
 		t.Errorf("invalid item answered %v", r)
+	}
+}
+
+// barrierHandler holds every Check until n of them are in progress at once.
+type barrierHandler struct {
+	trivialHandler
+	n       int
+	mu      sync.Mutex
+	arrived int
+	all     chan struct{}
+}
+
+func (h *barrierHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	h.mu.Lock()
+	if h.arrived++; h.arrived == h.n {
+		close(h.all)
+	}
+	h.mu.Unlock()
+	select {
+	case <-h.all:
+		h.trivialHandler.Check(ctx, reqs, out)
+	case <-ctx.Done():
+		for i := range out {
+			out[i] = bucket.Outcome{Err: "barrier not reached: " + ctx.Err().Error()}
+		}
+	}
+}
+
+// TestStreamWorkersNeverQueueCalls: with fewer stream workers than calls
+// in progress, every call still runs at once (a busy server starts a
+// goroutine for the rest), so n calls that each wait for all n to arrive
+// finish, with workers, the default and none.
+func TestStreamWorkersNeverQueueCalls(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{2, 0, -1} {
+		t.Run(strconv.Itoa(workers), func(t *testing.T) {
+			t.Parallel()
+			const n = 20
+			h := &barrierHandler{n: n, all: make(chan struct{})}
+			s := startServer(t, h, func(c *ServerConfig) { c.StreamWorkers = workers })
+			c := dial(t, s.GRPCAddr())
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan string, n)
+			for i := range n {
+				wg.Go(func() {
+					resp, err := c.Check(ctx, protoReqs(keys("k"+strconv.Itoa(i), 1)))
+					switch {
+					case err != nil:
+						errs <- err.Error()
+					case resp.Responses[0].Error != "":
+						errs <- resp.Responses[0].Error
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for e := range errs {
+				t.Errorf("workers %d: %s", workers, e)
+			}
+		})
 	}
 }
