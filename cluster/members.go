@@ -183,18 +183,45 @@ func (r *roster) all() []memberInfo {
 // delegate is the node's memberlist.Delegate and EventDelegate. Its methods
 // never block: they record and signal the node's rebuild goroutine.
 type delegate struct {
-	meta     atomic.Pointer[[]byte]
-	roster   *roster
-	changed  chan struct{}         // capacity 1: a pending rebuild
-	onRejoin func(name string)     // a member declared dead is alive again
-	onReturn func(info memberInfo) // a member that was dead or had left is back
+	meta   atomic.Pointer[[]byte]
+	self   string // this node's name
+	roster *roster
+	// nameTaken is the gossip address of another live member that uses
+	// this node's name, as memberlist reported it (NotifyConflict).
+	nameTaken atomic.Pointer[string]
+	changed   chan struct{}         // capacity 1: a pending rebuild
+	onRejoin  func(name string)     // a member declared dead is alive again
+	onReturn  func(info memberInfo) // a member that was dead or had left is back
 }
 
 var (
-	_ memberlist.Delegate      = (*delegate)(nil)
-	_ memberlist.EventDelegate = (*delegate)(nil)
-	_ memberlist.PingDelegate  = (*delegate)(nil)
+	_ memberlist.Delegate         = (*delegate)(nil)
+	_ memberlist.EventDelegate    = (*delegate)(nil)
+	_ memberlist.PingDelegate     = (*delegate)(nil)
+	_ memberlist.ConflictDelegate = (*delegate)(nil)
 )
+
+// NotifyConflict is called by memberlist when a member announces itself
+// under a name a live member at another address already has (memberlist
+// keeps the first and ignores the other). When the name is this node's,
+// the first conflict's other address is kept: a joining node refuses to
+// take partitions under a name another node is deciding for.
+func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name != d.self {
+		return
+	}
+	addr := other.Address()
+	d.nameTaken.CompareAndSwap(nil, &addr)
+}
+
+// nameConflict returns the gossip address of another member using this
+// node's name, or "".
+func (d *delegate) nameConflict() string {
+	if p := d.nameTaken.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
 
 func (d *delegate) NodeMeta(limit int) []byte {
 	m := *d.meta.Load()

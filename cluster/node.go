@@ -41,6 +41,10 @@ type Node struct {
 	wg      sync.WaitGroup
 	started atomic.Bool
 	joined  atomic.Bool
+	// refused is set when this node gave up joining for good (its name is
+	// taken); fatal then carries the error once.
+	refused atomic.Pointer[error]
+	fatal   chan error
 	leaveMu sync.Mutex
 	left    bool
 	// leavingFlag is left, readable without leaveMu (Leave holds it for
@@ -116,6 +120,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		stop:      make(chan struct{}),
 		handoffs:  make(chan handoffJob, 16),
 		replRound: make(chan struct{}, 1),
+		fatal:     make(chan error, 1),
 	}
 	cc := cfg.Cache
 	if cc.Logger == nil {
@@ -131,7 +136,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	// A node without seeds is a cluster of its own from the start; one with
 	// seeds decides nothing until it has joined (enterRing).
 	n.inRing.Store(len(cfg.Join) == 0)
-	n.deleg = &delegate{roster: &n.roster, changed: make(chan struct{}, 1), onReturn: n.peerReturned, onRejoin: func(name string) {
+	n.deleg = &delegate{self: cfg.Name, roster: &n.roster, changed: make(chan struct{}, 1), onReturn: n.peerReturned, onRejoin: func(name string) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
@@ -168,6 +173,13 @@ func (n *Node) Start(ctx context.Context) error {
 	mc.Events = n.deleg
 	mc.Ping = n.deleg
 	mc.Label = n.cfg.ClusterName
+	mc.Conflict = n.deleg
+	if mc.DeadNodeReclaimTime == 0 {
+		// A member declared dead may come back under its name at another
+		// address at once (a restarted container with a new IP): without
+		// this memberlist ignores it until it forgets the dead member.
+		mc.DeadNodeReclaimTime = time.Nanosecond
+	}
 	// memberlist's log goes to the node's logger (or where the config sent
 	// it), through slogWriter, which also catches its suspicions.
 	w := slogWriter{l: n.log, onSuspect: n.roster.suspected}
@@ -198,6 +210,9 @@ func (n *Node) Start(ctx context.Context) error {
 		return nil
 	}
 	if n.tryJoin() {
+		if p := n.refused.Load(); p != nil {
+			return *p
+		}
 		return nil
 	}
 	n.wg.Add(1)
@@ -205,9 +220,21 @@ func (n *Node) Start(ctx context.Context) error {
 	return nil
 }
 
+// Fatal delivers, once, the error that made the node give up for good
+// after Start returned: a join retried in the background found this node's
+// name taken by another member. The node then decides nothing (its checks
+// get the error) and should be shut down.
+func (n *Node) Fatal() <-chan error { return n.fatal }
+
+// tryJoin joins through the seeds; it reports whether joining is over:
+// joined, or refused because another live member has this node's name.
 func (n *Node) tryJoin() bool {
 	ml := n.ml.Load()
 	k, err := ml.Join(n.cfg.Join)
+	if other := n.deleg.nameConflict(); other != "" {
+		n.refuseName(other)
+		return true
+	}
 	if k > 0 {
 		// Join has merged the seed's full membership (the callbacks ran):
 		// this node now knows every member and can take its partitions.
@@ -218,6 +245,25 @@ func (n *Node) tryJoin() bool {
 	}
 	n.log.Warn("join failed; retrying", "seeds", strings.Join(n.cfg.Join, ","), "err", err)
 	return false
+}
+
+// refuseName gives up joining: the member at other (gossip address) has
+// this node's name, and memberlist keeps that member, so this node would
+// decide keys nobody routes to it while the others decide them too. The
+// node stops gossiping without announcing a leave (a leave under this name
+// would remove the other member from every ring).
+func (n *Node) refuseName(other string) {
+	err := fmt.Errorf("cluster: node name %q is already used by the member at %s (gossip); "+
+		"every node needs its own --node-name: this node does not join", n.name, other)
+	n.log.Error("node name taken; not joining", "name", n.name, "other_gossip_addr", other)
+	n.leaveMu.Lock()
+	n.left = true // Leave must not announce anything under this name
+	n.leaveMu.Unlock()
+	n.refused.Store(&err)
+	n.fatal <- err
+	if ml := n.ml.Load(); ml != nil {
+		ml.Shutdown()
+	}
 }
 
 func (n *Node) joinLoop() {
@@ -513,6 +559,9 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 				// Joining: what this node holds may be stale, and the
 				// cluster has not handed it anything yet.
 				out[i] = bucket.Outcome{Owner: n.name, Err: errJoining}
+				if p := n.refused.Load(); p != nil {
+					out[i].Err = (*p).Error()
+				}
 				continue
 			}
 			n.decide(ctx, h, r, lims, now, &out[i])

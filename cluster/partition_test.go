@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"fmt"
-	"io"
-	"log"
 	"testing"
 	"time"
 
@@ -26,13 +24,8 @@ func startFiltered(t *testing.T, net *MemNetwork, prefix string, k int, tweak fu
 		cfg := NodeConfig(t, fmt.Sprint(prefix, i), memAddr(i))
 		FastFailureDetection(cfg.Config)
 		tweak(&cfg)
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-			BindAddrs: []string{"127.0.0.1"}, BindPort: 0, Logger: log.New(io.Discard, "", 0),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		filters[i] = NewFilterTransport(nt)
+		var nt *memberlist.NetTransport
+		nt, filters[i] = filteredTransport(t)
 		cfg.Transport = filters[i]
 		cfg.BindPort = nt.GetAutoBindPort()
 		seed := ""

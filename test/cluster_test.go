@@ -182,3 +182,42 @@ func TestCLICheckAndStatus(t *testing.T) {
 		t.Fatalf("/metrics answered %d:\n%s", mresp.StatusCode, body)
 	}
 }
+
+// TestDuplicateNodeNameExits: a `sluice serve` whose --node-name a running
+// member already has (two nodes started on one host without the flag get
+// the host name) exits with code 2 and says which address has the name;
+// the cluster keeps serving and still routes the name to the first process.
+func TestDuplicateNodeNameExits(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 2)
+	dup := newProc(t, 2, "127.0.0.12")
+	dup.name = ps[1].name
+	dup.join = []string{ps[0].gossip}
+	dup.start(t)
+	select {
+	case <-dup.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the duplicate is still running")
+	}
+	var ee *exec.ExitError
+	if !errors.As(dup.err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("duplicate exited with %v, want exit code 2", dup.err)
+	}
+	if out := dup.log.String(); !strings.Contains(out, "already used by the member at "+ps[1].gossip) {
+		t.Fatalf("the duplicate's output does not name %s:\n%s", ps[1].gossip, out)
+	}
+	waitMembers(t, ps)
+	c := dial(t, ps[0].grpc)
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Members {
+		if m.Name == ps[1].name && m.GrpcAddr != ps[1].grpc {
+			t.Fatalf("%s is routed to %s, want %s", m.Name, m.GrpcAddr, ps[1].grpc)
+		}
+	}
+	if got := admitted(t, ps, "dup", "k", 20, 10); got != 10 {
+		t.Fatalf("admitted %d of 20 with limit 10 after the duplicate tried to join", got)
+	}
+}

@@ -177,17 +177,22 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"gossip", node.GossipAddr(), "advertised_grpc", cfg.GRPCAddr, "data_dir", cfg.DataDir)
 	go markReady(ctx, node, srv)
 
-	<-ctx.Done()
-	lg.Info("stopping: leaving the cluster, draining, flushing")
+	var fatal error
+	select {
+	case <-ctx.Done():
+		lg.Info("stopping: leaving the cluster, draining, flushing")
+	case fatal = <-node.Fatal():
+		lg.Error("stopping", "err", fatal)
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
 	srv.SetReady(false)
 	errs := []error{node.Leave(sctx), srv.Shutdown(sctx), node.Shutdown(sctx)}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("graceful stop: %w", err)
+		return errors.Join(fatal, fmt.Errorf("graceful stop: %w", err))
 	}
 	lg.Info("stopped")
-	return nil
+	return fatal
 }
 
 func watcher(r cluster.Rules) *rules.Watcher {
