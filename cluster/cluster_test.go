@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -323,6 +324,12 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000, Burst: -1}},
 		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000, Algorithm: 99}},
 		{Name: "a", Key: "k", Hits: 1}, // no limit, no rules
+		{Name: strings.Repeat("n", bucket.MaxNameLen+1), Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a", Key: strings.Repeat("k", bucket.MaxKeyLen+1), Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: -1, WindowMS: 1000}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 0}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: -1000}},
+		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}, More: make([]bucket.Limit, bucket.MaxLimitsPerRequest+1)},
 	}
 	good := req("a", "ok", 1, 5)
 	reqs := append(append([]bucket.Request{}, bad...), good)

@@ -72,6 +72,10 @@ func TestCheckBatchLimits(t *testing.T) {
 	if n := h.calls.Load(); n != 0 {
 		t.Fatalf("handler called %d times, want 0", n)
 	}
+	// The server keeps serving on the same connection.
+	if resp, err := c.Check(ctx, protoReqs(keys("k", bucket.MaxBatchSize))); err != nil || len(resp.Responses) != bucket.MaxBatchSize {
+		t.Fatalf("1000 items after the refusal: %d answers, %v", len(resp.GetResponses()), err)
+	}
 	// The Peer service refuses the same.
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	defer pc.Close()
@@ -98,6 +102,10 @@ func TestCheckOversizeMessageRefused(t *testing.T) {
 	}
 	if n := h.calls.Load(); n != 0 {
 		t.Fatalf("handler called %d times, want 0", n)
+	}
+	// The server keeps serving on the same connection.
+	if resp, err := c.Check(testCtx(t), protoReqs(keys("k", 3))); err != nil || len(resp.Responses) != 3 {
+		t.Fatalf("a small call after the refusal: %v, %v", resp, err)
 	}
 }
 
