@@ -170,6 +170,15 @@ const maxNames = 4096
 // whose 64-bit hash collides with a key already in the shard's LRU.
 const overSize = 1024
 
+// A shard asks for a flush before the next interval once its evicted
+// entries waiting for their write reach 1/pendingShare of its size (at
+// least minPendingMax): memory stays within about Size×(1+1/pendingShare)
+// entries plus what is evicted while that flush runs.
+const (
+	pendingShare  = 8
+	minPendingMax = 16
+)
+
 // flushChunk is how many dirty entries a flush copies per shard-lock hold.
 const flushChunk = 512
 
@@ -188,14 +197,19 @@ type shard struct {
 	// written; a miss looks here before the store. A flush that writes a
 	// slot's last change removes it.
 	pending map[Key]uint32
-	slots   slab
-	limbo   []retired
-	dirty   []*slot // slots to write at the next flush
-	spare   []*slot // the previous dirty list, reused
-	track   bool    // keep the changed list (Config.TrackChanges)
-	changes []ref   // slots changed since the last TakeChanged
-	names   []string
-	nameIdx map[string]uint16
+	// pendingMax is how many entries may wait in pending before the shard
+	// asks for a flush at once (kick, shared by the shards): without it,
+	// heavy churn would hold evicted entries until the next interval.
+	pendingMax int
+	kick       chan<- struct{}
+	slots      slab
+	limbo      []retired
+	dirty      []*slot // slots to write at the next flush
+	spare      []*slot // the previous dirty list, reused
+	track      bool    // keep the changed list (Config.TrackChanges)
+	changes    []ref   // slots changed since the last TakeChanged
+	names      []string
+	nameIdx    map[string]uint16
 
 	// flushStarts counts the flushes that took this shard's dirty list,
 	// flushDone is the count at the start of the last one that completed,
@@ -285,6 +299,12 @@ func (s *shard) onEvict(i uint32) {
 	sl := s.slots.at(i)
 	if sl.has(dirtyBit) && !sl.fresh(s.now) {
 		s.pending[s.keyOf(sl)] = i
+		if len(s.pending) >= s.pendingMax {
+			select {
+			case s.kick <- struct{}{}:
+			default: // a flush is already asked for
+			}
+		}
 		return
 	}
 	sl.clear(queuedBit | dirtyBit) // its dirty reference, if any, is now a no-op
@@ -384,6 +404,7 @@ type Cache struct {
 	loadWG sync.WaitGroup // store loads in progress
 
 	flushSem    chan struct{} // held by the one flush in progress
+	flushNow    chan struct{} // capacity 1: a shard's pending entries need a flush
 	storeClosed bool          // guarded by flushSem
 
 	life   sync.Mutex // guards cancel and started
@@ -410,10 +431,12 @@ func New(cfg Config, store Store) (*Cache, error) {
 		shards:   make([]*shard, cfg.Shards),
 		shift:    uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
 		flushSem: make(chan struct{}, 1),
+		flushNow: make(chan struct{}, 1),
 	}
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
-		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges}
+		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges,
+			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
@@ -1022,10 +1045,21 @@ func (c *Cache) Start(ctx context.Context) {
 	go c.expiryLoop(ctx)
 }
 
+// flushLoop flushes every FlushInterval, and at once when a shard's
+// evicted entries waiting for their write reach its pendingMax.
 func (c *Cache) flushLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.FlushInterval, func() {
+	defer c.loops.Done()
+	t := time.NewTicker(c.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.flushNow:
+		}
 		_ = c.Flush(ctx) // logged and counted by Flush
-	})
+	}
 }
 
 func (c *Cache) expiryLoop(ctx context.Context) {

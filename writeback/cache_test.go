@@ -453,6 +453,45 @@ func TestFlushLoop(t *testing.T) {
 	})
 }
 
+// TestEvictionsStartAFlushEarly: entries evicted with unwritten changes
+// wait in memory for the next flush; when many pile up (heavy key churn
+// within one flush interval) they start a flush at once, so memory stays
+// near Size instead of growing with the churn until the interval ends.
+func TestEvictionsStartAFlushEarly(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		hs := newMemStore()
+		const size = 256
+		c, err := New(Config{Logger: quietLogger(), Shards: 1, Size: size, FlushInterval: time.Hour, ExpiryInterval: time.Hour}, hs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		c.Start(ctx)
+		now := time.Now().UnixNano()
+		for i := range 4 * size {
+			decide(t, c, Key{"api", fmt.Sprint("churn:", i)}, lim10, 1, now)
+			synctest.Wait() // let a flush that was started finish
+		}
+		if p := pendingLen(c); p > size/4 {
+			t.Fatalf("%d evicted entries wait for a flush an hour away (size %d)", p, size)
+		}
+		if st := c.Stats(); st.Flushes == 0 {
+			t.Fatalf("no flush: %+v", st)
+		}
+		// Nothing was lost on the way: every key is in memory or stored.
+		for i := range 4 * size {
+			k := Key{"api", fmt.Sprint("churn:", i)}
+			if d := decide(t, c, k, lim10, 0, now); d.Remaining != lim10.Limit-1 {
+				t.Fatalf("%v: remaining %d, want %d", k, d.Remaining, lim10.Limit-1)
+			}
+		}
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // TestFailedFlushKeepsDirty: a failed write keeps entries dirty (and
 // counted); a change made during a write stays dirty; the write never holds
 // a shard lock (the hook's Decide would deadlock).
