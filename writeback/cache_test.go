@@ -348,22 +348,79 @@ func TestOpenStoreBadPath(t *testing.T) {
 			t.Fatalf("error %v does not name %s", err, path)
 		}
 	})
-	t.Run("corrupt", func(t *testing.T) {
+	t.Run("held by another process", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
 		st := openTestStore(t, dir)
-		if err := st.Write([]Record{{Key: Key{"n", "k"}, Version: 1}}); err != nil {
+		k := Key{"n", "k"}
+		if err := st.Write([]Record{{Key: k, Version: 1}}); err != nil {
 			t.Fatal(err)
+		}
+		_, err := OpenStore(dir, quietLogger())
+		if err == nil || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "in use") {
+			t.Fatalf("second open: error %v does not say %s is in use", err, dir)
+		}
+		// Its files were not moved aside: the first store still reads.
+		if aside, _ := filepath.Glob(filepath.Join(dir, asidePrefix+"*")); len(aside) != 0 {
+			t.Fatalf("a store in use was moved aside: %v", aside)
+		}
+		if rec := mustLoad(t, st, k); rec.Version != 1 {
+			t.Fatalf("record after the refused open: %+v", rec)
 		}
 		if err := st.Close(); err != nil {
 			t.Fatal(err)
 		}
-		corruptStoreFiles(t, dir)
-		_, err := OpenStore(dir, quietLogger())
-		if err == nil || !strings.Contains(err.Error(), dir) {
-			t.Fatalf("error %v does not name %s", err, dir)
-		}
 	})
+}
+
+// TestOpenStoreMovesUnreadableFilesAside: a store whose files cannot be
+// read (here a garbled manifest) is reported with its path, its files are
+// kept in a directory beside, and the node starts with an empty store that
+// works.
+func TestOpenStoreMovesUnreadableFilesAside(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	st := openTestStore(t, dir)
+	k := Key{"n", "k"}
+	if err := st.Write([]Record{{Key: k, Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	corruptStoreFiles(t, dir)
+	var log strings.Builder
+	st2, err := OpenStore(dir, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatalf("open of a store with unreadable files: %v", err)
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, asidePrefix+"*", "MANIFEST-*"))
+	if len(aside) == 0 {
+		t.Fatal("the unreadable files were not kept")
+	}
+	if _, err := os.Stat(filepath.Join(dir, lockName)); err != nil {
+		t.Fatalf("the lock file was moved: %v", err)
+	}
+	if !strings.Contains(log.String(), dir) || !strings.Contains(log.String(), filepath.Dir(aside[0])) {
+		t.Fatalf("the log does not name %s and where its files went:\n%s", dir, log.String())
+	}
+	if _, ok, err := st2.Load(k); ok || err != nil {
+		t.Fatalf("the fresh store holds %v (err %v)", k, err)
+	}
+	if err := st2.Write([]Record{{Key: k, Version: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The new store reopens with the moved-aside directory inside it.
+	st3 := openTestStore(t, dir)
+	if rec := mustLoad(t, st3, k); rec.Version != 2 {
+		t.Fatalf("after reopening: %+v", rec)
+	}
+	if err := st3.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestExpiryDeletion: expired and corrupt records are deleted in bounded

@@ -35,9 +35,13 @@ type Store interface {
 }
 
 // OpenStore opens (creating if needed) the default store under dir: a
-// pebble database in dir itself (see docs/store.md for why pebble). A store
-// that cannot be opened, or whose files are corrupt, gives an error naming
-// the path. logger nil means slog.Default().
+// pebble database in dir itself (see docs/store.md for why pebble). It
+// locks dir (dir/sluice.lock): a dir another store has open is refused.
+// When the store's files cannot be read as a store (corrupt), they are
+// moved into dir/unreadable-<time>, the error is logged with both paths,
+// and an empty store is opened in their place. A store that cannot be
+// opened for other reasons (permissions, a full or read-only disk, I/O
+// errors) gives an error naming the path. logger nil means slog.Default().
 func OpenStore(dir string, logger *slog.Logger) (Store, error) {
 	return openPebble(dir, logger)
 }

@@ -3,10 +3,15 @@ package writeback
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/sluicehq/sluice/bucket"
@@ -18,6 +23,7 @@ type pebbleStore struct {
 	path    string
 	log     *slog.Logger
 	corrupt atomic.Uint64
+	lock    *os.File // holds lockName's lock until Close
 
 	// writeMu orders Write and DeleteExpired so that an expiry pass never
 	// deletes a record written after it read the expired one; it also
@@ -36,12 +42,91 @@ func openPebble(dir string, logger *slog.Logger) (*pebbleStore, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
 	}
-	opts := &pebble.Options{Logger: pebbleLogger{logger.With("path", dir)}}
-	db, err := pebble.Open(dir, opts)
+	lock, err := lockDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
 	}
-	return &pebbleStore{db: db, path: dir, log: logger}, nil
+	db, err := openPebbleDB(dir, logger)
+	if err != nil && unreadable(err) {
+		// The files are there but cannot be read as a store: move them
+		// aside (kept for a look) and start empty. The node's counts come
+		// back from the other nodes, as after a crash that lost the disk.
+		aside, qerr := moveAside(dir, time.Now())
+		if qerr != nil {
+			return nil, fmt.Errorf("writeback: open store %s: %w (moving its files aside failed too: %v)", dir, err, qerr)
+		}
+		logger.Error("writeback: store files unreadable; moved them aside and starting with an empty store",
+			"path", dir, "moved_to", aside, "err", err)
+		db, err = openPebbleDB(dir, logger)
+	}
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
+	}
+	return &pebbleStore{db: db, path: dir, log: logger, lock: lock}, nil
+}
+
+// lockName is the file in the data dir whose lock says a process has the
+// store open; it is never moved aside.
+const lockName = "sluice.lock"
+
+// errDirInUse is returned when another store (in this process or another)
+// has the data dir open.
+var errDirInUse = errors.New("the data dir is in use by another sluice process (or store) on this machine")
+
+// openPebbleDB opens the pebble database in dir; a panic in pebble (its
+// Fatalf, on some corrupt files) comes back as an error.
+func openPebbleDB(dir string, logger *slog.Logger) (db *pebble.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("pebble failed opening the store: %v", r)
+		}
+	}()
+	return pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{logger.With("path", dir)}})
+}
+
+// unreadable reports whether an error opening the store comes from its
+// files' contents, not from the machine: another process holding the store,
+// permissions, a full or read-only disk, I/O errors and exhausted file
+// descriptors are not cured by moving the files aside, and their data is
+// still good.
+func unreadable(err error) bool {
+	for _, e := range []error{fs.ErrPermission, fs.ErrNotExist, syscall.EAGAIN, syscall.ENOSPC, syscall.EROFS,
+		syscall.EIO, syscall.EMFILE, syscall.ENFILE, syscall.ENOTDIR} {
+		if errors.Is(err, e) {
+			return false
+		}
+	}
+	return true
+}
+
+// asidePrefix starts the name of a directory inside the data dir holding
+// the files of a store that could not be read.
+const asidePrefix = "unreadable-"
+
+// moveAside moves every entry of dir, except earlier moved-aside
+// directories and the lock file, into a new directory dir/unreadable-<time>, and returns it.
+func moveAside(dir string, now time.Time) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	aside := filepath.Join(dir, asidePrefix+now.UTC().Format("20060102T150405.000000000Z"))
+	if err := os.Mkdir(aside, 0o755); err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), asidePrefix) {
+			continue
+		}
+		if e.Name() == lockName {
+			continue
+		}
+		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(aside, e.Name())); err != nil {
+			return "", err
+		}
+	}
+	return aside, nil
 }
 
 // Load implements Store.
@@ -165,7 +250,9 @@ func (s *pebbleStore) ForEach(fn func(Record) bool) error {
 
 // Close implements Store.
 func (s *pebbleStore) Close() error {
-	if err := s.db.Close(); err != nil {
+	err := s.db.Close()
+	s.lock.Close() // releases the lock
+	if err != nil {
 		return fmt.Errorf("writeback: store %s: close: %w", s.path, err)
 	}
 	return nil
