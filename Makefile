@@ -43,7 +43,7 @@ tidy-check:
 	go mod tidy -diff
 
 bench:
-	go test -run '^$$' -bench . -benchmem ./bucket/... ./ring/... ./writeback/... ./cluster/...
+	go test -run '^$$' -bench . -benchmem ./bucket/... ./ring/... ./writeback/... ./cluster/... ./transport/...
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzStateDecode -fuzztime 30s ./bucket/
