@@ -1048,26 +1048,18 @@ func (c *Cache) Start(ctx context.Context) {
 // flushLoop flushes every FlushInterval, and at once when a shard's
 // evicted entries waiting for their write reach its pendingMax.
 func (c *Cache) flushLoop(ctx context.Context) {
-	defer c.loops.Done()
-	t := time.NewTicker(c.cfg.FlushInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-c.flushNow:
-		}
+	c.tick(ctx, c.cfg.FlushInterval, c.flushNow, func() {
 		_ = c.Flush(ctx) // logged and counted by Flush
-	}
+	})
 }
 
 func (c *Cache) expiryLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.ExpiryInterval, func() { c.expire(time.Now().UnixNano()) })
+	c.tick(ctx, c.cfg.ExpiryInterval, nil, func() { c.expire(time.Now().UnixNano()) })
 }
 
-// tick calls fn every d until ctx ends; it runs on a loop goroutine.
-func (c *Cache) tick(ctx context.Context, d time.Duration, fn func()) {
+// tick calls fn every d, and whenever kick (nil: never) delivers, until ctx
+// ends; it runs on a loop goroutine.
+func (c *Cache) tick(ctx context.Context, d time.Duration, kick <-chan struct{}, fn func()) {
 	defer c.loops.Done()
 	t := time.NewTicker(d)
 	defer t.Stop()
@@ -1076,8 +1068,9 @@ func (c *Cache) tick(ctx context.Context, d time.Duration, fn func()) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			fn()
+		case <-kick:
 		}
+		fn()
 	}
 }
 

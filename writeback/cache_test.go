@@ -350,12 +350,8 @@ func TestOpenStoreBadPath(t *testing.T) {
 	})
 	t.Run("held by another process", func(t *testing.T) {
 		t.Parallel()
-		dir := t.TempDir()
-		st := openTestStore(t, dir)
-		k := Key{"n", "k"}
-		if err := st.Write([]Record{{Key: k, Version: 1}}); err != nil {
-			t.Fatal(err)
-		}
+		dir, k := t.TempDir(), Key{"n", "k"}
+		st := openWithRecord(t, dir, k)
 		_, err := OpenStore(dir, quietLogger())
 		if err == nil || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "in use") {
 			t.Fatalf("second open: error %v does not say %s is in use", err, dir)
@@ -373,19 +369,24 @@ func TestOpenStoreBadPath(t *testing.T) {
 	})
 }
 
+// openWithRecord opens the store in dir and writes k at version 1.
+func openWithRecord(t *testing.T, dir string, k Key) Store {
+	t.Helper()
+	st := openTestStore(t, dir)
+	if err := st.Write([]Record{{Key: k, Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // TestOpenStoreMovesUnreadableFilesAside: a store whose files cannot be
 // read (here a garbled manifest) is reported with its path, its files are
 // kept in a directory beside, and the node starts with an empty store that
 // works.
 func TestOpenStoreMovesUnreadableFilesAside(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	st := openTestStore(t, dir)
-	k := Key{"n", "k"}
-	if err := st.Write([]Record{{Key: k, Version: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Close(); err != nil {
+	dir, k := t.TempDir(), Key{"n", "k"}
+	if err := openWithRecord(t, dir, k).Close(); err != nil {
 		t.Fatal(err)
 	}
 	corruptStoreFiles(t, dir)
