@@ -258,6 +258,7 @@ func (n *Node) refuseName(other string) {
 	n.log.Error("node name taken; not joining", "name", n.name, "other_gossip_addr", other)
 	n.leaveMu.Lock()
 	n.left = true // Leave must not announce anything under this name
+	n.leavingFlag.Store(true)
 	n.leaveMu.Unlock()
 	n.refused.Store(&err)
 	n.fatal <- err
