@@ -76,7 +76,7 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 			// has counted a hit the sender then decides again.)
 			nkeys, mutate := 20, func(*Config) {}
 			if fault == Blackhole {
-				nkeys, mutate = 8, func(c *Config) { c.ForwardTimeout = 100 * time.Millisecond }
+				nkeys, mutate = 5, func(c *Config) { c.ForwardTimeout = 200 * time.Millisecond }
 			}
 			nodes, net := memCluster(t, 3, mutate)
 			keys := keysOwnedBy(nodes[0], "n0", nkeys)
