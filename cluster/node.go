@@ -538,6 +538,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // its owner, one call per owner. Invalid requests get their own Err and do
 // not affect the others.
 func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	if n.refusedAll(out) {
+		return
+	}
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
 	if n.inRing.Load() {
@@ -560,9 +563,6 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 				// Joining: what this node holds may be stale, and the
 				// cluster has not handed it anything yet.
 				out[i] = bucket.Outcome{Owner: n.name, Err: errJoining}
-				if p := n.refused.Load(); p != nil {
-					out[i].Err = (*p).Error()
-				}
 				continue
 			}
 			n.decide(ctx, h, r, lims, now, &out[i])
@@ -578,6 +578,20 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	if len(remote) > 0 {
 		n.forward(ctx, reqs, out, remote, now)
 	}
+}
+
+// refusedAll answers every item with the refusal when this node gave up
+// joining (its name is taken): it is no member, neither deciding nor
+// forwarding, so its clients learn it at once.
+func (n *Node) refusedAll(out []bucket.Outcome) bool {
+	p := n.refused.Load()
+	if p == nil {
+		return false
+	}
+	for i := range out {
+		out[i] = bucket.Outcome{Owner: n.name, Err: (*p).Error()}
+	}
+	return true
 }
 
 // CheckForwarded decides reqs that the node from forwarded here because it
@@ -597,6 +611,9 @@ func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Requ
 }
 
 func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, standIn bool) {
+	if n.refusedAll(out) {
+		return
+	}
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
 	n.presettle(ctx, reqs, now, func(h uint64) bool {
