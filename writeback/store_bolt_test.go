@@ -1,10 +1,12 @@
 package writeback
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -66,12 +68,19 @@ func (s *boltStore) Write(recs []Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	// Puts in key order: bbolt inserts into a node's sorted slice, so
+	// unsorted keys into a large node cost a move each (seconds for 100k).
+	type kv struct{ k, v []byte }
+	kvs := make([]kv, len(recs))
+	for i := range recs {
+		r := &recs[i]
+		kvs[i] = kv{appendStoreKey(nil, r.Key), appendRecordValue(nil, r.State, r.Version)}
+	}
+	slices.SortFunc(kvs, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(boltBucket)
-		for i := range recs {
-			r := &recs[i]
-			kb := appendStoreKey(nil, r.Key)
-			if err := b.Put(kb, appendRecordValue(nil, r.State, r.Version)); err != nil {
+		for _, e := range kvs {
+			if err := b.Put(e.k, e.v); err != nil {
 				return err
 			}
 		}
