@@ -53,6 +53,7 @@ func openPebble(dir string, logger *slog.Logger) (*pebbleStore, error) {
 		// back from the other nodes, as after a crash that lost the disk.
 		aside, qerr := moveAside(dir, time.Now())
 		if qerr != nil {
+			lock.Close()
 			return nil, fmt.Errorf("writeback: open store %s: %w (moving its files aside failed too: %v)", dir, err, qerr)
 		}
 		logger.Error("writeback: store files unreadable; moved them aside and starting with an empty store",
