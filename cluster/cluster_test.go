@@ -352,3 +352,34 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		t.Fatalf("after %d bad items and 1 good: %d keys in memory, %d stored; want 1 and 1", len(bad), l, stored)
 	}
 }
+
+// Stopping every node at once (a whole cluster's SIGTERM) is a graceful
+// stop for each of them: a node whose leave message nobody is left to
+// hear has still handed off and flushed its counters, so it must not
+// report a failure (sluice serve would exit 2).
+func TestEveryNodeStoppedAtOnceStopsCleanly(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, func(c *Config) { c.LeaveTimeout = 500 * time.Millisecond })
+	for i := range 30 {
+		if o := check1(nodes[i%3], req("all", fmt.Sprint("k", i), 1, 10)); o.Err != "" {
+			t.Fatal(o.Err)
+		}
+	}
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := n.Shutdown(ctx); err != nil {
+				errs <- fmt.Errorf("%s: %w", n.Name(), err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range nodes {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

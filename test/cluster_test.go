@@ -78,6 +78,28 @@ func TestThreeProcessesAdmitExactlyTheLimitAndSurviveRestart(t *testing.T) {
 	if got := admitted(t, ps, "api", "user:43", 5, 100); got != 5 {
 		t.Fatalf("fresh key admitted %d of 5", got)
 	}
+
+	// Stop the whole cluster at once, as `kill %1 %2 %3` or a deployment
+	// scaled to zero does: still a graceful stop for every node, though
+	// no member is left to hear the last one leave.
+	for _, p := range ps {
+		p.signal(t, syscall.SIGTERM)
+	}
+	for _, p := range ps {
+		if err := p.wait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("%s exited with %v after the whole cluster got SIGTERM at once", p.name, err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, p := range ps {
+		p.start(t)
+	}
+	waitMembers(t, ps)
+	if got := admitted(t, ps, "api", "user:43", 100, 100); got != 95 {
+		t.Fatalf("after the whole cluster stopped at once and restarted, %d of 100 more checks were admitted with 5 of 100 used, want 95", got)
+	}
 }
 
 func runCLI(t *testing.T, args ...string) (string, int) {

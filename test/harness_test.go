@@ -137,9 +137,21 @@ func (p *proc) start(t *testing.T) {
 // stop sends sig and waits for the process to exit, returning its error.
 func (p *proc) stop(t *testing.T, sig syscall.Signal, within time.Duration) error {
 	t.Helper()
+	p.signal(t, sig)
+	return p.wait(t, sig, within)
+}
+
+// signal sends sig to the process.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signal %s: %v", p.name, err)
 	}
+}
+
+// wait waits for the process to exit after sig, returning its error.
+func (p *proc) wait(t *testing.T, sig syscall.Signal, within time.Duration) error {
+	t.Helper()
 	select {
 	case <-p.exited:
 		return p.err
