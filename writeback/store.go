@@ -15,9 +15,10 @@ import (
 // called once, after every other call has returned; no call follows it.
 type Store interface {
 	// Load returns the record of k. A missing record is (zero, false, nil);
-	// so is a corrupt one (bad checksum, bad encoding, unknown format),
-	// which Load logs with the store's path and the key and counts. An I/O
-	// failure is an error.
+	// so is a corrupt one (bad checksum, bad encoding, unknown format, or
+	// in a part of a file the engine finds corrupt), which Load logs with
+	// the store's path (and file) and the key and counts. An I/O failure
+	// is an error.
 	Load(k Key) (Record, bool, error)
 	// Write stores recs as one atomic batch that is durable (synced to
 	// disk) when Write returns nil. A failed Write stores none of them.
@@ -28,7 +29,8 @@ type Store interface {
 	// those that are corrupt. It returns how many it deleted.
 	DeleteExpired(now int64, max int) (int, error)
 	// ForEach calls fn for every record in key order until fn returns
-	// false. Corrupt records are logged, counted and skipped.
+	// false. Corrupt records are logged, counted and skipped; so is a
+	// corrupt file, whose key range the scan steps over.
 	ForEach(fn func(Record) bool) error
 	// Close releases the store.
 	Close() error

@@ -1,12 +1,16 @@
 package writeback
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +28,12 @@ type pebbleStore struct {
 	log     *slog.Logger
 	corrupt atomic.Uint64
 	lock    *os.File // holds lockName's lock until Close
+
+	// reported holds the corrupt tables (or, when pebble's error names
+	// none, the error texts) already logged, so that a bad table read by
+	// every miss is logged once, not once per check.
+	reportMu sync.Mutex
+	reported map[string]bool
 
 	// writeMu orders Write and DeleteExpired so that an expiry pass never
 	// deletes a record written after it read the expired one; it also
@@ -137,6 +147,14 @@ func (s *pebbleStore) Load(k Key) (Record, bool, error) {
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Record{}, false, nil
 	}
+	if err != nil && pebble.IsCorruptionError(err) {
+		// A bad block in a table: the records in it are lost. The key
+		// starts fresh, and its next flush writes a newer record that
+		// hides the lost one.
+		s.corrupt.Add(1)
+		s.reportTable(err, "skipping the key", "name", k.Name, "key", k.Key)
+		return Record{}, false, nil
+	}
 	if err != nil {
 		return Record{}, false, fmt.Errorf("writeback: store %s: load %q/%q: %w", s.path, k.Name, k.Key, err)
 	}
@@ -215,7 +233,16 @@ func (s *pebbleStore) DeleteExpired(now int64, max int) (int, error) {
 		s.cursor = nil
 	}
 	if err := it.Close(); err != nil {
-		return 0, fmt.Errorf("writeback: store %s: expire: %w", s.path, err)
+		if !pebble.IsCorruptionError(err) {
+			return 0, fmt.Errorf("writeback: store %s: expire: %w", s.path, err)
+		}
+		// The pass ran into a corrupt table: the next one starts after
+		// it (or from the beginning when its keys are not known), and the
+		// deletions found before it still go ahead.
+		s.cursor = nil
+		if next, ok := s.skipTable(err, "expiry pass skips the table"); ok {
+			s.cursor = next
+		}
 	}
 	if n == 0 {
 		return 0, nil
@@ -226,27 +253,113 @@ func (s *pebbleStore) DeleteExpired(now int64, max int) (int, error) {
 	return n, nil
 }
 
-// ForEach implements Store.
+// ForEach implements Store. A table pebble finds corrupt is reported and
+// the scan goes on after its last key (keys of good tables within its range
+// are not visited then); when pebble's error does not say which table,
+// the scan ends there, reported.
 func (s *pebbleStore) ForEach(fn func(Record) bool) error {
-	it, err := s.db.NewIter(nil)
-	if err != nil {
-		return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
-	}
-	for valid := it.First(); valid; valid = it.Next() {
-		rec, derr := decodeRecord(it.Key(), it.Value())
-		if derr != nil {
-			k, _ := parseStoreKey(it.Key())
-			s.skipCorrupt(k, derr)
-			continue
+	var lower []byte
+	for {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower})
+		if err != nil {
+			return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
 		}
-		if !fn(rec) {
-			break
+		stopped := false
+		for valid := it.First(); valid; valid = it.Next() {
+			rec, derr := decodeRecord(it.Key(), it.Value())
+			if derr != nil {
+				k, _ := parseStoreKey(it.Key())
+				s.skipCorrupt(k, derr)
+				continue
+			}
+			if !fn(rec) {
+				stopped = true
+				break
+			}
+		}
+		switch err = it.Close(); {
+		case err == nil:
+			return nil
+		case !pebble.IsCorruptionError(err):
+			return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
+		case stopped:
+			return nil // fn asked for no more
+		}
+		next, ok := s.skipTable(err, "scan skips the table")
+		if !ok || bytes.Compare(next, lower) <= 0 {
+			s.log.Error("writeback: scan of the store ended at a corrupt table; later records not visited",
+				"path", s.path, "err", err)
+			return nil
+		}
+		lower = next
+	}
+}
+
+// tableNum finds the table number in pebble's corruption errors
+// ("pebble/table: invalid table 000012 (checksum mismatch …)").
+var tableNum = regexp.MustCompile(`table (\d+)`)
+
+// corruptTable returns the number and file path of the table a corruption
+// error names.
+func (s *pebbleStore) corruptTable(err error) (uint64, string, bool) {
+	m := tableNum.FindStringSubmatch(err.Error())
+	if m == nil {
+		return 0, "", false
+	}
+	num, perr := strconv.ParseUint(m[1], 10, 64)
+	if perr != nil {
+		return 0, "", false
+	}
+	return num, filepath.Join(s.path, fmt.Sprintf("%06d.sst", num)), true
+}
+
+// reportTable logs a corruption error once per table (or error text),
+// naming the store and the table's file, and what the store does about it.
+func (s *pebbleStore) reportTable(err error, action string, args ...any) {
+	id := err.Error()
+	file := ""
+	if _, f, ok := s.corruptTable(err); ok {
+		id, file = f, f
+	}
+	s.reportMu.Lock()
+	seen := s.reported[id]
+	if !seen && len(s.reported) < 1024 {
+		if s.reported == nil {
+			s.reported = map[string]bool{}
+		}
+		s.reported[id] = true
+	}
+	s.reportMu.Unlock()
+	if seen {
+		return
+	}
+	s.log.Error("writeback: corrupt store table; its records are lost, "+action,
+		append([]any{"path", s.path, "file", file, "err", err}, args...)...)
+}
+
+// skipTable reports the corrupt table err names and returns the first
+// store key after the table's key range; false when the table or its range
+// is not known.
+func (s *pebbleStore) skipTable(err error, action string) ([]byte, bool) {
+	s.corrupt.Add(1)
+	s.reportTable(err, action)
+	num, _, ok := s.corruptTable(err)
+	if !ok {
+		return nil, false
+	}
+	levels, lerr := s.db.SSTables()
+	if lerr != nil {
+		return nil, false
+	}
+	for _, level := range levels {
+		for _, tbl := range level {
+			if uint64(tbl.FileNum) == num {
+				// The smallest key above every key of the table.
+				return append(slices.Clone(tbl.Largest.UserKey), 0), true
+			}
 		}
 	}
-	if err := it.Close(); err != nil {
-		return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
-	}
-	return nil
+	return nil, false
 }
 
 // Close implements Store.
