@@ -383,3 +383,58 @@ func TestEveryNodeStoppedAtOnceStopsCleanly(t *testing.T) {
 		}
 	}
 }
+
+// mapRules is a fixed rules set.
+type mapRules map[string][]bucket.Limit
+
+func (m mapRules) Lookup(name string) ([]bucket.Limit, bool) { l, ok := m[name]; return l, ok }
+func (m mapRules) Hash() string                              { return "test" }
+
+// TestLimitZeroTakesTheRule: limit 0 means "take limit and window from the
+// rules for the name" (DESIGN §4) even when the request carries a window,
+// and the owner of a forwarded check decides with the limits its sender
+// resolved, rules or not (here only the entry node has rules).
+func TestLimitZeroTakesTheRule(t *testing.T) {
+	t.Parallel()
+	first := true
+	nodes, _ := memCluster(t, 3, func(c *Config) {
+		if first {
+			c.Rules = mapRules{
+				"login":   {{Algorithm: bucket.SlidingWindow, Limit: 5, WindowMS: 60_000}},
+				"blocked": {{Algorithm: bucket.SlidingWindow, Limit: 0, WindowMS: 60_000}},
+			}
+		}
+		first = false
+	})
+	owners := map[string]bool{}
+	for k := range 12 {
+		key := fmt.Sprint("user:", k)
+		admitted := 0
+		for range 8 {
+			o := check1(nodes[0], bucket.Request{Name: "login", Key: key, Hits: 1, Limit: bucket.Limit{WindowMS: 3_600_000}})
+			if o.Err != "" {
+				t.Fatalf("%s: %s", key, o.Err)
+			}
+			if o.Limit != 5 {
+				t.Fatalf("%s: decided with limit %d, want the rule's 5", key, o.Limit)
+			}
+			if o.Allowed() {
+				admitted++
+			}
+			owners[o.Owner] = true
+		}
+		if admitted != 5 {
+			t.Fatalf("%s: limit 0 with a window admitted %d of 8, want the rule's 5", key, admitted)
+		}
+		if o := check1(nodes[0], bucket.Request{Name: "blocked", Key: key, Hits: 1}); o.Err != "" || o.Allowed() {
+			t.Fatalf("%s: a rule of limit 0 answered %+v, want over limit", key, o)
+		}
+	}
+	if len(owners) != 3 {
+		t.Fatalf("12 keys were decided by %v; want every node, so that forwarded checks are covered", owners)
+	}
+	o := check1(nodes[0], bucket.Request{Name: "no-rule", Key: "k", Hits: 1, Limit: bucket.Limit{WindowMS: 60_000}})
+	if !strings.Contains(o.Err, "no rule") {
+		t.Fatalf("limit 0 with a window and no rule answered %+v, want the no-rule error", o)
+	}
+}

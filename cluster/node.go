@@ -551,7 +551,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
 	if n.inRing.Load() {
-		n.presettle(ctx, reqs, now, func(h uint64) bool {
+		n.presettle(ctx, reqs, false, now, func(h uint64) bool {
 			owner, ok := tbl.Owner(h)
 			return !ok || owner.Name == n.name
 		})
@@ -559,7 +559,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	var remote []route
 	for i := range reqs {
 		r := &reqs[i]
-		lims, ok := n.prepare(r, &out[i])
+		lims, ok := n.prepare(r, false, &out[i])
 		if !ok {
 			continue
 		}
@@ -623,13 +623,13 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 	}
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
-	n.presettle(ctx, reqs, now, func(h uint64) bool {
+	n.presettle(ctx, reqs, true, now, func(h uint64) bool {
 		owner, ok := tbl.Owner(h)
 		return standIn || !ok || owner.Name == n.name
 	})
 	for i := range reqs {
 		r := &reqs[i]
-		lims, ok := n.prepare(r, &out[i])
+		lims, ok := n.prepare(r, true, &out[i])
 		if !ok {
 			continue
 		}
@@ -658,7 +658,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 // presettle settles at once (settleBatch) the keys of a batch that this
 // node is about to decide (mine says which, by ring hash) and that a recent
 // ring change moved here; decide would otherwise settle them one by one.
-func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, now int64, mine func(h uint64) bool) {
+func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bool, now int64, mine func(h uint64) bool) {
 	ms := n.moves.Load()
 	if ms == nil || len(reqs) < 2 || !anyActive(*ms, now) {
 		return
@@ -667,7 +667,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, now int64, 
 	var o bucket.Outcome
 	for i := range reqs {
 		r := &reqs[i]
-		lims, ok := n.prepare(r, &o)
+		lims, ok := n.prepare(r, resolved, &o)
 		if !ok {
 			continue
 		}
@@ -713,16 +713,20 @@ func (l limits) all() []bucket.Limit {
 }
 
 // prepare validates r and resolves its limits: the inline limit and
-// r.More, or r.More alone, or the rules for r.Name. When it fails it fills o
-// with the error and returns false.
-func (n *Node) prepare(r *bucket.Request, o *bucket.Outcome) (limits, bool) {
+// r.More, or r.More alone, or the rules for r.Name. A limit of 0 takes the
+// rules (DESIGN §4: "0: take limit and window from the rules file"), even
+// when the request also carries a window. A resolved request, forwarded by
+// the node that resolved it, carries its limits inline, a rule's limit of 0
+// included, and is decided with them: the owner needs no rules. When it
+// fails it fills o with the error and returns false.
+func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (limits, bool) {
 	*o = bucket.Outcome{}
 	if err := r.Validate(); err != nil {
 		o.Err = err.Error()
 		return limits{}, false
 	}
 	switch {
-	case r.Limit.Limit != 0 || r.WindowMS != 0:
+	case r.Limit.Limit != 0 || (resolved && r.WindowMS != 0):
 		return limits{one: &r.Limit, more: r.More}, true
 	case len(r.More) > 0:
 		return limits{one: &r.More[0], more: r.More[1:]}, true
