@@ -288,7 +288,7 @@ func (s *pebbleStore) ForEach(fn func(Record) bool) error {
 		next, ok := s.skipTable(err, "scan skips the table")
 		if !ok || bytes.Compare(next, lower) <= 0 {
 			s.log.Error("writeback: scan of the store ended at a corrupt table; later records not visited",
-				"path", s.path, "err", err)
+				"path", s.path, "err", err.Error())
 			return nil
 		}
 		lower = next
@@ -334,7 +334,9 @@ func (s *pebbleStore) reportTable(err error, action string, args ...any) {
 		return
 	}
 	s.log.Error("writeback: corrupt store table; its records are lost, "+action,
-		append([]any{"path", s.path, "file", file, "err", err}, args...)...)
+		// err.Error(): pebble's errors print a multi-line report with %+v,
+		// which is how slog's text handler formats an error value.
+		append([]any{"path", s.path, "file", file, "err", err.Error()}, args...)...)
 }
 
 // skipTable reports the corrupt table err names and returns the first
