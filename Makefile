@@ -2,10 +2,11 @@
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 STATICCHECK_VERSION        := v0.8.2
+HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check
+.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare
 
 all: build lint test
 
@@ -22,6 +23,7 @@ tools:
 	go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 	go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
 
 # protoc 3.21.12 from Debian's protobuf-compiler; the plugins pinned above.
@@ -37,7 +39,18 @@ check-generate: generate
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || (gofmt -l . && exit 1)
 	go vet ./...
+	go vet -tags faults ./test/faults/
 	staticcheck ./...
+	staticcheck -tags faults ./test/faults/
+
+# The chart: helm lint (defaults and every option on), then helm template
+# checked as deploy/kubernetes is (TestHelmChart, which fails here instead
+# of skipping when helm is missing).
+HELM_ALL_ON := tls.enabled=true,tls.clientCA.enabled=true,gossipKey.enabled=true,serviceMonitor.enabled=true
+helm-check:
+	helm lint --strict deploy/helm/sluice
+	helm lint --strict deploy/helm/sluice --set $(HELM_ALL_ON)
+	SLUICE_TEST_REQUIRE_HELM=1 go test -count=1 -run 'TestHelmChart|TestKubernetesManifests' ./cmd/sluice/
 
 tidy-check:
 	go mod tidy -diff
@@ -45,6 +58,39 @@ tidy-check:
 bench:
 	go test -run '^$$' -bench . -benchmem ./bucket/... ./ring/... ./writeback/... ./cluster/... ./transport/...
 
+FUZZTIME ?= 2m
+# Every fuzz target of the module, FUZZTIME each (CI runs 50000 inputs each).
 fuzz:
-	go test -run '^$$' -fuzz FuzzStateDecode -fuzztime 30s ./bucket/
-	go test -run '^$$' -fuzz FuzzHashIsXXH64 -fuzztime 30s ./ring/
+	bash .ci/fuzz.sh $(FUZZTIME)
+
+# The fault tests on real hosts (network namespaces, iptables, signals):
+# root only, they skip otherwise. Built with the faults tag, so `make test`
+# leaves them out. FAULTS_RUN selects some (CI: .ci/run's selection).
+FAULTS_RUN ?= .
+faults:
+	go test -tags faults -count=1 -v -timeout 20m -run '$(FAULTS_RUN)' ./test/faults/
+
+# The soak (test/faults/soak_test.go; root): five hosts under mixed load, a
+# fault every 30 s, for DURATION; every node's RSS, goroutines, open files
+# and store size every 10 s into SOAK_OUT/soak.csv, plotted to
+# SOAK_OUT/soak.png (gnuplot, installed from Debian when absent). The plot
+# is drawn also when the test fails; the make exits with the test's status.
+DURATION ?= 10m
+SOAK_OUT ?= soak-out
+SOAK_TIMEOUT ?= 3h
+soak: SHELL := /bin/bash
+soak:
+	@command -v gnuplot >/dev/null || (apt-get update -qq && apt-get install -y -qq gnuplot-nox)
+	mkdir -p $(SOAK_OUT)
+	SLUICE_SOAK_DURATION=$(DURATION) SLUICE_SOAK_OUT=$(abspath $(SOAK_OUT)) \
+		go test -tags faults -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/faults/ 2>&1 | tee $(SOAK_OUT)/soak.log; \
+	status=$${PIPESTATUS[0]}; \
+	if [ -s $(SOAK_OUT)/soak.csv ]; then bash test/soakplot.sh $(SOAK_OUT)/soak.csv $(SOAK_OUT)/soak-faults.csv $(SOAK_OUT)/soak.png; fi; \
+	exit $$status
+
+# Side by side with ghz: a 3-node cluster from this tree, and a peer cluster
+# started by hand when PEER_ADDR, PEER_PIDS and PEER_PROTO are set (see the
+# head of test/compare.sh). COMPARE_SECS per round; a few minutes in all.
+COMPARE_SECS ?= 10
+compare:
+	bash test/compare.sh $(COMPARE_SECS)

@@ -56,7 +56,7 @@ const (
 	OverLimit         Status = 2
 )
 
-// Limits of DESIGN §5, checked before any state changes.
+// Limits of docs/architecture.md §5, checked before any state changes.
 const (
 	MaxNameLen   = 128
 	MaxKeyLen    = 1024
@@ -245,7 +245,7 @@ type Outcome struct {
 	MovedTo string
 }
 
-// ValidateKey checks name and key against DESIGN §5.
+// ValidateKey checks name and key against docs/architecture.md §5.
 func ValidateKey(name, key string) error {
 	switch {
 	case len(name) == 0:
@@ -265,7 +265,7 @@ func ValidateKey(name, key string) error {
 	return nil
 }
 
-// Validate checks a request against DESIGN §5. A request with Limit 0 is
+// Validate checks a request against docs/architecture.md §5. A request with Limit 0 is
 // valid here (its limit comes from the rules); Validate checks the limit
 // fields only when Limit is set. Every limit of More is checked too (an
 // error names its index, "limits[2]: ..."), and there may be at most
@@ -320,7 +320,7 @@ func (r *Request) validateMore() error {
 	return nil
 }
 
-// Validate checks a limit against DESIGN §5 and the rules of its optional
+// Validate checks a limit against docs/architecture.md §5 and the rules of its optional
 // fields.
 func (l Limit) Validate() error {
 	switch {

@@ -228,13 +228,14 @@ func TestLeaveShrinksEveryRing(t *testing.T) {
 
 func TestMetadataRoundTripAndRefusal(t *testing.T) {
 	t.Parallel()
-	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}, {grpcAddr: "h:1", ready: true, leaving: true}} {
+	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}, {grpcAddr: "h:1", ready: true, leaving: true},
+		{grpcAddr: "h:2", sec: Security{TLS: true, ClientAuth: true}}, {grpcAddr: "h:3", ready: true, sec: Security{GossipEncrypted: true}}} {
 		got, err := decodeMeta(encodeMeta(m))
 		if err != nil || got != m {
 			t.Fatalf("round trip of %+v: %+v %v", m, got, err)
 		}
 	}
-	for _, b := range [][]byte{nil, {1}, {1, 0}, {2, 0, 1, 'x'}, {1, 0, 5, 'x'}, {1, 0, 0}, {1, 4, 1, 'x'}} {
+	for _, b := range [][]byte{nil, {1}, {1, 0}, {2, 0, 1, 'x'}, {1, 0, 5, 'x'}, {1, 0, 0}, {1, 32, 1, 'x'}, {1, 128, 1, 'x'}} {
 		if _, err := decodeMeta(b); err == nil {
 			t.Errorf("decodeMeta(%v) accepted", b)
 		}

@@ -71,13 +71,28 @@ type Config struct {
 	// GRPCAddr is the host:port at which peers reach this node's gRPC
 	// server. It travels in the memberlist metadata. Required.
 	GRPCAddr string
-	// Join lists host:port gossip addresses of nodes to join at start.
+	// Join lists the gossip addresses of nodes to join at start, each
+	// host:port (the port defaults to the gossip bind port). A host that is
+	// a name stands for every address it resolves to (a Kubernetes headless
+	// Service names every pod): the node resolves it again on every try,
+	// contacts every address but its own, and has joined once one answers.
+	// A list that resolves to this node alone makes it the first node of
+	// its cluster.
 	Join []string
+	// Resolve returns the addresses (IPs) of a Join host that is a name. It
+	// is called from the goroutine that joins, at most once per name per
+	// try, and may block (bound it). Default: the system resolver
+	// (net.DefaultResolver.LookupHost) with a 5 s deadline.
+	Resolve func(host string) ([]string, error)
 	// JoinRetry is how often Start's background join retries while no seed
 	// has answered. Default 1 s.
 	JoinRetry time.Duration
 	// DataDir is where the durable store lives. Required.
 	DataDir string
+	// Security says how the node's ports are secured, for status output
+	// (it travels in gossip). GossipEncrypted is ignored: it is taken from
+	// the memberlist configuration (Keyring or SecretKey).
+	Security Security
 	// Ring configures partitions and replication.
 	Ring ring.Config
 	// Cache configures the write-back cache.
@@ -132,12 +147,14 @@ func DefaultConfig() Config {
 	ml := memberlist.DefaultLANConfig()
 	ml.Name = ""
 	FastFailureDetection(ml)
+	cache := writeback.DefaultConfig()
+	cache.Logger = nil // New gives the cache the node's logger
 	return Config{
 		Config:              ml,
 		ClusterName:         DefaultClusterName,
 		JoinRetry:           time.Second,
 		Ring:                ring.DefaultConfig(),
-		Cache:               writeback.DefaultConfig(),
+		Cache:               cache,
 		ForwardTimeout:      250 * time.Millisecond,
 		LeaveTimeout:        2 * time.Second,
 		ReplicationInterval: 100 * time.Millisecond,

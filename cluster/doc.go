@@ -20,12 +20,30 @@
 // schedules a rebuild of the ring from memberlist's current member list; the
 // rebuild runs on the node's own goroutine and never blocks gossip.
 //
+// # Pauses
+//
+// A node that stops running (SIGSTOP, a long GC pause, a VM freeze) is
+// routed around by its peers — forwards fail over to the key's replica
+// after the forward deadline, and once the node is declared dead its keys
+// move to their next owner — but it notices nothing itself. Invariant: a
+// node never decides a key it owns from a state older than one another
+// node decided it from while this node was not running. A heartbeat
+// stamps the node's clock every ForwardTimeout/4 and every decision first
+// compares its time with the stamp; a gap longer than ForwardTimeout (the
+// earliest a peer can have given up on this node) registers, before any
+// decision goes on, a move for the keys it owns, so each is pulled from
+// whoever held it meanwhile before it is decided, and the newest version
+// wins (pause.go). A check whose context is already done is not decided.
+//
 // # Lifecycle and concurrency
 //
 // New opens the store and builds the node but starts nothing. Start creates
 // the memberlist (its goroutines), joins the seeds (retrying in the background
 // until one answers) and starts the cache's flush and expiry loops. Leave
-// leaves the gossip pool; Shutdown leaves if it has not, stops every goroutine
-// the node started, flushes the cache and closes the store. Check and
+// announces the leave, hands every counter to its next owner and leaves the
+// gossip pool; a handoff cut short (HandoffTimeout or the caller's context)
+// is logged and returned as an error, the counters left in the store and on
+// their replicas. Shutdown leaves if it has not, stops every goroutine the
+// node started, flushes the cache and closes the store. Check and
 // CheckForwarded are safe for concurrent use.
 package cluster

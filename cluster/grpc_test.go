@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -16,7 +18,7 @@ import (
 
 // grpcCluster runs k nodes in this process over real loopback sockets: real
 // memberlist gossip, real gRPC servers and peer clients.
-func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
+func grpcCluster(t testing.TB, k int) ([]*cluster.Node, []*transport.Server) {
 	t.Helper()
 	cfgs := make([]cluster.Config, k)
 	lns := make([]net.Listener, k)
@@ -31,13 +33,16 @@ func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
 		name := fmt.Sprintf("g%d", i)
 		cfgs[i] = cluster.NodeConfig(t, name, ln.Addr().String())
 		cfgs[i].Now = cluster.FixedClock(t0)
-		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, ClusterName: cfgs[i].ClusterName})
+		// The peer client's deadline is the node's, as `sluice serve` wires
+		// them (the harness's 2 s leaves room for -race on a busy machine;
+		// the client's own default, 250 ms, did not).
+		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, ClusterName: cfgs[i].ClusterName, Timeout: cfgs[i].ForwardTimeout})
 		t.Cleanup(func() { peers[i].Close() })
 	}
 	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })
 	srvs := make([]*transport.Server, k)
 	for i, n := range nodes {
-		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n, Peer: n, ClusterName: cfgs[i].ClusterName})
+		srv, err := transport.NewServer(transport.ServerConfig{GRPCListener: lns[i], Handler: n, Peer: n, ClusterName: cfgs[i].ClusterName, Owners: testOwners{n}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,9 +50,15 @@ func grpcCluster(t *testing.T, k int) ([]*cluster.Node, []*transport.Server) {
 			t.Fatal(err)
 		}
 		srv.SetReady(true)
+		// As `sluice serve` stops: the node leaves (handing its counters
+		// on over the others' servers) before its own server stops; the
+		// node's Shutdown, registered earlier, runs after.
 		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
+			if err := n.Leave(ctx); err != nil {
+				t.Errorf("leave %s: %v", n.Name(), err)
+			}
 			srv.Shutdown(ctx)
 		})
 		srvs[i] = srv
@@ -72,7 +83,7 @@ func TestThreeNodesOverGRPCAdmitExactlyTheLimit(t *testing.T) {
 	for i := range 300 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := clients[i%3].Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
-			Name: "api", Key: "user:42", Hits: 1, Limit: 100, WindowMs: 60_000,
+			Name: "api", Key: "user:42", Hits: proto.Int64(1), Limit: 100, WindowMs: 60_000,
 		}}})
 		cancel()
 		if err != nil {
@@ -110,9 +121,9 @@ func TestGRPCBatchAcrossOwnersKeepsOrderAndErrors(t *testing.T) {
 	defer c.Close()
 	req := &sluicev1.CheckRequest{}
 	for k := range 50 {
-		req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: fmt.Sprint("k", k), Hits: int64(k % 4), Limit: 2, WindowMs: 60_000})
+		req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: fmt.Sprint("k", k), Hits: proto.Int64(int64(k % 4)), Limit: 2, WindowMs: 60_000})
 	}
-	req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: "", Hits: 1, Limit: 2, WindowMs: 60_000})
+	req.Requests = append(req.Requests, &sluicev1.RateLimitRequest{Name: "b", Key: "", Hits: proto.Int64(1), Limit: 2, WindowMs: 60_000})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := c.Check(ctx, req)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,290 +30,6 @@ import (
 //     counter it holds to the keys' next owners and only then leaves the
 //     gossip pool.
 
-// move is one recent ring change that gave this node partitions: keys of
-// those partitions are pulled from their holder under prev on first touch.
-type move struct {
-	prev  *ring.Table
-	until int64 // Unix ns; no pulls after it
-	// cur is set when this node entered the ring with this change (a start
-	// or a restart): the key's replicas in cur may hold newer counts than
-	// the previous owner, because they stood in for this node while it was
-	// unreachable and the others had not yet declared it dead.
-	cur     *ring.Table
-	settled sync.Map // writeback.Key → struct{}: pulled or handed over
-}
-
-// settle makes sure this node holds the newest record of a key that a
-// recent ring change moved here, before it decides the key: see
-// settleBatch. Each key is pulled at most once per change.
-func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, moves []*move, now int64) {
-	if !needsSettle(h, k, moves, n.name, now) {
-		return
-	}
-	n.settleBatch(ctx, []settleItem{{h: h, k: k}}, moves, now)
-}
-
-// needsSettle reports whether some recent move brought k here and k has
-// not been settled since.
-func needsSettle(h uint64, k writeback.Key, moves []*move, self string, now int64) bool {
-	for _, m := range moves {
-		if now > m.until {
-			continue
-		}
-		if prev, ok := m.prev.Owner(h); !ok || prev.Name == self {
-			continue
-		}
-		_, done := m.settled.Load(k)
-		return !done
-	}
-	return false
-}
-
-// anyActive reports whether some move is still within its window at now.
-func anyActive(moves []*move, now int64) bool {
-	for _, m := range moves {
-		if now <= m.until {
-			return true
-		}
-	}
-	return false
-}
-
-// settleItem is one cache key to settle, and what was found for it.
-type settleItem struct {
-	h     uint64
-	k     writeback.Key
-	asked []pullFrom // nodes asked, deduplicated by address
-	moves []*move    // the moves it is settled for
-	best  bucket.Counter
-}
-
-// pullFrom is one node to pull a key from, releasing it there or not.
-type pullFrom struct {
-	addr    string
-	release bool
-}
-
-// settleBatch settles the keys of a batch that recent ring changes moved
-// here. For each key and each change it asks:
-//   - the previous owner, releasing the key there (so it stops deciding
-//     it); when that owner had already handed the key on, the node it went
-//     to as well;
-//   - the previous owner's replicas, whether the owner answered or not: a
-//     replica that stood in for it while it was unreachable holds newer
-//     counts than it does (it may have restarted from a stale store);
-//   - when this node entered the ring with the change (a start or a
-//     restart), the key's current replicas, releasing it there: they may
-//     have stood in for this node while it was unreachable, and from now on
-//     stand-in checks should come here.
-//
-// It adopts the newest copy of each key, unless this node released the key
-// while the pulls were out: the node that took it then holds this node's
-// state and decides it, and a check here is pointed there or pulls it back
-// (decideGated). The pulls go one call per node for
-// the whole batch, to every node at once, so settling a batch costs about
-// two round trips however many keys it holds — a key-by-key settle of a
-// 100-item batch after a membership change would outlast the sender's
-// forward deadline, and the sender would have the batch decided again by a
-// replica.
-func (n *Node) settleBatch(ctx context.Context, items []settleItem, moves []*move, now int64) {
-	var reps []ring.Member
-	for i := range items {
-		it := &items[i]
-		for _, m := range moves {
-			if now > m.until {
-				continue
-			}
-			prev, ok := m.prev.Owner(it.h)
-			if !ok || prev.Name == n.name {
-				continue
-			}
-			if _, done := m.settled.Load(it.k); done {
-				break
-			}
-			it.moves = append(it.moves, m)
-			it.ask(prev.Addr, true)
-			reps = m.prev.Replicas(it.h, reps[:0])
-			for _, r := range reps[min(1, len(reps)):] {
-				if r.Name != n.name && r.Name != prev.Name {
-					it.ask(r.Addr, false)
-				}
-			}
-			if m.cur != nil {
-				reps = m.cur.Replicas(it.h, reps[:0])
-				for _, r := range reps {
-					if r.Name != n.name && r.Name != prev.Name {
-						it.ask(r.Addr, true)
-					}
-				}
-			}
-		}
-	}
-	moved := n.pullAll(ctx, items, func(it *settleItem) []pullFrom { return it.asked })
-	if len(moved) > 0 {
-		// A node asked had already handed the key on: the node it went to
-		// holds the newest state.
-		n.pullAll(ctx, items, func(it *settleItem) []pullFrom { return moved[it] })
-	}
-	for i := range items {
-		it := &items[i]
-		if it.best.Version > 0 {
-			n.cache.AdoptUnlessReleasedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
-		}
-		if len(it.moves) > 0 {
-			k := cloneKey(it.k)
-			for _, m := range it.moves {
-				m.settled.Store(k, struct{}{})
-			}
-		}
-	}
-}
-
-// ask adds addr to the nodes to ask for it (releasing there when any
-// reason to ask says so).
-func (it *settleItem) ask(addr string, release bool) {
-	for j := range it.asked {
-		if it.asked[j].addr == addr {
-			it.asked[j].release = it.asked[j].release || release
-			return
-		}
-	}
-	it.asked = append(it.asked, pullFrom{addr, release})
-}
-
-// pullAll pulls every item from the nodes targets names for it: one Pull
-// per node and release flag, all at once, each bounded by PullTimeout. It
-// keeps each item's newest copy in best, and returns where released copies
-// had already gone (addresses not asked yet, and not this node).
-func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []pullFrom) map[*settleItem][]pullFrom {
-	type call struct {
-		to   pullFrom
-		its  []*settleItem
-		keys []bucket.Counter
-		err  error
-	}
-	var calls []*call
-	for i := range items {
-		it := &items[i]
-		for _, to := range targets(it) {
-			var c *call
-			for _, x := range calls {
-				if x.to == to {
-					c = x
-					break
-				}
-			}
-			if c == nil {
-				c = &call{to: to}
-				calls = append(calls, c)
-			}
-			c.its = append(c.its, it)
-			c.keys = append(c.keys, bucket.Counter{Name: it.k.Name, Key: it.k.Key})
-		}
-	}
-	pull := func(c *call) {
-		var ttl time.Duration
-		if c.to.release {
-			ttl = n.cfg.MoveWindow
-		}
-		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-		c.err = n.peers.Pull(pctx, c.to.addr, c.keys, c.to.release, ttl)
-		cancel()
-	}
-	var wg sync.WaitGroup
-	for _, c := range calls[min(1, len(calls)):] {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pull(c)
-		}()
-	}
-	if len(calls) > 0 {
-		pull(calls[0])
-	}
-	wg.Wait()
-	var moved map[*settleItem][]pullFrom
-	for _, c := range calls {
-		n.pulls.Add(uint64(len(c.keys)))
-		if c.err != nil {
-			n.pullErrors.Add(uint64(len(c.keys)))
-			continue
-		}
-		for j, got := range c.keys {
-			it := c.its[j]
-			if got.Version > it.best.Version {
-				it.best = got
-			}
-			if to := got.MovedTo; to != "" && to != n.cfg.GRPCAddr && !it.asks(to) {
-				if moved == nil {
-					moved = make(map[*settleItem][]pullFrom)
-				}
-				it.asked = append(it.asked, pullFrom{to, true})
-				moved[it] = append(moved[it], pullFrom{to, true})
-			}
-		}
-	}
-	return moved
-}
-
-// asks reports whether addr is among the nodes asked for it.
-func (it *settleItem) asks(addr string) bool {
-	for _, a := range it.asked {
-		if a.addr == addr {
-			return true
-		}
-	}
-	return false
-}
-
-// keyHash is the ring hash of a cache key: that of its (name, key), also
-// for the sub-keys of multi-limit checks, which live with their key.
-func keyHash(k writeback.Key) uint64 {
-	b := writeback.BaseKey(k)
-	return ring.Hash(b.Name, b.Key)
-}
-
-func cloneKey(k writeback.Key) writeback.Key {
-	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
-}
-
-// pullKey pulls k's counters (every limit's) from the node at addr,
-// releasing them there, and adopts what is newer. A failed pull is counted
-// and the decision goes on with what this node holds.
-func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
-	var keys []bucket.Counter
-	if len(lims.more) == 0 {
-		keys = []bucket.Counter{{Name: k.Name, Key: k.Key}}
-	} else {
-		for i := range 1 + len(lims.more) {
-			sk := writeback.SubKey(k, i)
-			keys = append(keys, bucket.Counter{Name: sk.Name, Key: sk.Key})
-		}
-	}
-	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-	err := n.peers.Pull(pctx, addr, keys, true, n.cfg.MoveWindow)
-	cancel()
-	n.pulls.Add(1)
-	if err != nil {
-		n.pullErrors.Add(1)
-		return
-	}
-	for _, c := range keys {
-		if c.Version > 0 {
-			n.cache.Adopt(h, writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version})
-		}
-	}
-}
-
-// markSettled records that k arrived by handoff: no pull is needed.
-func (n *Node) markSettled(k writeback.Key) {
-	if ms := n.moves.Load(); ms != nil {
-		for _, m := range *ms {
-			m.settled.Store(cloneKey(k), struct{}{})
-		}
-	}
-}
-
 // tableChanged registers what a ring change from old to cur moved to this
 // node, before cur becomes current, and reports whether partitions moved
 // away from it (to hand off once cur is current). A joining node enters its
@@ -337,15 +52,7 @@ func (n *Node) tableChanged(old, cur *ring.Table) (lost bool) {
 		if !hasMember(old, n.name) && hasMember(cur, n.name) {
 			m.cur = cur
 		}
-		ms := []*move{m}
-		if cur := n.moves.Load(); cur != nil {
-			for _, m := range *cur {
-				if m.until > now {
-					ms = append(ms, m)
-				}
-			}
-		}
-		n.moves.Store(&ms)
+		n.addMove(m, now)
 		n.log.Info("partitions moved here; pulling moved keys on first touch", "window", n.cfg.MoveWindow)
 	}
 	return lost
@@ -390,45 +97,73 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if err != nil || !held {
 			return true
 		}
-		n.releasedTo.Store(cloneKey(r.Key), c.Addr)
+		n.noteReleased(r.Key, c.Addr, now)
 		batches[c.Addr] = append(batches[c.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: rec.State, Version: rec.Version})
 		return true
 	})
-	sent := n.push(ctx, batches)
+	sent, err := n.push(ctx, batches)
 	if sent > 0 {
 		n.log.Info("handed off moved counters", "counters", sent, "took", time.Since(start))
+	}
+	if err != nil {
+		n.log.Warn("handoff failed; the new owners will pull on first touch", "err", err)
 	}
 }
 
 // push sends batches (by gRPC address) as handoffs, in parallel, and
-// returns how many counters the new owners received.
-func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) int {
+// returns how many counters the new owners received and, when some did
+// not, why.
+func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) (int, error) {
 	var wg sync.WaitGroup
 	var sent atomic.Int64
+	errs := make(chan error, len(batches))
 	for addr, cs := range batches {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if _, _, err := n.peers.Replicate(ctx, addr, true, cs); err != nil {
 				n.handoffErrors.Add(uint64(len(cs)))
-				n.log.Warn("handoff failed; the new owner will pull on first touch", "to", addr, "counters", len(cs), "err", err)
+				errs <- fmt.Errorf("%d counters to %s: %w", len(cs), addr, err)
 				return
 			}
 			sent.Add(int64(len(cs)))
 		}()
 	}
 	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
 	n.handedOff.Add(uint64(sent.Load()))
-	return int(sent.Load())
+	return int(sent.Load()), errors.Join(all...)
 }
 
+// replicateLoop runs a replication round at most every
+// ReplicationInterval, and only when a counter changed: it sleeps until the
+// cache reports a change, then until a full interval has passed since the
+// previous round, so a change waits at most one interval to be sent, as
+// with a round on every tick, and an idle node does not wake.
 func (n *Node) replicateLoop() {
-	n.every(n.cfg.ReplicationInterval, func(time.Time) bool {
+	defer n.wg.Done()
+	t := time.NewTimer(n.cfg.ReplicationInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.cache.Changes():
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-t.C: // the interval since the previous round has passed
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
-		defer cancel()
 		n.ReplicateNow(ctx) // failures are counted and the keys kept for the next round
-		return true
-	})
+		cancel()
+		t.Reset(n.cfg.ReplicationInterval)
+	}
 }
 
 // ReplicateNow sends every counter changed since the last round to the
@@ -556,7 +291,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 			// Released keys are redirected to the puller from now on.
 			rec, ok, err = n.cache.Release(h, k, now, ttl)
 			if addr != "" {
-				n.releasedTo.Store(cloneKey(k), addr)
+				n.noteReleased(k, addr, now)
 			}
 		} else {
 			rec, ok, err = n.cache.Get(h, k, now)
@@ -581,6 +316,37 @@ func (n *Node) addrOf(id string) string {
 	return ""
 }
 
+// minReleasedSweep is the fewest noteReleased calls between two sweeps of
+// releasedTo.
+const minReleasedSweep = 1024
+
+// noteReleased records that this node released k (at now) to the node at
+// addr. The record matters only while the cache holds the release (Pull
+// and decideGated consult it then), so every max(minReleasedSweep, twice
+// the records kept by the last sweep) calls it drops the records of keys
+// no longer released: the map stays within about twice the releases in
+// force instead of growing with every key ever moved, at O(1) per call,
+// amortised.
+func (n *Node) noteReleased(k writeback.Key, addr string, now int64) {
+	n.releasedTo.Store(cloneKey(k), addr)
+	if n.releasedStores.Add(1) < max(n.releasedSweepAt.Load(), minReleasedSweep) || !n.releasedSweep.TryLock() {
+		return
+	}
+	defer n.releasedSweep.Unlock()
+	n.releasedStores.Store(0)
+	var kept int64
+	n.releasedTo.Range(func(key, _ any) bool {
+		rk := key.(writeback.Key)
+		if n.cache.Released(keyHash(rk), rk, now) {
+			kept++
+		} else {
+			n.releasedTo.Delete(key)
+		}
+		return true
+	})
+	n.releasedSweepAt.Store(2 * kept)
+}
+
 // movedTo returns where a key this node released now lives: the node that
 // pulled it, or the key's owner in the current ring when that is another
 // node. It returns "" when neither is known.
@@ -596,7 +362,9 @@ func (n *Node) movedTo(h uint64, k writeback.Key) string {
 
 // drain hands every counter this node holds to the keys' next owners, once
 // the node is draining (it decides nothing more): it waits for decisions in
-// progress, flushes, then pushes the store's live records.
+// progress, flushes, then pushes the store's live records. When some were
+// not handed off (ctx ended first, a new owner did not answer), it logs how
+// many and where they remain, and returns an error that says so.
 func (n *Node) drain(ctx context.Context) error {
 	// Decisions hold the gate shared: taking it once waits for those in
 	// progress; later ones see draining.
@@ -605,7 +373,9 @@ func (n *Node) drain(ctx context.Context) error {
 	n.gate.Unlock()
 	start := time.Now()
 	if err := n.cache.Flush(ctx); err != nil && !errors.Is(err, writeback.ErrClosed) {
-		return fmt.Errorf("cluster: drain: flush: %w", err)
+		n.log.Error("drain: flush failed; no counter handed off: they remain in memory until Shutdown flushes them, and on their replicas",
+			"unflushed", n.cache.Dirty(), "data_dir", n.cfg.DataDir, "err", err)
+		return fmt.Errorf("cluster: drain: flush failed, no counter handed off: %w", err)
 	}
 	tbl := n.ring.Table()
 	now := n.now().UnixNano()
@@ -618,19 +388,27 @@ func (n *Node) drain(ctx context.Context) error {
 		return true
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: drain: reading the store: %w", err)
+		n.log.Error("drain: reading the store failed; no counter handed off: they remain in this node's store and on their replicas",
+			"data_dir", n.cfg.DataDir, "err", err)
+		return fmt.Errorf("cluster: drain: reading the store failed, no counter handed off: %w", err)
 	}
 	total := 0
 	for _, b := range batches {
 		total += len(b)
 	}
-	sent := n.push(ctx, batches)
+	sent, perr := n.push(ctx, batches)
 	n.log.Info("drained: counters handed to their next owners", "counters", total, "sent", sent, "took", time.Since(start))
 	if sent < total {
-		// Not lost: they are in this node's store, which it loads when it
-		// starts again; until then the new owners have the replicas' copies.
-		n.log.Warn("drain: some counters were not handed off; they stay in this node's store",
-			"not_sent", total-sent, "counters", total)
+		// Not lost: the flush above put them in this node's store, which
+		// it loads when it starts again, and the replication rounds put
+		// them on their replicas, which the new owners pull from on first
+		// touch. But this is not the clean stop the caller asked for, and
+		// it must be able to tell.
+		n.log.Error("drain: counters not handed off; they remain in this node's store, loaded when it starts again, "+
+			"and on their replicas as of the last replication round",
+			"not_handed_off", total-sent, "counters", total, "data_dir", n.cfg.DataDir, "err", perr)
+		return fmt.Errorf("cluster: drain: %d of %d counters not handed off; they remain in this node's store (%s) "+
+			"and on their replicas: %w", total-sent, total, n.cfg.DataDir, perr)
 	}
 	return nil
 }

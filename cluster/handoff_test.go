@@ -2,7 +2,11 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,6 +146,170 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 	}
 }
 
+// stallHandoffs holds every handoff push until its context ends, as a new
+// owner that stopped answering would; replication copies go through.
+type stallHandoffs struct {
+	Peers
+	once    sync.Once
+	entered chan struct{} // closed when the first push arrives
+}
+
+func (s *stallHandoffs) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
+	if !handoff {
+		return s.Peers.Replicate(ctx, addr, handoff, cs)
+	}
+	s.once.Do(func() { close(s.entered) })
+	<-ctx.Done()
+	return 0, 0, ctx.Err()
+}
+
+// logRecorder is a slog.Handler that keeps every record.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.recs = append(l.recs, r.Clone())
+	l.mu.Unlock()
+	return nil
+}
+
+// attrs returns the attributes of every record logged at level or above.
+func (l *logRecorder) attrs(level slog.Level) []map[string]slog.Value {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]slog.Value
+	for _, r := range l.recs {
+		if r.Level < level {
+			continue
+		}
+		m := map[string]slog.Value{"msg": slog.StringValue(r.Message)}
+		r.Attrs(func(a slog.Attr) bool {
+			m[a.Key] = a.Value.Resolve()
+			return true
+		})
+		out = append(out, m)
+	}
+	return out
+}
+
+// A graceful leave whose handoff is cut short, by HandoffTimeout or by the
+// caller's context, must say so: Leave returns an error and logs how many
+// counters were not handed off and where they remain. (It returned nil and
+// only warned, so Shutdown returned nil and `sluice serve` exited 0 with
+// the handoff undone: CI saw TestHandoffOf100kKeys pass Shutdown with
+// 27,391 of 100,000 counters handed off.) The counters not handed off
+// stay in the node's store and on their replicas: the next owner keeps
+// counting from them.
+func TestIncompleteHandoffIsReported(t *testing.T) {
+	t.Parallel()
+	for _, cut := range []string{"HandoffTimeout", "context"} {
+		t.Run(cut, func(t *testing.T) {
+			t.Parallel()
+			net := NewMemNetwork()
+			logs := &logRecorder{}
+			stall := &stallHandoffs{Peers: net.Peers(memAddr(1)), entered: make(chan struct{})}
+			cfgs := make([]Config, 2)
+			for i := range cfgs {
+				cfgs[i] = NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
+				cfgs[i].Now = FixedClock(t0)
+			}
+			cfgs[1].Log = slog.New(logs)
+			if cut == "HandoffTimeout" {
+				cfgs[1].HandoffTimeout = 200 * time.Millisecond
+			}
+			nodes := StartNodes(t, cfgs, func(i int) Peers {
+				if i == 1 {
+					return stall
+				}
+				return net.Peers(memAddr(i))
+			})
+			for i, n := range nodes {
+				net.Register(memAddr(i), n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			keys := keysOwnedBy(nodes[1], "n1", 40)
+			for _, k := range keys {
+				if got := admit(t, nodes[0], k, 3, 10); got != 3 {
+					t.Fatalf("admitted %d", got)
+				}
+			}
+			// n0, the keys' other replica, holds every count.
+			if err := nodes[1].ReplicateNow(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			lctx, want := ctx, error(context.DeadlineExceeded)
+			if cut == "context" {
+				var stop context.CancelFunc
+				lctx, stop = context.WithCancel(ctx)
+				defer stop()
+				want = context.Canceled
+				go func() {
+					select {
+					case <-stall.entered: // the push is out: the caller gives up
+						stop()
+					case <-lctx.Done():
+					}
+				}()
+			}
+			err := nodes[1].Leave(lctx)
+			if err == nil {
+				t.Fatalf("Leave returned nil; handed off %d of %d counters", nodes[1].Status().HandedOff, len(keys))
+			}
+			if !errors.Is(err, want) || !strings.Contains(err.Error(), fmt.Sprintf("%d of %d counters", len(keys), len(keys))) {
+				t.Fatalf("Leave: %v; want an error that says %d of %d counters were not handed off, wrapping %v", err, len(keys), len(keys), want)
+			}
+			if st := nodes[1].Status(); st.HandedOff != 0 || st.HandoffErrors != uint64(len(keys)) {
+				t.Fatalf("handed off %d, handoff errors %d; want 0 and %d", st.HandedOff, st.HandoffErrors, len(keys))
+			}
+			logged := false
+			for _, a := range logs.attrs(slog.LevelWarn) {
+				if a["not_handed_off"].String() == fmt.Sprint(len(keys)) && a["data_dir"].String() == cfgs[1].DataDir {
+					logged = true
+				}
+			}
+			if !logged {
+				t.Fatalf("no warning or error with not_handed_off=%d and data_dir=%s; logged %v", len(keys), cfgs[1].DataDir, logs.attrs(slog.LevelWarn))
+			}
+			// Leave reported it once; the rest of the stop is clean.
+			if err := nodes[1].Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// Where the log line says: in n1's store, loaded when it starts
+			// again ...
+			store, err := writeback.OpenStore(cfgs[1].DataDir, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				rec, ok, err := store.Load(writeback.Key{Name: "api", Key: k})
+				if err != nil || !ok || rec.State.Count != 3 {
+					t.Errorf("key %s in n1's store: %+v ok=%v err=%v, want a count of 3", k, rec, ok, err)
+				}
+			}
+			if err := store.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// ... and on the replica, now the owner, which goes on counting.
+			WaitRings(t, nodes[:1])
+			for _, k := range keys {
+				if got := admit(t, nodes[0], k, 10, 10); got != 7 {
+					t.Fatalf("key %s: %d admitted after n1 left, want 7 (3 of 10 admitted before)", k, got)
+				}
+			}
+		})
+	}
+}
+
 func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 	t.Parallel()
 	net := NewMemNetwork()
@@ -217,12 +385,24 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	}
 }
 
+// TestHandoffOf100kKeys measures a graceful leave that hands 100k counters
+// to the next owner, and checks that every one arrives. Its deadline comes
+// from this machine's speed, measured on the same work, not from a fixed
+// figure: on a loaded machine it takes longer, it does not fail (DESIGN §6:
+// speed is measured, never asserted).
 func TestHandoffOf100kKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100k-key handoff measurement")
 	}
+	if raceEnabled {
+		// Several times slower and measuring nothing; the handoff itself
+		// runs under the race detector in TestGracefulLeaveHandsEveryCounterOn
+		// and TestIncompleteHandoffIsReported.
+		t.Skip("a speed measurement: skipped under the race detector")
+	}
 	t.Parallel()
-	nodes, _ := memCluster(t, 2, nil)
+	// The context below bounds the drain, not HandoffTimeout.
+	nodes, _ := memCluster(t, 2, func(c *Config) { c.HandoffTimeout = time.Hour })
 	const k = 100_000
 	var counters []bucket.Counter
 	for i := 0; len(counters) < k; i++ {
@@ -234,18 +414,26 @@ func TestHandoffOf100kKeys(t *testing.T) {
 		bucket.Decide(&st, bucket.Limit{Limit: 100, WindowMS: 3_600_000}, 3, t0.UnixNano())
 		counters = append(counters, bucket.Counter{Name: "api", Key: key, State: st, Version: uint64(t0.UnixNano())})
 	}
+	start := time.Now()
 	if in, _ := nodes[1].Replicate(context.Background(), "test", true, counters); in != k {
 		t.Fatalf("installed %d of %d", in, k)
 	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	install := time.Since(start)
+	// The drain installs the same counters on the new owner after a flush
+	// and a store scan: on an idle machine about as long as the install
+	// above, besides the leave propagation. Twenty times, and at least a
+	// minute, lets a loaded machine slow the measurement without failing
+	// it; a drain that hangs or gives up still fails.
+	budget := DefaultConfig().LeavePropagation + max(time.Minute, 20*install)
+	start = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	if err := nodes[1].Shutdown(ctx); err != nil {
-		t.Fatal(err)
+		t.Fatalf("shutdown after %v (deadline %v): %v", time.Since(start).Round(time.Millisecond), budget.Round(time.Millisecond), err)
 	}
 	took := time.Since(start)
-	if h := nodes[1].Status().HandedOff; h != k {
-		t.Fatalf("handed off %d of %d", h, k)
+	if st := nodes[1].Status(); st.HandedOff != k {
+		t.Fatalf("handed off %d of %d (handoff errors %d)", st.HandedOff, k, st.HandoffErrors)
 	}
 	for _, c := range counters[:1000] {
 		rec, ok, err := nodes[0].Cache().Get(ring.Hash(c.Name, c.Key), writeback.Key{Name: c.Name, Key: c.Key}, t0.UnixNano())
@@ -253,8 +441,8 @@ func TestHandoffOf100kKeys(t *testing.T) {
 			t.Fatalf("key %s on the new owner: %+v %v %v", c.Key, rec, ok, err)
 		}
 	}
-	t.Logf("graceful leave handed %d counters to the next owner in %v (flush, store scan, push, includes %v of leave propagation)",
-		k, took.Round(time.Millisecond), DefaultConfig().LeavePropagation)
+	t.Logf("graceful leave handed %d counters to the next owner in %v (flush, store scan, push, includes %v of leave propagation); installing them on the leaving node took %v",
+		k, took.Round(time.Millisecond), DefaultConfig().LeavePropagation, install.Round(time.Millisecond))
 }
 
 // A batch of keys that a join moved to the new node is settled with one
@@ -494,5 +682,76 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 	}
 	if !holds() {
 		t.Fatal("the replica does not hold the count after ReplicateNow")
+	}
+}
+
+// TestMergeCopiesOfAPull: a pull that gets several copies of a key (the
+// sides of a healed partition each decided it) keeps their merge where the
+// algorithm has a rule — the larger fixed-window count even when it has
+// the older version — with the larger version; the newer version
+// otherwise; and a missing copy (version 0) never wins.
+func TestMergeCopiesOfAPull(t *testing.T) {
+	t.Parallel()
+	fw := func(count int64, v uint64) bucket.Counter {
+		return bucket.Counter{Name: "n", Key: "k", Version: v,
+			State: bucket.State{Algorithm: bucket.FixedWindow, Start: 1000, Count: count, Expires: 2000}}
+	}
+	tb := func(count int64, v uint64) bucket.Counter {
+		return bucket.Counter{Name: "n", Key: "k", Version: v,
+			State: bucket.State{Algorithm: bucket.TokenBucket, Start: 1000, Count: count, Expires: 2000}}
+	}
+	none := bucket.Counter{Name: "n", Key: "k"}
+	for _, tc := range []struct {
+		name      string
+		a, b      bucket.Counter
+		wantCount int64
+		wantV     uint64
+	}{
+		{"larger count, older version, first", fw(9, 5), fw(3, 8), 9, 8},
+		{"larger count, older version, second", fw(3, 8), fw(9, 5), 9, 8},
+		{"no rule: the newer version", tb(9, 5), tb(3, 8), 3, 8},
+		{"no rule, newer first", tb(3, 8), tb(9, 5), 3, 8},
+		{"a missing copy never wins", fw(4, 2), none, 4, 2},
+		{"a missing copy first", none, fw(4, 2), 4, 2},
+	} {
+		got := mergeCopies(tc.a, tc.b)
+		if got.State.Count != tc.wantCount || got.Version != tc.wantV {
+			t.Errorf("%s: count %d version %d, want %d and %d", tc.name, got.State.Count, got.Version, tc.wantCount, tc.wantV)
+		}
+	}
+}
+
+// TestReleasedToIsPruned: every key another node pulls with release is
+// recorded with where it went (releasedTo), but the record matters only
+// while the release is in force. Releasing many keys one after another,
+// each release over before the next, must keep the records within the
+// sweep threshold plus twice the releases in force, not one per key ever
+// moved; a release still in force keeps its record.
+func TestReleasedToIsPruned(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(t0.UnixNano())
+	nodes, _ := memCluster(t, 2, func(c *Config) {
+		c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	})
+	n := nodes[0]
+	ctx := context.Background()
+	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
+	n.Pull(ctx, nodes[1].Name(), live, true, time.Hour)
+	const keys = 5 * minReleasedSweep
+	for i := range keys {
+		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
+		n.Pull(ctx, nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond)
+	}
+	records := 0
+	n.releasedTo.Range(func(_, _ any) bool { records++; return true })
+	bound := minReleasedSweep + 2*2 // the threshold, and twice the two releases in force
+	t.Logf("%d keys released one after another: %d records kept (bound %d)", keys, records, bound)
+	if records > bound {
+		t.Errorf("%d records of released keys kept, want at most %d", records, bound)
+	}
+	k := writeback.Key{Name: "api", Key: "still-moving"}
+	if to := n.movedTo(keyHash(k), k); to != nodes[1].cfg.GRPCAddr {
+		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
 	}
 }

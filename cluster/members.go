@@ -44,11 +44,32 @@ const metaLeaving = 1
 // their real previous owners.
 const metaReady = 2
 
+// The flags that say how a node is secured (Security).
+const (
+	metaTLS             = 4
+	metaClientAuth      = 8
+	metaGossipEncrypted = 16
+	metaFlags           = metaLeaving | metaReady | metaTLS | metaClientAuth | metaGossipEncrypted
+)
+
+// Security is how a node is secured, as it announces itself in gossip for
+// status output; nothing is decided on it.
+type Security struct {
+	// TLS: its gRPC and HTTP ports serve TLS, and peer and admin calls need
+	// a node certificate.
+	TLS bool
+	// ClientAuth: API callers need a client certificate too.
+	ClientAuth bool
+	// GossipEncrypted: its gossip is encrypted with the cluster's keys.
+	GossipEncrypted bool
+}
+
 // meta is what a node gossips about itself.
 type meta struct {
 	grpcAddr string
 	leaving  bool
 	ready    bool
+	sec      Security
 }
 
 // encodeMeta returns the metadata a node gossips: version, flags, then its
@@ -62,6 +83,15 @@ func encodeMeta(m meta) []byte {
 	if m.ready {
 		flags |= metaReady
 	}
+	if m.sec.TLS {
+		flags |= metaTLS
+	}
+	if m.sec.ClientAuth {
+		flags |= metaClientAuth
+	}
+	if m.sec.GossipEncrypted {
+		flags |= metaGossipEncrypted
+	}
 	b = append(b, metaVersion, flags, byte(len(m.grpcAddr)))
 	return append(b, m.grpcAddr...)
 }
@@ -73,14 +103,16 @@ func decodeMeta(b []byte) (meta, error) {
 		return meta{}, fmt.Errorf("metadata is %d bytes, want at least 3", len(b))
 	case b[0] != metaVersion:
 		return meta{}, fmt.Errorf("metadata version %d, want %d", b[0], metaVersion)
-	case b[1]&^(metaLeaving|metaReady) != 0:
+	case b[1]&^metaFlags != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
 	case int(b[2]) != len(b)-3:
 		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow", b[2], len(b)-3)
 	case b[2] == 0:
 		return meta{}, errors.New("metadata has an empty gRPC address")
 	}
-	return meta{grpcAddr: string(b[3:]), leaving: b[1]&metaLeaving != 0, ready: b[1]&metaReady != 0}, nil
+	f := b[1]
+	return meta{grpcAddr: string(b[3:]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
+		sec: Security{TLS: f&metaTLS != 0, ClientAuth: f&metaClientAuth != 0, GossipEncrypted: f&metaGossipEncrypted != 0}}, nil
 }
 
 // MemberStatus is one member as this node sees it.
@@ -89,6 +121,7 @@ type MemberStatus struct {
 	GRPCAddr string
 	State    string  // alive, suspect, dead or left
 	Share    float64 // fraction of the ring's partitions it owns
+	Security Security
 }
 
 // memberInfo is what the node knows of one member, copied from
@@ -107,6 +140,67 @@ type memberInfo struct {
 type roster struct {
 	mu sync.Mutex
 	m  map[string]memberInfo
+	// events counts what memberlist reported, for metrics.
+	events MemberEvents
+	// now stamps recent; nil leaves the times zero.
+	now func() time.Time
+	// recent holds the last RecentEvents membership changes, oldest
+	// overwritten first; next is where the next one goes.
+	recent [RecentEvents]MemberEvent
+	next   int
+	seen   int // events recorded so far, to tell how many of recent are set
+}
+
+// RecentEvents is how many membership changes a node keeps for its status.
+const RecentEvents = 32
+
+// The kinds of MemberEvent.
+const (
+	EventJoined   = "joined"   // first seen, or back after leaving
+	EventRejoined = "rejoined" // alive again after being declared dead
+	EventLeft     = "left"     // left gracefully
+	EventFailed   = "failed"   // declared dead
+	EventSuspect  = "suspect"  // this node's failure detector suspects it
+	EventAlive    = "alive"    // answered this node's probe after being suspect
+)
+
+// MemberEvent is one change of a member's state as this node saw it.
+type MemberEvent struct {
+	Time   time.Time
+	Member string
+	Kind   string // EventJoined, EventRejoined, EventLeft, EventFailed, EventSuspect or EventAlive
+}
+
+// recordLocked adds an event to recent; r.mu is held.
+func (r *roster) recordLocked(member, kind string) {
+	var t time.Time
+	if r.now != nil {
+		t = r.now()
+	}
+	r.recent[r.next] = MemberEvent{Time: t, Member: member, Kind: kind}
+	r.next = (r.next + 1) % RecentEvents
+	r.seen++
+}
+
+// recentEvents returns the kept events, newest first.
+func (r *roster) recentEvents() []MemberEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := min(r.seen, RecentEvents)
+	out := make([]MemberEvent, n)
+	for i := range n {
+		out[i] = r.recent[(r.next-1-i+RecentEvents)%RecentEvents]
+	}
+	return out
+}
+
+// MemberEvents counts the membership events a node has seen since it
+// started, as memberlist reported them.
+type MemberEvents struct {
+	Joins    uint64 // members that joined, or came back after leaving or dying
+	Leaves   uint64 // members that left gracefully
+	Failures uint64 // members declared dead
+	Updates  uint64 // members whose metadata changed (ready, leaving, address)
 }
 
 func infoOf(n *memberlist.Node, state string) memberInfo {
@@ -125,6 +219,12 @@ func (r *roster) joined(n *memberlist.Node) (before string) {
 	}
 	before = r.m[n.Name].state
 	r.m[n.Name] = infoOf(n, StateAlive)
+	r.events.Joins++
+	if before == StateDead {
+		r.recordLocked(n.Name, EventRejoined)
+	} else {
+		r.recordLocked(n.Name, EventJoined)
+	}
 	return before
 }
 
@@ -136,6 +236,7 @@ func (r *roster) updated(n *memberlist.Node) {
 		r.m = make(map[string]memberInfo)
 	}
 	r.m[n.Name] = infoOf(n, StateAlive)
+	r.events.Updates++
 }
 
 // suspected marks the alive member name as suspect.
@@ -151,6 +252,11 @@ func (r *roster) move(name, from, to string) {
 	if m, ok := r.m[name]; ok && m.state == from {
 		m.state = to
 		r.m[name] = m
+		kind := EventAlive
+		if to == StateSuspect {
+			kind = EventSuspect
+		}
+		r.recordLocked(name, kind)
 	}
 }
 
@@ -166,6 +272,20 @@ func (r *roster) departed(n *memberlist.Node) {
 		r.m = make(map[string]memberInfo)
 	}
 	r.m[n.Name] = info
+	if info.state == StateLeft {
+		r.events.Leaves++
+		r.recordLocked(n.Name, EventLeft)
+	} else {
+		r.events.Failures++
+		r.recordLocked(n.Name, EventFailed)
+	}
+}
+
+// counts returns the events seen so far.
+func (r *roster) counts() MemberEvents {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.events
 }
 
 // all returns every member, sorted by name.

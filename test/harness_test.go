@@ -1,48 +1,40 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
-	"sync"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/test/testsupport"
 	"github.com/sluicehq/sluice/transport"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// TestMain runs the tests, then removes the binary sluiceBinary built,
+// whatever the tests' outcome.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testsupport.RemoveBinary()
+	os.Exit(code)
+}
 
-// sluiceBinary builds cmd/sluice once per test binary run.
+// sluiceBinary builds cmd/sluice once per test binary run; TestMain
+// removes it at the end.
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sluice-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "sluice")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return testsupport.SluiceBinary(t, "sluice-e2e-")
 }
 
 // proc is one `sluice serve` process.
@@ -51,7 +43,7 @@ type proc struct {
 	grpc, http, gossip string
 	dataDir            string
 	cmd                *exec.Cmd
-	log                *bytes.Buffer
+	log                *logBuf
 	exited             chan struct{}
 	err                error
 	join               []string
@@ -111,7 +103,7 @@ func (p *proc) start(t *testing.T) {
 	args = append(args, p.extra...)
 	p.cmd = exec.Command(sluiceBinary(t), args...)
 	if p.log == nil {
-		p.log = &bytes.Buffer{}
+		p.log = &logBuf{}
 	}
 	fmt.Fprintf(p.log, "=== start %s\n", p.name)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -161,9 +153,13 @@ func (p *proc) wait(t *testing.T, sig syscall.Signal, within time.Duration) erro
 	}
 }
 
-func dial(t *testing.T, addr string) *transport.Client {
+// logBuf is testsupport.LogBuffer: a process's or a logger's output, safe
+// to read while it is written.
+type logBuf = testsupport.LogBuffer
+
+func dial(t *testing.T, addr string, opts ...grpc.DialOption) *transport.Client {
 	t.Helper()
-	c, err := transport.Dial(addr)
+	c, err := transport.Dial(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,37 +183,55 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 // waitMembers waits until every process sees exactly the given processes
 // alive and in the ring (a joining node owns nothing until it has joined).
-func waitMembers(t *testing.T, ps []*proc) {
+func waitMembers(t *testing.T, ps []*proc, opts ...grpc.DialOption) {
 	t.Helper()
 	clients := make([]*transport.Client, len(ps))
 	for i, p := range ps {
-		clients[i] = dial(t, p.grpc)
+		clients[i] = dial(t, p.grpc, opts...)
 	}
-	waitFor(t, 30*time.Second, "every node sees every node alive", func() bool {
-		for _, c := range clients {
+	var last string // what the last poll saw, for the failure message
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok := true
+		var seen []string
+		for i, c := range clients {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			st, err := c.Status(ctx)
 			cancel()
 			if err != nil {
-				return false
+				ok = false
+				seen = append(seen, fmt.Sprintf("node %d: %v", i, err))
+				continue
 			}
 			alive := 0
+			var ms []string
 			for _, m := range st.Members {
+				ms = append(ms, fmt.Sprintf("%s=%s/%.2f", m.Name, m.State, m.Share))
 				if m.State == "alive" && m.Share > 0 {
 					alive++
 				}
 				if m.State == "suspect" {
 					// Still a member (and in the ring) until declared
 					// dead: the membership has not settled.
-					return false
+					ok = false
 				}
 			}
 			if alive != len(ps) {
-				return false
+				ok = false
 			}
+			seen = append(seen, fmt.Sprintf("node %d sees %v", i, ms))
 		}
-		return true
-	})
+		if ok {
+			return
+		}
+		last = strings.Join(seen, "; ")
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 30s waiting until every node sees every node alive; last seen: %s", last)
+		}
+		<-tick.C
+	}
 }
 
 // startCluster starts k nodes on 127.0.0.x addresses, each joining the
@@ -238,6 +252,48 @@ func startCluster(t *testing.T, k int) []*proc {
 
 func checkReq(name, key string, hits, limit, windowMS int64) *sluicev1.CheckRequest {
 	return &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
-		Name: name, Key: key, Hits: hits, Limit: limit, WindowMs: windowMS,
+		Name: name, Key: key, Hits: proto.Int64(hits), Limit: limit, WindowMs: windowMS,
 	}}}
+}
+
+// scrape returns the value of every unlabelled sample at url (/metrics).
+func scrape(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	return scrapeWith(t, http.DefaultClient, url)
+}
+
+// scrapeWith is scrape through c (for a node with TLS).
+func scrapeWith(t *testing.T, c *http.Client, url string) map[string]float64 {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]float64{}
+	for l := range strings.Lines(string(body)) {
+		f := strings.Fields(l)
+		if len(f) == 2 && !strings.HasPrefix(l, "#") {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", l, err)
+			}
+			m[f[0]] = v
+		}
+	}
+	return m
+}
+
+// metric returns one sample of /metrics, failing the test when it is absent.
+func metric(t *testing.T, p *proc, name string) float64 {
+	t.Helper()
+	v, ok := scrape(t, "http://"+p.http+"/metrics")[name]
+	if !ok {
+		t.Fatalf("%s has no metric %s", p.name, name)
+	}
+	return v
 }

@@ -2,9 +2,11 @@ package test
 
 import (
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,6 +51,17 @@ func TestRulesFileThroughServeAndCheck(t *testing.T) {
 	if got := check(ps[0].grpc, "no-such-rule"); got != 2 {
 		t.Fatalf("a check with no limit and no rule exited %d, want 2", got)
 	}
+	// Over HTTP, an answer decided by the rule names the rule's window of
+	// the limit it reports (the hourly 3: fewer remaining than the daily 5).
+	resp, err := http.Post("http://"+ps[1].http+"/v1/check", "application/json",
+		strings.NewReader(`{"requests":[{"name":"login","key":"u2"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("RateLimit-Policy"); resp.StatusCode != http.StatusOK || got != `"login";q=3;w=3600` {
+		t.Fatalf("rules-based /v1/check: %d, RateLimit-Policy %q, want 200 and \"login\";q=3;w=3600", resp.StatusCode, got)
+	}
 
 	hashes := func() []string {
 		var hs []string
@@ -72,9 +85,18 @@ func TestRulesFileThroughServeAndCheck(t *testing.T) {
 		t.Fatalf("rules hashes %v: want one non-empty hash on both nodes", before)
 	}
 
-	// A bad edit is refused whole; the rules in force stay.
+	// A bad edit is refused whole; the rules in force stay. Both watchers
+	// must have read it before the check means anything.
+	failures := func(p *proc) float64 { return metric(t, p, "sluice_rules_reload_failures_total") }
+	refusedBefore := []float64{failures(ps[0]), failures(ps[1])}
 	if err := os.WriteFile(path, []byte("rules:\n  - name: login\n    limits: [{limit: 3, window: 0s}]\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "both nodes refuse the bad edit", func() bool {
+		return failures(ps[0]) > refusedBefore[0] && failures(ps[1]) > refusedBefore[1]
+	})
+	if h := hashes(); h[0] != before[0] || h[1] != before[1] {
+		t.Fatalf("after a refused edit the rules hashes are %v, want %v", h, before)
 	}
 	if got := check(ps[1].grpc, "login"); got != 1 {
 		t.Fatalf("after a bad edit a check exited %d, want 1 (old rules, limit reached)", got)

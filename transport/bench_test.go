@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -29,8 +32,8 @@ func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []bu
 	h.Check(ctx, reqs, out)
 }
 
-func benchCheck(b *testing.B, n int) {
-	s := startServer(b, &trivialHandler{})
+func benchCheck(b *testing.B, n int, tr *Tracing) {
+	s := startServer(b, &trivialHandler{}, func(c *ServerConfig) { c.Tracing = tr })
 	c := dial(b, s.GRPCAddr())
 	m := protoReqs(keys("k", n))
 	ctx := context.Background()
@@ -51,10 +54,24 @@ func benchCheck(b *testing.B, n int) {
 
 // BenchmarkCheckUnary is one client call of one item over loopback gRPC,
 // client and server in one process (allocations of both are counted).
-func BenchmarkCheckUnary(b *testing.B) { benchCheck(b, 1) }
+func BenchmarkCheckUnary(b *testing.B) { benchCheck(b, 1, nil) }
+
+// BenchmarkCheckUnaryTraced is BenchmarkCheckUnary with tracing on: every
+// call sampled, its span recorded and handed to a batching processor
+// whose exporter drops it (benchTracing).
+func BenchmarkCheckUnaryTraced(b *testing.B) { benchCheck(b, 1, benchTracing(b)) }
+
+// benchTracing is tracing on at its most expensive, without the export
+// itself: every span sampled and recorded, a batch span processor (as
+// sluice serve uses) feeding an exporter that drops the spans.
+func benchTracing(b *testing.B) *Tracing {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { tp.Shutdown(context.Background()) })
+	return &Tracing{Provider: tp}
+}
 
 // BenchmarkCheckBatch100 is one call of 100 items.
-func BenchmarkCheckBatch100(b *testing.B) { benchCheck(b, 100) }
+func BenchmarkCheckBatch100(b *testing.B) { benchCheck(b, 100, nil) }
 
 // BenchmarkForwardParallel forwards one item per call from GOMAXPROCS×4
 // goroutines through one PeerClient to a loopback peer; rpcs/op shows the
@@ -186,12 +203,21 @@ func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, ou
 // thirds of them over the batching PeerClient to two other servers. It
 // counts every transport cost of a check: client call, entry server,
 // forward, owner's server.
-func BenchmarkClusterShape(b *testing.B) {
-	owners := [2]*Server{startServer(b, &trivialHandler{}), startServer(b, &trivialHandler{})}
-	pc := NewPeerClient(PeerConfig{NodeName: "entry"})
+func BenchmarkClusterShape(b *testing.B) { benchClusterShape(b, nil) }
+
+// BenchmarkClusterShapeTraced is BenchmarkClusterShape with tracing on in
+// all three servers and the peer client (benchTracing): a forwarded check
+// makes three spans (entry server, forward client, owner server), a local
+// one a single span.
+func BenchmarkClusterShapeTraced(b *testing.B) { benchClusterShape(b, benchTracing(b)) }
+
+func benchClusterShape(b *testing.B, tr *Tracing) {
+	traced := func(c *ServerConfig) { c.Tracing = tr }
+	owners := [2]*Server{startServer(b, &trivialHandler{}, traced), startServer(b, &trivialHandler{}, traced)}
+	pc := NewPeerClient(PeerConfig{NodeName: "entry", Tracing: tr})
 	b.Cleanup(func() { pc.Close() })
 	h := &forwardingHandler{peers: pc, addrs: [2]string{owners[0].GRPCAddr(), owners[1].GRPCAddr()}}
-	entry := startServer(b, h)
+	entry := startServer(b, h, traced)
 	c := dial(b, entry.GRPCAddr())
 	keyOf := []string{"k00", "k0001", "k01"} // lengths 3, 5, 4: owners 0, 2, 1
 	for _, k := range keyOf {

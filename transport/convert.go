@@ -35,7 +35,7 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) bucket.Request {
 	req := bucket.Request{
 		Name: r.Name,
 		Key:  r.Key,
-		Hits: r.Hits,
+		Hits: HitsFromProto(r),
 		Limit: bucket.Limit{
 			Algorithm:          algorithmFromProto(r.Algorithm),
 			Limit:              r.Limit,
@@ -121,19 +121,31 @@ func calendarFromProto(c sluicev1.Calendar) bucket.Calendar {
 	return bucket.Calendar(c)
 }
 
-// RequestToProto converts one request for the wire.
+// HitsFromProto is the cost of a wire request: its hits, 1 when the field
+// is absent (an explicit 0 peeks). A nil r gives 1.
+func HitsFromProto(r *sluicev1.RateLimitRequest) int64 {
+	if r == nil || r.Hits == nil {
+		return 1
+	}
+	return *r.Hits
+}
+
+// RequestToProto converts one request for the wire. Hits is always sent,
+// 0 included.
 func RequestToProto(r bucket.Request) *sluicev1.RateLimitRequest {
 	m := &sluicev1.RateLimitRequest{}
-	fillRequest(m, &r)
+	fillRequest(m, &r, new(int64))
 	return m
 }
 
-// fillRequest sets every field of m from r (m may be a reused message). It
-// allocates only for r.More.
-func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request) {
+// fillRequest sets every field of m from r (m may be a reused message);
+// hits is where m.Hits points, so that hits is always explicit on the wire
+// without an allocation per message. It allocates only for r.More.
+func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request, hits *int64) {
 	m.Name = r.Name
 	m.Key = r.Key
-	m.Hits = r.Hits
+	*hits = r.Hits
+	m.Hits = hits
 	m.Limit = r.Limit.Limit
 	m.WindowMs = r.WindowMS
 	m.Algorithm = sluicev1.Algorithm(r.Algorithm)

@@ -121,7 +121,7 @@ func TestInvalidEnumsNeverBecomeValid(t *testing.T) {
 	t.Parallel()
 	bad := []int32{7, 8, 255, 256, 257, 256 + 2, -1, -255, 1<<31 - 1, -1 << 31} // invalid for all three enums
 	valid := func() *sluicev1.RateLimitRequest {
-		return &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: 1, Limit: 10, WindowMs: 1000, Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW}
+		return &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 1000, Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW}
 	}
 	for _, v := range bad {
 		for _, tc := range []struct {
@@ -173,7 +173,7 @@ func TestInvalidEnumsNeverBecomeValid(t *testing.T) {
 func TestRequestFromProtoLimits(t *testing.T) {
 	t.Parallel()
 	// A nil entry is a zero limit, refused with its index.
-	m := &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: 1, Limits: []*sluicev1.Limit{{Limit: 5, WindowMs: 1000}, nil}}
+	m := &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: proto.Int64(1), Limits: []*sluicev1.Limit{{Limit: 5, WindowMs: 1000}, nil}}
 	if err := validateProto(m); err == nil || !strings.Contains(err.Error(), "limits[1]: window is 0 ms") {
 		t.Errorf("nil entry: Validate() = %v", err)
 	}
@@ -213,12 +213,12 @@ func TestFillRequestReused(t *testing.T) {
 	t.Parallel()
 	var m sluicev1.RateLimitRequest
 	full := fullRequest()
-	fillRequest(&m, &full)
+	fillRequest(&m, &full, new(int64))
 	if len(m.Limits) != 3 {
 		t.Fatalf("limits %v", m.Limits)
 	}
 	plain := req("k", 1)
-	fillRequest(&m, &plain)
+	fillRequest(&m, &plain, new(int64))
 	if !proto.Equal(&m, RequestToProto(plain)) {
 		t.Fatalf("reused message %v, want %v", &m, RequestToProto(plain))
 	}

@@ -1,7 +1,9 @@
 // Package transport is everything of Sluice on the wire: the gRPC server
 // (sluice.v1.RateLimiter, Admin and the internal Peer service, with
 // grpc.health.v1 and server reflection), the HTTP/JSON API, the PeerClient
-// that forwards checks to the node owning their keys, and the Go Client.
+// that forwards checks to the node owning their keys, and the Go clients:
+// Client (Dial: one node, protobuf messages) and ClusterClient (NewClient:
+// typed, over several nodes), with HTTPMiddleware and UnaryServerInterceptor.
 //
 // It imports the generated sluicev1 package and bucket's value types, never
 // cluster: it declares what it calls — Handler (decides checks; cluster.Node
@@ -16,7 +18,7 @@
 // SetReady(true) turns grpc.health.v1 ("" and "sluice.v1.RateLimiter") to
 // SERVING and GET /readyz to 200.
 //
-// Limits (DESIGN §5): a message or HTTP body over 4 MiB (MaxRecvMsgSize) is
+// Limits (docs/architecture.md §5): a message or HTTP body over 4 MiB (MaxRecvMsgSize) is
 // refused (gRPC ResourceExhausted, HTTP 413); a call with more than
 // bucket.MaxBatchSize (1000) items is refused whole (InvalidArgument, HTTP
 // 400) before the Handler sees it; an empty call answers empty. One invalid
@@ -28,10 +30,63 @@
 // HTTP: POST /v1/check (CheckRequest as protojson in, proto or lowerCamel
 // field names, unknown fields refused; CheckResponse out with proto field
 // names and every field present; 200, or 429 when any item is over its limit,
-// with Retry-After and the IETF RateLimit-Policy and RateLimit headers of the
-// first over-limit item), GET /healthz, GET /readyz, GET / (plain-text
-// status), GET /metrics when ServerConfig.Metrics is set, /debug/pprof/ on
-// the server's own mux. A wrong method on a known path answers 405.
+// with Retry-After; every answer carries the IETF RateLimit-Policy and
+// RateLimit headers of the first over-limit item or the allowed item with
+// the fewest remaining, with w= the window of the limit named, from the
+// request or, for rules-based limits, from ServerConfig.Rules), GET|POST /v1/forward-auth (one check for a reverse
+// proxy's forward-auth hook: name from the query, key from a named header;
+// 2xx or ServerConfig.ForwardAuthDenyStatus; see serveForwardAuth),
+// GET /healthz, GET /readyz, GET / (the status page, statuspage.go: HTML
+// for a browser, plain text for curl or ?format=text; it asks
+// ServerConfig.Members for the alive members' own figures), GET /metrics when ServerConfig.Metrics is set, /debug/pprof/ on
+// the server's own mux when ServerConfig.Pprof is set. A wrong method on a known path answers 405.
+//
+// # Security
+//
+// ServerConfig.TLS (a *TLS from LoadTLS, whose Reload swaps the material
+// for new handshakes) serves gRPC and HTTP over TLS 1.2+ and makes the
+// internal RPCs (Peer, Admin), the status page and pprof require a client
+// certificate chaining to the node CA (PERMISSION_DENIED, HTTP 403); with a
+// client CA every caller needs a certificate. Without TLS, ServerConfig.Prover
+// makes the internal RPCs require a proof (ProofHeader: an HMAC of the
+// method, a time, a nonce and the request's digest under a key derived from
+// the gossip key, valid DefaultProofValidity and once; UNAUTHENTICATED
+// otherwise). PeerConfig.TLS and PeerConfig.Prover are the client side.
+// Refusals change nothing, are counted (Server.AuthRefused) and logged once
+// per caller host. docs/security.md has the threat model.
+//
+// # Envoy
+//
+// Every server also serves envoy.service.ratelimit.v3.RateLimitService
+// (ShouldRateLimit, types from go-control-plane), listed by reflection and
+// health-checked as EnvoyService, so an Envoy configured for
+// envoyproxy/ratelimit works against Sluice unchanged. The rules come
+// through EnvoyRules, which transport declares and cmd/sluice fills from
+// the rules watcher (cluster/rules reads envoyproxy/ratelimit's YAML): the
+// rules are resolved here, on the node Envoy called, and each descriptor
+// with a limit becomes one check with that limit inline, all of a call's
+// checks handed to Handler.Check at once, so they are routed to their
+// owners, batched and failed over like native checks, and the owner needs
+// no rules (as for a native check resolved from the rules).
+//
+// A descriptor's counter is named by EnvoyMatch.Name ("envoy:" + domain)
+// and keyed by its entries, key=value joined by '&' with '%', '&', '=' and
+// '*' percent-escaped (envoyKey), so two different descriptors never share
+// a counter; a share_threshold level writes the rule's pattern instead of
+// the value, so every value it matches shares one. A key over 1024 bytes is
+// its SHA-256. The semantics, point by point against envoyproxy/ratelimit,
+// are in docs/envoy.md: matching is the rules' (unknown domain or no match
+// answers OK with no limit); unlimited, replaces, shadow_mode, quota_mode,
+// hits_addend (the request's, 0 meaning 1, or the descriptor's, 0 peeking),
+// Envoy's per-descriptor limit override (with unit_multiplier, for a domain
+// the rules know); a limit of 0 refuses without a counter; refused hits
+// count unless EnvoyConfig.StopCountingRefused or the rule says otherwise.
+// A request without a domain or descriptors, with an empty descriptor or
+// entry key, more than 1000 descriptors, a hits_addend over 2^40,
+// is_negative_hits or an override without a valid unit is refused
+// (InvalidArgument) before anything counts. A check the Handler could not
+// decide (owner and replica unreachable, node not in a cluster) fails the
+// call with Unavailable, so Envoy's failure_mode_deny decides.
 //
 // # Replication
 //
@@ -45,7 +100,7 @@
 //
 // The server refuses a Replicate or Pull of more than MaxCounters (100 000)
 // items whole (InvalidArgument). In a Replicate, each malformed counter (name
-// or key outside DESIGN §5, a state bucket.State.UnmarshalBinary refuses,
+// or key outside docs/architecture.md §5, a state bucket.State.UnmarshalBinary refuses,
 // state bytes with version 0) is counted in refused and left out, with one
 // log line per call naming the sender and the first bad index and why; the
 // others go to the PeerHandler. In a Pull, one invalid key refuses the call
@@ -60,12 +115,26 @@
 // end by ctx's deadline, or when ctx has none, after BulkTimeout (default
 // 10 s) for Replicate and Timeout for Pull.
 //
+// # Metrics
+//
+// The server tells an Observer (ServerConfig.Observer) about every call to
+// a public check API: its checks by Result, its duration, and the result of
+// each check whose limits come from a rule (by rule name, or by domain and
+// descriptor path for envoy-format rules). The package declares that small
+// interface rather than importing a metrics library, so that transport stays
+// free of client_golang and of a registry: cmd/sluice implements Observer
+// with Prometheus handles it resolves once (no label lookup per call), and
+// tests and other programs can pass their own or none (NoObserver). Calls
+// to peers are timed by the caller of cluster.Peers the same way, and the
+// counters the node keeps anyway are read at scrape time.
+//
 // # Concurrency
 //
-// Handler, PeerHandler and StatusSource methods are called concurrently. The
+// Handler, PeerHandler, StatusSource and Observer methods are called concurrently. The
 // slices given to a Handler or PeerHandler belong to the call: a Handler
 // must fill every out element before returning, and neither may keep a
-// slice. Server, PeerClient and Client are safe for concurrent use.
+// slice. Server, PeerClient, Client and ClusterClient are safe for
+// concurrent use.
 //
 // # Forwarding
 //
@@ -82,5 +151,22 @@
 // comes back undecided with Outcome.MovedTo set (ForwardResponse.moved_to,
 // sent only when some item moved, then one entry per item); a moved_to whose
 // length does not match fails the call. RPCs fail fast (no wait-for-ready)
-// when the peer's connection is down; reconnect backoff is capped at 1 s.
+// when the peer's connection is down; reconnect backoff is capped at 1 s. A
+// connection whose sent data goes unacknowledged for PeerAckTimeout (or 4
+// forward timeouts) is dropped and redialled (TCP_USER_TIMEOUT, through
+// gRPC's keepalive), so a link that lost packets for a while is usable
+// again as soon as it is back, not after TCP's retransmission backoff.
+//
+// # Clients
+//
+// ClusterClient sends each call to the next node of its list and, when one
+// answers UNAVAILABLE, to the following one, each node at most once per
+// call and never past the context's deadline (plus WithCallTimeout); any
+// other error ends the call. With WithOwnerRouting it sends each check
+// straight to its key's owner by the table the nodes serve on
+// RateLimiter.Owners (OwnerSource on the server side; owners.go), splits
+// batches per owner, and falls back to the list in turn while it has no
+// usable table or an owner fails. HTTPMiddleware and UnaryServerInterceptor make
+// one Check per request and, when it fails, apply a FailurePolicy: FailOpen
+// (default) lets the request through, FailClosed refuses it.
 package transport

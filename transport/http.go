@@ -2,7 +2,6 @@ package transport
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,29 +27,34 @@ var (
 	jsonOut = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 )
 
-// statusPageTimeout bounds the StatusSource call behind GET /.
-const statusPageTimeout = 2 * time.Second
-
 // httpHandler is the HTTP API on the server's own mux (never
 // http.DefaultServeMux). Method patterns make the mux answer 405 (with Allow)
 // for a known path and a wrong method.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/check", s.serveCheck)
+	check, forwardAuth := s.serveCheck, s.serveForwardAuth
+	if t := s.cfg.Tracing; t != nil {
+		check, forwardAuth = t.wrapHTTP("POST /v1/check", check), t.wrapHTTP("/v1/forward-auth", forwardAuth)
+	}
+	mux.HandleFunc("POST /v1/check", check)
+	mux.HandleFunc("GET /v1/forward-auth", forwardAuth)
+	mux.HandleFunc("POST /v1/forward-auth", forwardAuth)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.HandleFunc("GET /{$}", s.serveStatusPage)
+	mux.Handle("GET /{$}", s.operatorOnly(http.HandlerFunc(s.serveStatusPage)))
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.cfg.Metrics)
 	}
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if s.cfg.Pprof {
+		mux.Handle("/debug/pprof/", s.operatorOnly(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/cmdline", s.operatorOnly(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("/debug/pprof/profile", s.operatorOnly(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", s.operatorOnly(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", s.operatorOnly(http.HandlerFunc(pprof.Trace)))
+	}
 	return mux
 }
 
@@ -60,6 +64,12 @@ func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		io.WriteString(w, "not ready\n")
 		return
+	}
+	if s.cfg.Degraded != nil {
+		if why := s.cfg.Degraded(); why != "" {
+			io.WriteString(w, "ready, degraded: "+why+"\n")
+			return
+		}
 	}
 	io.WriteString(w, "ready\n")
 }
@@ -78,8 +88,11 @@ func httpError(w http.ResponseWriter, code int, msg string) {
 // serveCheck is POST /v1/check: a CheckRequest as JSON in, a CheckResponse as
 // JSON out; 200 when every item is allowed or invalid, 429 when any is over
 // its limit, 400 for bad JSON or too many items, 413 for a body over the
-// message limit.
+// message limit. A 429 carries Retry-After and the RateLimit headers of the
+// first over-limit item; a 200 the RateLimit headers of the allowed item
+// with the fewest remaining (none when no item was allowed).
 func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	defer func() {
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler {
@@ -91,6 +104,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	}()
 	if r.ContentLength > int64(s.maxRecv) {
 		httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is %d bytes, more than %d", r.ContentLength, s.maxRecv))
+		s.observeRefused(APIHTTP, start)
 		return
 	}
 	buf := s.getBody()
@@ -98,22 +112,27 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, int64(s.maxRecv))); err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is more than %d bytes", mbe.Limit))
+			s.observeRefused(APIHTTP, start)
 			return
 		}
 		httpError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		s.observeRefused(APIHTTP, start)
 		return
 	}
 	var req sluicev1.CheckRequest
 	if err := jsonIn.Unmarshal(buf.Bytes(), &req); err != nil {
 		httpError(w, http.StatusBadRequest, "malformed CheckRequest JSON: "+err.Error())
+		s.observeRefused(APIHTTP, start)
 		return
 	}
 	if n := len(req.Requests); n > bucket.MaxBatchSize {
 		httpError(w, http.StatusBadRequest, fmt.Sprintf("batch has %d requests, more than %d", n, bucket.MaxBatchSize))
+		s.observeRefused(APIHTTP, start)
 		return
 	}
 	resp := s.decide(r.Context(), req.Requests, false, "")
 	out, err := jsonOut.Marshal(resp)
+	s.observeNative(APIHTTP, start, req.Requests, resp.Responses)
 	if err != nil { // cannot happen for these messages
 		httpError(w, http.StatusInternalServerError, "encoding response: "+err.Error())
 		return
@@ -122,12 +141,19 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	code := http.StatusOK
+	nearest := -1 // an allowed answer's headers are those of the item with the fewest remaining
 	for i, o := range resp.Responses {
 		if o.Status == sluicev1.Status_STATUS_OVER_LIMIT {
 			code = http.StatusTooManyRequests
-			writeRateLimitHeaders(h, req.Requests[i], o)
+			s.writeRateLimitHeaders(h, req.Requests[i], o)
 			break
 		}
+		if o.Status == sluicev1.Status_STATUS_UNDER_LIMIT && (nearest < 0 || o.Remaining < resp.Responses[nearest].Remaining) {
+			nearest = i
+		}
+	}
+	if code == http.StatusOK && nearest >= 0 {
+		s.setRateLimitHeaders(h, req.Requests[nearest], resp.Responses[nearest])
 	}
 	w.WriteHeader(code)
 	w.Write(append(out, '\n'))
@@ -161,19 +187,32 @@ func ceilSeconds(ms int64) int64 {
 // item. The policy is named after the limit's name when that is a plain
 // printable-ASCII string, "default" otherwise. q is the combined answer's
 // limit (for several limits, the most restrictive one: bucket.Combine); w
-// (window) is given when the request carried the window of that limit (see
-// policyWindow).
-func writeRateLimitHeaders(h http.Header, req *sluicev1.RateLimitRequest, o *sluicev1.RateLimitResponse) {
+// (window) is given when the request carried the window of that limit, or
+// the rule in force for its name has it (see policyWindow).
+func (s *Server) writeRateLimitHeaders(h http.Header, req *sluicev1.RateLimitRequest, o *sluicev1.RateLimitResponse) {
 	retry := max(ceilSeconds(o.RetryAfterMs), 1) // never "retry now" on a refusal
 	h.Set("Retry-After", strconv.FormatInt(retry, 10))
-	name := policyName(req.GetName())
-	policy := name + ";q=" + strconv.FormatInt(max(o.Limit, 0), 10)
-	if w := policyWindow(req, o.Limit); w > 0 {
+	s.setRateLimitHeaders(h, req, o)
+}
+
+// setRateLimitHeaders sets the IETF RateLimit-Policy and RateLimit headers
+// of one answer, allowed or not (see writeRateLimitHeaders).
+func (s *Server) setRateLimitHeaders(h http.Header, req *sluicev1.RateLimitRequest, o *sluicev1.RateLimitResponse) {
+	putRateLimitHeaders(h, req.GetName(), o.Limit, policyWindow(req, o.Limit, s.cfg.Rules), o.Remaining, o.ResetAfterMs)
+}
+
+// putRateLimitHeaders sets RateLimit-Policy (name, quota limit, window w in
+// seconds when above 0) and RateLimit (remaining, reset in seconds rounded
+// up from resetMS) on h.
+func putRateLimitHeaders(h http.Header, name string, limit, w, remaining, resetMS int64) {
+	name = policyName(name)
+	policy := name + ";q=" + strconv.FormatInt(max(limit, 0), 10)
+	if w > 0 {
 		policy += ";w=" + strconv.FormatInt(w, 10)
 	}
 	h.Set("RateLimit-Policy", policy)
-	h.Set("RateLimit", name+";r="+strconv.FormatInt(max(o.Remaining, 0), 10)+
-		";t="+strconv.FormatInt(ceilSeconds(o.ResetAfterMs), 10))
+	h.Set("RateLimit", name+";r="+strconv.FormatInt(max(remaining, 0), 10)+
+		";t="+strconv.FormatInt(ceilSeconds(resetMS), 10))
 }
 
 // policyWindow returns the window, in whole seconds rounded up, of the
@@ -184,11 +223,7 @@ func writeRateLimitHeaders(h http.Header, req *sluicev1.RateLimitRequest, o *slu
 // It returns 0 (no w parameter) when no candidate counts, when those that
 // count disagree on their window, or when a window has no fixed length
 // (calendar month) or is unset (the limit came from the rules).
-func policyWindow(req *sluicev1.RateLimitRequest, limit int64) int64 {
-	more := req.GetLimits()
-	if len(more) == 0 {
-		return windowSeconds(req.GetWindowMs(), req.GetCalendar())
-	}
+func policyWindow(req *sluicev1.RateLimitRequest, limit int64, rules RuleLimits) int64 {
 	var w int64
 	seen := false
 	count := func(l, windowMS int64, cal sluicev1.Calendar) bool {
@@ -202,6 +237,27 @@ func policyWindow(req *sluicev1.RateLimitRequest, limit int64) int64 {
 		w, seen = s, true
 		return true
 	}
+	more := req.GetLimits()
+	if req.GetLimit() == 0 && req.GetWindowMs() == 0 && len(more) == 0 {
+		// The limits came from the rule for the name, as the node in
+		// force resolved them.
+		if rules == nil {
+			return 0
+		}
+		lims, ok := rules.Lookup(req.GetName())
+		if !ok {
+			return 0
+		}
+		for i := range lims {
+			if !count(lims[i].Limit, lims[i].WindowMS, sluicev1.Calendar(lims[i].Calendar)) {
+				return 0
+			}
+		}
+		return w
+	}
+	if len(more) == 0 {
+		return windowSeconds(req.GetWindowMs(), req.GetCalendar())
+	}
 	if (req.GetLimit() != 0 || req.GetWindowMs() != 0) && !count(req.GetLimit(), req.GetWindowMs(), req.GetCalendar()) {
 		return 0
 	}
@@ -213,8 +269,6 @@ func policyWindow(req *sluicev1.RateLimitRequest, limit int64) int64 {
 	return w
 }
 
-// windowSeconds is the length of a window in whole seconds, rounded up; 0
-// for a calendar month (28-31 days) or an unknown calendar.
 func windowSeconds(windowMS int64, cal sluicev1.Calendar) int64 {
 	switch cal {
 	case sluicev1.Calendar_CALENDAR_NONE:
@@ -248,35 +302,4 @@ func policyName(name string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
-}
-
-// serveStatusPage is GET /: a short plain-text page from the StatusSource.
-func (s *Server) serveStatusPage(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	var b strings.Builder
-	b.WriteString("sluice\n\n")
-	ready := "not ready"
-	if s.ready.Load() {
-		ready = "ready"
-	}
-	fmt.Fprintf(&b, "state:    %s\n", ready)
-	if s.cfg.Status == nil {
-		b.WriteString("status:   not available\n")
-	} else {
-		ctx, cancel := context.WithTimeout(r.Context(), statusPageTimeout)
-		st, err := s.cfg.Status.Status(ctx)
-		cancel()
-		switch {
-		case err != nil:
-			fmt.Fprintf(&b, "status:   error: %v\n", err)
-		case st != nil:
-			fmt.Fprintf(&b, "node:     %s\nkeys:     %d\nchecks/s: %.1f\nreplication factor: %d\npartitions: %d\n\nmembers:\n",
-				st.Node, st.Keys, st.ChecksPerSecond, st.ReplicationFactor, st.Partitions)
-			for _, m := range st.Members {
-				fmt.Fprintf(&b, "  %-24s %-22s %-8s share %5.1f%%  keys %d\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, m.Keys)
-			}
-		}
-	}
-	b.WriteString("\nendpoints: POST /v1/check, GET /healthz, GET /readyz, /debug/pprof/\n")
-	io.WriteString(w, b.String())
 }

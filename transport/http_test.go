@@ -71,8 +71,11 @@ func TestHTTPCheck(t *testing.T) {
 	if ct := r.header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q", ct)
 	}
-	if r.header.Get("Retry-After") != "" || r.header.Get("RateLimit") != "" {
-		t.Errorf("allowed answer carries over-limit headers: %v", r.header)
+	if r.header.Get("Retry-After") != "" {
+		t.Errorf("allowed answer carries Retry-After: %v", r.header)
+	}
+	if p, rl := r.header.Get("RateLimit-Policy"), r.header.Get("RateLimit"); p != `"api";q=10;w=60` || rl != `"api";r=9;t=60` {
+		t.Errorf("allowed answer: RateLimit-Policy %q, RateLimit %q", p, rl)
 	}
 	var got struct {
 		Responses []map[string]any `json:"responses"`
@@ -217,10 +220,42 @@ func TestPolicyWindow(t *testing.T) {
 		{"limits alone, zero limit not the inline one", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{lim(0, 3000, 0)}}, 0, 3},
 		{"nil entry", &sluicev1.RateLimitRequest{Limits: []*sluicev1.Limit{nil, lim(5, 2000, 0)}}, 5, 2},
 	} {
-		if got := policyWindow(tc.req, tc.limit); got != tc.want {
+		if got := policyWindow(tc.req, tc.limit, nil); got != tc.want {
 			t.Errorf("%s: policyWindow = %d, want %d", tc.name, got, tc.want)
 		}
 	}
+	// Limits from the rules: the window of the rule's limit the answer
+	// names.
+	rules := fakeRules{
+		"login": {{Limit: 10, WindowMS: 60_000}, {Limit: 100, WindowMS: 3_600_000}},
+		"same":  {{Limit: 10, WindowMS: 60_000}, {Limit: 10, WindowMS: 1000}},
+		"month": {{Limit: 10, WindowMS: 1, Calendar: bucket.CalendarMonth}},
+		"day":   {{Limit: 10, WindowMS: 1, Calendar: bucket.CalendarDay}},
+	}
+	for _, tc := range []struct {
+		name  string
+		limit int64
+		want  int64
+	}{
+		{"login", 10, 60}, {"login", 100, 3600}, {"login", 7, 0}, {"same", 10, 0},
+		{"month", 10, 0}, {"day", 10, 86400}, {"unknown", 10, 0},
+	} {
+		if got := policyWindow(&sluicev1.RateLimitRequest{Name: tc.name}, tc.limit, rules); got != tc.want {
+			t.Errorf("rule %s, answer's limit %d: policyWindow = %d, want %d", tc.name, tc.limit, got, tc.want)
+		}
+	}
+	// A request with its own window does not look at the rules.
+	if got := policyWindow(&sluicev1.RateLimitRequest{Name: "login", Limit: 10, WindowMs: 5000}, 10, rules); got != 5 {
+		t.Errorf("inline limit with rules present: %d, want 5", got)
+	}
+}
+
+// fakeRules is a RuleLimits from a map.
+type fakeRules map[string][]bucket.Limit
+
+func (f fakeRules) Lookup(name string) ([]bucket.Limit, bool) {
+	l, ok := f[name]
+	return l, ok
 }
 
 func TestPolicyName(t *testing.T) {
@@ -299,8 +334,12 @@ func TestHTTPProbesAndPages(t *testing.T) {
 	s := startServer(t, &fakeHandler{}, func(c *ServerConfig) {
 		c.Status = fakeStatus{}
 		c.Metrics = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "sluice_up 1\n") })
+		c.Pprof = true
 	})
 	base := "http://" + s.HTTPAddr()
+	if r := do(t, "GET", "http://"+startServer(t, &fakeHandler{}).HTTPAddr()+"/debug/pprof/", ""); r.code != 404 {
+		t.Errorf("/debug/pprof/ without ServerConfig.Pprof = %d, want 404", r.code)
+	}
 	if r := do(t, "GET", base+"/healthz", ""); r.code != 200 {
 		t.Errorf("/healthz = %d", r.code)
 	}

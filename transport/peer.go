@@ -8,10 +8,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -25,6 +28,15 @@ const (
 	// (tens to hundreds of µs), short enough that an unreachable owner costs
 	// a check a quarter of a second, not a hang.
 	DefaultForwardTimeout = 250 * time.Millisecond
+	// PeerAckTimeout is the shortest time a peer connection may hold sent
+	// data that its peer has not acknowledged before it is dropped and
+	// redialled (TCP_USER_TIMEOUT); the PeerClient uses 4 forward
+	// timeouts when that is longer: a peer that acknowledges nothing for
+	// that long answers no forward on that connection.
+	PeerAckTimeout = time.Second
+	// PeerKeepaliveTime is how long a peer connection with calls pending
+	// may be silent before the client pings it (gRPC's minimum is 10 s).
+	PeerKeepaliveTime = 10 * time.Second
 	// DefaultMaxInFlight is how many batches may be on the wire to one peer
 	// at once. One batch per peer gives the fewest RPCs and the most checks
 	// per second on 2 cores (BenchmarkForwardParallel: about 31 µs/op at 1, 34 at
@@ -66,11 +78,21 @@ type PeerConfig struct {
 	// 0 means DefaultBulkTimeout (10 s). A Pull without a deadline is
 	// bounded by Timeout, like a Forward.
 	BulkTimeout time.Duration
+	// TLS, when set, makes every connection to a peer TLS: it presents the
+	// node's certificate and accepts peers whose certificate chains to the
+	// node CA.
+	TLS *TLS
+	// Prover, when set and TLS is not, signs every call with a proof of
+	// cluster membership (the receiver's ServerConfig.Prover checks it).
+	Prover *Prover
 	// DialOptions are added after the defaults (insecure transport
 	// credentials, StreamWindowSize and ConnWindowSize, reconnect backoff of
 	// at most 1 s), so they override them:
 	// pass grpc.WithTransportCredentials for TLS.
 	DialOptions []grpc.DialOption
+	// Tracing, when set, traces the RPCs made in a traced context and
+	// carries the trace on them (tracing.go); nil installs nothing.
+	Tracing *Tracing
 }
 
 // PeerClient forwards checks to the nodes that own their keys over the
@@ -95,6 +117,7 @@ type PeerClient struct {
 	maxCounters int
 	bulkTimeout time.Duration
 	dialOpts    []grpc.DialOption
+	traced      bool // Tracing set: queued forwards keep their caller's span
 
 	ctx    context.Context // parent of queued batches' RPCs; canceled by Close
 	cancel context.CancelFunc
@@ -134,7 +157,7 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	if pc.bulkTimeout <= 0 {
 		pc.bulkTimeout = DefaultBulkTimeout
 	}
-	pc.dialOpts = append([]grpc.DialOption{
+	pc.dialOpts = []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(StreamWindowSize),
 		grpc.WithInitialConnWindowSize(ConnWindowSize),
@@ -142,7 +165,26 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
-	}, cfg.DialOptions...)
+		// A connection whose sent data goes unacknowledged for
+		// PeerAckTimeout is dropped (grpc sets TCP_USER_TIMEOUT to the
+		// keepalive timeout) and redialled within the backoff above.
+		// Without it, a connection that lost packets for a while (one-way
+		// loss, a flapping link) sits in TCP's exponential retransmission
+		// backoff, its next retransmission up to tens of seconds away, and
+		// every forward on it times out long after the link is back.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: PeerKeepaliveTime, Timeout: max(PeerAckTimeout, 4*pc.timeout)}),
+	}
+	switch {
+	case cfg.TLS != nil:
+		pc.dialOpts = append(pc.dialOpts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS.PeerClientConfig())))
+	case cfg.Prover != nil:
+		pc.dialOpts = append(pc.dialOpts, WithProofs(cfg.Prover))
+	}
+	if cfg.Tracing != nil && cfg.Tracing.Provider != nil {
+		pc.dialOpts = append(pc.dialOpts, grpc.WithStatsHandler(cfg.Tracing.clientHandler()))
+		pc.traced = true
+	}
+	pc.dialOpts = append(pc.dialOpts, cfg.DialOptions...)
 	pc.ctx, pc.cancel = context.WithCancel(context.Background())
 	pc.calls.New = func() any { return &call{done: make(chan error, 1)} }
 	pc.batches.New = func() any { return new(batch) }
@@ -272,6 +314,20 @@ func (pc *PeerClient) peer(addr string) (*peer, error) {
 	return p, nil
 }
 
+// Status asks the node at addr for its own status (Admin.Status) on the
+// connection forwards use, signed or authenticated like the other internal
+// calls; the status page asks each member this way. It never waits past
+// min(ctx's deadline, now+Timeout).
+func (pc *PeerClient) Status(ctx context.Context, addr string) (*sluicev1.StatusResponse, error) {
+	p, err := pc.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := pc.withDeadline(ctx)
+	defer cancel()
+	return sluicev1.NewAdminClient(p.conn).Status(ctx, &sluicev1.StatusRequest{})
+}
+
 // ClosePeer closes the connection to addr (a member that left). Forwards in
 // progress to it fail; a later Forward to addr dials again.
 func (pc *PeerClient) ClosePeer(addr string) error {
@@ -349,10 +405,12 @@ const (
 // built by the caller, so a batch never reads the caller's slices.
 type call struct {
 	items []sluicev1.RateLimitRequest
+	hits  []int64 // what items[i].Hits points to
 	ptrs  []*sluicev1.RateLimitRequest
 	req   sluicev1.ForwardRequest // for a direct send
 	out   []bucket.Outcome
 	dl    time.Time
+	span  trace.SpanContext // the caller's, when traced: parent of a queued batch's RPC
 	state atomic.Int32
 	done  chan error // capacity 1; the sender's last touch of the call
 }
@@ -370,10 +428,11 @@ func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, dl ti
 	if cap(c.items) < n {
 		c.items = make([]sluicev1.RateLimitRequest, n)
 		c.ptrs = make([]*sluicev1.RateLimitRequest, n)
+		c.hits = make([]int64, n)
 	}
-	c.items, c.ptrs = c.items[:n], c.ptrs[:n]
+	c.items, c.ptrs, c.hits = c.items[:n], c.ptrs[:n], c.hits[:n]
 	for i := range reqs {
-		fillRequest(&c.items[i], &reqs[i])
+		fillRequest(&c.items[i], &reqs[i], &c.hits[i])
 		c.ptrs[i] = &c.items[i]
 	}
 	c.out, c.dl = out, dl
@@ -387,6 +446,7 @@ func (pc *PeerClient) putCall(c *call) {
 	}
 	clear(c.ptrs)
 	c.out = nil
+	c.span = trace.SpanContext{}
 	c.req.Requests = nil
 	c.state.Store(callWaiting)
 	pc.calls.Put(c)
@@ -415,6 +475,9 @@ func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 		p.finish()
 		pc.putCall(c)
 		return err
+	}
+	if pc.traced {
+		c.span = trace.SpanContextFromContext(ctx)
 	}
 	p.queue = append(p.queue, c)
 	p.mu.Unlock()
@@ -536,7 +599,11 @@ func (p *peer) send(b *batch) {
 		var resp *sluicev1.ForwardResponse
 		err := context.Canceled
 		if b.live() {
-			ctx, cancel := context.WithDeadline(p.pc.ctx, dl)
+			parent := p.pc.ctx
+			if sc := b.firstSpan(); sc.IsValid() {
+				parent = trace.ContextWithSpanContext(parent, sc)
+			}
+			ctx, cancel := context.WithDeadline(parent, dl)
 			b.req.Requests, b.req.From, b.req.Cluster = b.ptrs, p.pc.name, p.pc.cluster
 			resp, err = p.client.Forward(ctx, &b.req)
 			cancel()
@@ -578,6 +645,16 @@ func (p *peer) send(b *batch) {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// firstSpan is the span of b's first caller still waiting, if it has one.
+func (b *batch) firstSpan() trace.SpanContext {
+	for _, c := range b.calls {
+		if c.state.Load() == callWaiting {
+			return c.span
+		}
+	}
+	return trace.SpanContext{}
 }
 
 // live reports whether any caller of b still waits for its answers.

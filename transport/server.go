@@ -12,10 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -54,13 +57,42 @@ type PeerHandler interface {
 	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
 }
 
+// RuleLimits gives the limits of the rule for a name (the rules file in
+// force), so that HTTP answers decided by a rule can name its window in
+// RateLimit-Policy (w=). The rules watcher of cluster/rules implements it;
+// cmd/sluice passes it in. Called concurrently; must not block; the caller
+// does not modify the slice.
+type RuleLimits interface {
+	Lookup(name string) ([]bucket.Limit, bool)
+}
+
 // StatusSource answers Admin.Status and the HTTP status page. Called
 // concurrently.
 type StatusSource interface {
 	Status(ctx context.Context) (*sluicev1.StatusResponse, error)
 }
 
-// DefaultMaxRecvMsgSize is the largest message the server accepts (DESIGN §5),
+// OwnerSource answers RateLimiter.Owners: the node's current owner table
+// (OwnersResponse), for clients that send each check straight to its key's
+// owner (WithOwnerRouting). cmd/sluice implements it over the node's ring.
+// Called concurrently; it must not block. The server only reads the
+// response, so an implementation may return the same one to every caller
+// while its table does not change.
+type OwnerSource interface {
+	Owners(ctx context.Context) (*sluicev1.OwnersResponse, error)
+}
+
+// MemberStatus asks another member, at its gRPC address, for its own
+// status, so that the status page can show every member's keys, rate,
+// replication lag and rules hash, which only that member knows.
+// PeerClient implements it. Called concurrently, with a short deadline.
+type MemberStatus interface {
+	Status(ctx context.Context, addr string) (*sluicev1.StatusResponse, error)
+}
+
+var _ MemberStatus = (*PeerClient)(nil)
+
+// DefaultMaxRecvMsgSize is the largest message the server accepts (docs/architecture.md §5),
 // on gRPC and as an HTTP body.
 const DefaultMaxRecvMsgSize = 4 << 20
 
@@ -85,6 +117,13 @@ type ServerConfig struct {
 	// Status answers Admin.Status and the status page; nil answers
 	// Unimplemented.
 	Status StatusSource
+	// Owners answers RateLimiter.Owners; nil answers Unimplemented (and
+	// owner-routing clients then send every check to any node).
+	Owners OwnerSource
+	// Members, when set, is asked by the status page for the alive members'
+	// own figures (statusPageMemberTimeout each, concurrently); nil shows
+	// only what this node knows of them.
+	Members MemberStatus
 	// Peer answers Peer/Replicate and Peer/Pull; nil answers Unimplemented.
 	Peer PeerHandler
 	// ClusterName is this node's cluster. Peer calls that carry another
@@ -95,6 +134,12 @@ type ServerConfig struct {
 	MaxRecvMsgSize int
 	// Metrics, when set, is served at GET /metrics (e.g. promhttp.Handler()).
 	Metrics http.Handler
+	// Observer is told about every call to the public check APIs (their
+	// results and durations, observe.go); nil means NoObserver.
+	Observer Observer
+	// Degraded, when set, is asked by GET /readyz: a non-empty answer says
+	// why the ready node serves degraded (200 with the reason in the body).
+	Degraded func() string
 	// StreamWorkers is how many long-lived goroutines run gRPC calls; 0 means
 	// DefaultStreamWorkers (128), a negative value none (a new goroutine per
 	// call, gRPC's default). A new goroutine grows its stack on every call
@@ -107,8 +152,34 @@ type ServerConfig struct {
 	// StreamWorkers),
 	// so they override them (e.g. TLS credentials, keepalive).
 	GRPCOptions []grpc.ServerOption
+	// TLS, when set, serves gRPC and HTTP over TLS with its material
+	// (reloaded by whoever calls TLS.Reload) and makes the internal RPCs
+	// (Peer, Admin) and the operator pages (GET /, /debug/pprof/) require a
+	// client certificate of its node CA; API callers need a certificate
+	// only when its ClientCA is set.
+	TLS *TLS
+	// Prover, when set and TLS is not, makes the internal RPCs require a
+	// proof signed with the cluster's gossip key (ProofHeader).
+	Prover *Prover
+	// Rules, when set, gives the windows of rules-based limits for the
+	// RateLimit-Policy header of HTTP answers; nil leaves out w= there.
+	Rules RuleLimits
+	// Pprof serves /debug/pprof/ on the HTTP server (operator-only with TLS).
+	Pprof bool
+	// Now is the clock proofs are checked against; nil means time.Now.
+	Now func() time.Time
 	// Logger receives serve errors and recovered panics; nil discards.
 	Logger *slog.Logger
+	// Envoy configures envoy.service.ratelimit.v3.RateLimitService
+	// (envoy.go); the zero value serves it with no rules.
+	Envoy EnvoyConfig
+	// ForwardAuthDenyStatus is the HTTP status of a refusal on
+	// /v1/forward-auth (forwardauth.go), 400..499; 0 means
+	// DefaultForwardAuthDenyStatus (429).
+	ForwardAuthDenyStatus int
+	// Tracing, when set, starts OpenTelemetry spans for API calls and
+	// traced internal calls (tracing.go); nil installs nothing.
+	Tracing *Tracing
 }
 
 // Validate reports a configuration NewServer cannot use.
@@ -120,6 +191,10 @@ func (c *ServerConfig) Validate() error {
 		return errors.New("transport: ServerConfig needs GRPCAddr or GRPCListener")
 	case c.MaxRecvMsgSize < 0:
 		return fmt.Errorf("transport: ServerConfig.MaxRecvMsgSize is %d, must be >= 0", c.MaxRecvMsgSize)
+	case c.ForwardAuthDenyStatus != 0 && (c.ForwardAuthDenyStatus < 400 || c.ForwardAuthDenyStatus > 499):
+		return fmt.Errorf("transport: ServerConfig.ForwardAuthDenyStatus is %d, want 400..499", c.ForwardAuthDenyStatus)
+	case c.Tracing != nil && c.Tracing.Provider == nil:
+		return errors.New("transport: ServerConfig.Tracing has no Provider")
 	}
 	return nil
 }
@@ -130,17 +205,22 @@ func (c *ServerConfig) Validate() error {
 type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
+	obs     Observer
 	maxRecv int
 
 	grpc   *grpc.Server
 	health *health.Server
 	http   *http.Server // nil without HTTP
 
+	guard guard
+
 	bufs   sync.Pool // *checkBuf
 	bodies sync.Pool // *bytes.Buffer for HTTP bodies
 
 	ready    atomic.Bool
 	stopping atomic.Bool
+
+	envoyStats envoyCounters
 
 	mu       sync.Mutex
 	started  bool
@@ -155,20 +235,34 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, maxRecv: cfg.MaxRecvMsgSize}
+	s := &Server{cfg: cfg, log: cfg.Logger, obs: cfg.Observer, maxRecv: cfg.MaxRecvMsgSize}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.obs == nil {
+		s.obs = NoObserver{}
 	}
 	if s.maxRecv == 0 {
 		s.maxRecv = DefaultMaxRecvMsgSize
 	}
 	s.bufs.New = func() any { return new(checkBuf) }
+	s.guard.tls, s.guard.now = cfg.TLS, cfg.Now
+	if cfg.TLS == nil {
+		s.guard.prover = cfg.Prover
+	}
+	if s.guard.now == nil {
+		s.guard.now = time.Now
+	}
 
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.maxRecv),
-		grpc.ChainUnaryInterceptor(s.recoverUnary),
+		grpc.ChainUnaryInterceptor(s.recoverUnary, s.authorizeUnary),
 		grpc.InitialWindowSize(StreamWindowSize),
 		grpc.InitialConnWindowSize(ConnWindowSize),
+		// Peers ping an idle connection with calls pending every
+		// PeerKeepaliveTime; gRPC's default policy (5 min) would answer
+		// them with GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: PeerKeepaliveTime / 2}),
 	}
 	switch workers := cfg.StreamWorkers; {
 	case workers == 0:
@@ -176,11 +270,18 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	case workers > 0:
 		opts = append(opts, grpc.NumStreamWorkers(uint32(min(workers, 1<<16))))
 	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.serverConfig("h2"))))
+	}
+	if cfg.Tracing != nil {
+		opts = append(opts, grpc.StatsHandler(cfg.Tracing.serverHandler()))
+	}
 	opts = append(opts, cfg.GRPCOptions...)
 	s.grpc = grpc.NewServer(opts...)
 	sluicev1.RegisterRateLimiterServer(s.grpc, rateLimiterServer{s: s})
 	sluicev1.RegisterAdminServer(s.grpc, adminServer{s: s})
 	sluicev1.RegisterPeerServer(s.grpc, peerServer{s: s})
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, envoyServer{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
@@ -194,6 +295,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			ReadTimeout:       30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		}
+		if cfg.TLS != nil {
+			s.http.TLSConfig = cfg.TLS.serverConfig("h2", "http/1.1")
 		}
 	}
 	return s, nil
@@ -237,7 +341,11 @@ func (s *Server) Start() error {
 	})
 	if hl != nil {
 		s.wg.Go(func() {
-			if err := s.http.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := s.http.Serve
+			if s.http.TLSConfig != nil {
+				serve = func(l net.Listener) error { return s.http.ServeTLS(l, "", "") }
+			}
+			if err := serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Error("HTTP server stopped", "addr", hl.Addr().String(), "err", err)
 			}
 		})
@@ -284,6 +392,7 @@ func (s *Server) setHealth(ready bool) {
 	}
 	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(RateLimiterService, st)
+	s.health.SetServingStatus(EnvoyService, st)
 }
 
 // Shutdown marks the server not serving, stops accepting, lets calls in
@@ -418,10 +527,34 @@ type rateLimiterServer struct {
 }
 
 func (g rateLimiterServer) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+	start := time.Now()
 	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
+		g.s.observeRefused(APIGRPC, start)
 		return nil, batchTooLarge(n)
 	}
-	return g.s.decide(ctx, req.GetRequests(), false, ""), nil
+	resp := g.s.decide(ctx, req.GetRequests(), false, "")
+	g.s.observeNative(APIGRPC, start, req.GetRequests(), resp.Responses)
+	return resp, nil
+}
+
+// Owners answers the node's owner table; Unimplemented without
+// ServerConfig.Owners. It is served to every API caller, like Check: the
+// members' names and addresses are what a client needs to reach them.
+func (g rateLimiterServer) Owners(ctx context.Context, _ *sluicev1.OwnersRequest) (*sluicev1.OwnersResponse, error) {
+	if g.s.cfg.Owners == nil {
+		return nil, status.Error(codes.Unimplemented, "owner table is not available on this server")
+	}
+	resp, err := g.s.cfg.Owners.Owners(ctx)
+	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	if resp == nil {
+		resp = &sluicev1.OwnersResponse{}
+	}
+	return resp, nil
 }
 
 type peerServer struct {

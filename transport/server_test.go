@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -117,7 +118,7 @@ func TestInvalidAlgorithmNeverBecomesValid(t *testing.T) {
 	algs := []sluicev1.Algorithm{7, 255, 256, 257, 256 + 6, -1, -255, 1<<31 - 1, -1 << 31}
 	m := &sluicev1.CheckRequest{}
 	for _, a := range algs {
-		m.Requests = append(m.Requests, &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: 1, Limit: 10, WindowMs: 1000, Algorithm: a})
+		m.Requests = append(m.Requests, &sluicev1.RateLimitRequest{Name: "n", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 1000, Algorithm: a})
 	}
 	resp, err := c.Check(testCtx(t), m)
 	if err != nil {
@@ -201,7 +202,7 @@ func TestReflectionListsServices(t *testing.T) {
 	for _, svc := range r.GetListServicesResponse().GetService() {
 		names = append(names, svc.Name)
 	}
-	for _, want := range []string{"sluice.v1.RateLimiter", "sluice.v1.Admin", "sluice.v1.Peer", "grpc.health.v1.Health"} {
+	for _, want := range []string{"sluice.v1.RateLimiter", "sluice.v1.Admin", "sluice.v1.Peer", "grpc.health.v1.Health", EnvoyService} {
 		if !strings.Contains(strings.Join(names, " "), want) {
 			t.Errorf("reflection lists %v, missing %s", names, want)
 		}

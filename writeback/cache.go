@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -37,120 +36,6 @@ type Stats struct {
 	CorruptRecords uint64 // corrupt store records skipped (when the store counts them)
 	ExpiredDeleted uint64 // store records deleted by expiry passes
 	ExpiryErrors   uint64 // failed expiry passes
-}
-
-// slot is the live state of one key: a bucket.State (its Algorithm kept in
-// meta), the version and the key's bytes. It is 64 bytes because the cache
-// holds a million of them: the key is a pointer to its bytes with the
-// length in meta, and the name is an index into the shard's table of names
-// (or, past that table's bound, stored in front of the key's bytes). Slots
-// live in the shard's slab and are named by 32-bit indices, which keeps the
-// LRU's list element at 64 bytes too. A slot is reached from exactly one of
-// its shard's LRU, overflow LRU or pending map; the dirty and changed lists
-// point to it. Every field is guarded by the shard's mutex.
-type slot struct {
-	start, count, prev, expires int64
-	ext                         *bucket.Ext
-	version                     uint64 // bumped by every change
-	meta                        uint64 // see the meta layout below
-	kp                          *byte  // the key's bytes (after the name's, when not interned)
-}
-
-// The meta word of a slot.
-const (
-	keyLenMask   = 1<<16 - 1 // bits 0–15: length of the bytes at kp
-	nameIdxShift = 16        // bits 16–31: the name's index in shard.names; 0: not interned
-	nameLenShift = 32        // bits 32–47: the name's length when not interned
-	algShift     = 48        // bits 48–55: the State's Algorithm
-	changedBit   = 1 << 61   // on shard.changed, not yet taken by TakeChanged
-	queuedBit    = 1 << 62   // on shard.dirty, not yet copied by a flush
-	dirtyBit     = 1 << 63   // has a change the store may not hold yet
-	maxKeyBytes  = keyLenMask
-)
-
-func (sl *slot) has(bit uint64) bool { return sl.meta&bit != 0 }
-func (sl *slot) set(bit uint64)      { sl.meta |= bit }
-func (sl *slot) clear(bit uint64)    { sl.meta &^= bit }
-
-// bytes returns the bytes the slot keeps at kp.
-func (sl *slot) bytes() string { return unsafe.String(sl.kp, int(sl.meta&keyLenMask)) }
-
-func (sl *slot) nameIdx() int { return int(sl.meta >> nameIdxShift & 0xffff) }
-
-func (sl *slot) state() bucket.State {
-	var st bucket.State
-	sl.loadState(&st)
-	return st
-}
-
-// loadState writes sl's state to *st field by field (a State returned by
-// value is copied whole, which stalls store forwarding on the hot path).
-func (sl *slot) loadState(st *bucket.State) {
-	st.Algorithm = bucket.Algorithm(sl.meta >> algShift)
-	st.Start, st.Count, st.Prev, st.Expires, st.Ext = sl.start, sl.count, sl.prev, sl.expires, sl.ext
-}
-
-func (sl *slot) setState(st bucket.State) {
-	sl.start, sl.count, sl.prev, sl.expires, sl.ext = st.Start, st.Count, st.Prev, st.Expires, st.Ext
-	sl.meta = sl.meta&^(0xff<<algShift) | uint64(st.Algorithm)<<algShift
-}
-
-// differs reports whether st is not the state sl holds. (Field by field:
-// see bucket.DecideWith on whole-struct copies.)
-func (sl *slot) differs(st *bucket.State) bool {
-	return st.Start != sl.start || st.Count != sl.count || st.Prev != sl.prev || st.Expires != sl.expires ||
-		st.Ext != sl.ext || uint64(st.Algorithm) != sl.meta>>algShift&0xff
-}
-
-func (sl *slot) fresh(now int64) bool { return bucket.FreshAt(sl.expires, now) }
-
-// ref is a slot on a shard's changed list, with the caller's hash of its key.
-type ref struct {
-	h  uint64
-	sl *slot
-}
-
-// slab holds a shard's slots in fixed chunks, so that a slot never moves,
-// addressed by 32-bit indices; index 0 is never used.
-type slab struct {
-	chunks [][]slot
-	free   []uint32
-	next   uint32 // the next index to hand out (after checking it)
-}
-
-const (
-	chunkBits = 8
-	chunkMask = 1<<chunkBits - 1
-	// chunkSlots is one less than a power of two: a chunk of 255 slots
-	// and the 8-byte header Go gives large objects with pointers fill a
-	// 16 KiB size class (256 slots would take an 18 KiB one).
-	chunkSlots = chunkMask
-)
-
-func (b *slab) at(i uint32) *slot { return &b.chunks[i>>chunkBits][i&chunkMask] }
-
-// alloc returns a zero slot and its index.
-func (b *slab) alloc() (uint32, *slot) {
-	if n := len(b.free); n > 0 {
-		i := b.free[n-1]
-		b.free = b.free[:n-1]
-		return i, b.at(i)
-	}
-	if b.next == 0 || b.next&chunkMask == chunkSlots {
-		b.next++ // index 0 is never used, nor the offset a chunk lacks
-	}
-	i := b.next
-	if int(i>>chunkBits) == len(b.chunks) {
-		b.chunks = append(b.chunks, make([]slot, chunkSlots))
-	}
-	b.next++
-	return i, b.at(i)
-}
-
-// release zeroes slot i (dropping what it points to) for reuse.
-func (b *slab) release(i uint32) {
-	*b.at(i) = slot{}
-	b.free = append(b.free, i)
 }
 
 // retired is an evicted slot waiting until nothing can refer to it any
@@ -202,6 +87,7 @@ type shard struct {
 	// heavy churn would hold evicted entries until the next interval.
 	pendingMax int
 	kick       chan<- struct{}
+	notify     chan<- struct{} // Cache.changes: the changed list became non-empty
 	slots      slab
 	limbo      []retired
 	dirty      []*slot // slots to write at the next flush
@@ -213,13 +99,19 @@ type shard struct {
 
 	// flushStarts counts the flushes that took this shard's dirty list,
 	// flushDone is the count at the start of the last one that completed,
-	// takes counts TakeChanged calls: see retired.
+	// takes counts TakeChanged calls, from 1: see retired.
 	flushStarts, flushDone, takes uint64
 
 	// moved holds the keys Release handed to another node, with the Unix
 	// nanosecond time until which Decide refuses them.
 	moved map[Key]release
-	now   int64 // the now of the call that may evict, for onEvict
+	// movedSweepAt is the size of moved at which Release next drops the
+	// expired releases (isMoved drops one only when its key is looked up
+	// again, and most never are): twice the size after the last sweep, at
+	// least minMovedSweep, so the map stays within twice the releases in
+	// force and a sweep costs O(1) per Release, amortised.
+	movedSweepAt int
+	now          int64 // the now of the call that may evict, for onEvict
 	// writeSeq is bumped whenever a flush completes in this shard: a load
 	// that raced with one may have read an older record and must retry.
 	writeSeq uint64
@@ -311,9 +203,15 @@ func (s *shard) onEvict(i uint32) {
 	s.retire(i)
 }
 
-// retire puts the dropped slot i in limbo (see retired).
+// retire puts the dropped slot i in limbo (see retired). When the list of
+// changes is empty it cannot hold the slot, so the slot need not wait for a
+// TakeChanged (which runs only once something changes).
 func (s *shard) retire(i uint32) {
-	s.limbo = append(s.limbo, retired{i: i, flush: s.flushStarts, take: s.takes})
+	take := s.takes
+	if len(s.changes) == 0 {
+		take-- // takes starts at 1
+	}
+	s.limbo = append(s.limbo, retired{i: i, flush: s.flushStarts, take: take})
 }
 
 // reap releases the slots in limbo that nothing can refer to any more.
@@ -388,6 +286,14 @@ func (s *shard) queue(sl *slot) {
 func (s *shard) markChanged(h uint64, sl *slot) {
 	if s.track && !sl.has(changedBit) {
 		sl.set(changedBit)
+		if len(s.changes) == 0 {
+			// The first change since the last TakeChanged: tell the
+			// replication loop there is work (it sleeps otherwise).
+			select {
+			case s.notify <- struct{}{}:
+			default: // already told
+			}
+		}
 		s.changes = append(s.changes, ref{h: h, sl: sl})
 	}
 }
@@ -405,6 +311,7 @@ type Cache struct {
 
 	flushSem    chan struct{} // held by the one flush in progress
 	flushNow    chan struct{} // capacity 1: a shard's pending entries need a flush
+	changes     chan struct{} // capacity 1: see Changes
 	storeClosed bool          // guarded by flushSem
 
 	life   sync.Mutex // guards cancel and started
@@ -413,6 +320,15 @@ type Cache struct {
 
 	flushes, flushedRecords, flushErrors atomic.Uint64
 	expiredDeleted, expiryErrors         atomic.Uint64
+
+	// writable is false from a failed flush to the next one that
+	// succeeds; health holds the details, for StoreState and the log.
+	writable atomic.Bool
+	healthMu sync.Mutex
+	health   storeHealth
+	// downLogged is when a store that stopped taking writes was last
+	// logged; guarded by healthMu.
+	downLogged time.Time
 }
 
 // New returns a Cache over store. It starts no goroutine: see Start.
@@ -432,11 +348,13 @@ func New(cfg Config, store Store) (*Cache, error) {
 		shift:    uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
 		flushSem: make(chan struct{}, 1),
 		flushNow: make(chan struct{}, 1),
+		changes:  make(chan struct{}, 1),
 	}
+	c.writable.Store(true)
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
 		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges,
-			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow}
+			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, notify: c.changes, takes: 1}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
@@ -621,169 +539,6 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 	return bucket.Combine(out), nil
 }
 
-// release is when a key was released (Unix ns) and until when.
-type release struct{ at, until int64 }
-
-// isMoved reports whether k is released at now, forgetting an expired
-// release. s.mu must be held.
-func (s *shard) isMoved(k Key, now int64) bool {
-	r, ok := s.moved[k]
-	if ok && r.until <= now {
-		delete(s.moved, k)
-		ok = false
-	}
-	return ok
-}
-
-// Release returns k's current record, like Get, and atomically stops this
-// cache from deciding k until now+ttl (Decide answers ErrMoved): the key now
-// belongs to another node, which got the returned record. Every change
-// Decide made before Release is in the record.
-func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
-	s := c.shardFor(hash)
-	sl, err := c.find(s, hash, k, now, false)
-	defer s.mu.Unlock()
-	if err != nil {
-		return Record{}, false, err
-	}
-	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = release{at: now, until: now + int64(ttl)}
-	if sl == nil || sl.fresh(now) {
-		return Record{}, false, nil
-	}
-	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
-}
-
-// Released reports whether k is released at now.
-func (c *Cache) Released(hash uint64, k Key, now int64) bool {
-	s := c.shardFor(hash)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.moved) > 0 && s.isMoved(k, now)
-}
-
-// Reclaim makes this cache decide k again (this node owns it again).
-func (c *Cache) Reclaim(hash uint64, k Key) {
-	s := c.shardFor(hash)
-	s.mu.Lock()
-	delete(s.moved, k)
-	s.mu.Unlock()
-}
-
-// Adopt takes ownership of rec's key: it ends a release of the key and
-// installs rec when it is newer than what is held, like Merge, reporting
-// whether it did. An installed record counts as a change (TakeChanged).
-func (c *Cache) Adopt(hash uint64, rec Record) bool {
-	return c.install(hash, rec, true, math.MaxInt64)
-}
-
-// AdoptUnlessReleasedSince is Adopt, except that when this cache released
-// the key at or after since (Unix ns) it changes nothing and reports false.
-// A node that pulls a key from another (since: when it began) must not end
-// a release that happened meanwhile: the node the key went to took this
-// cache's state, and it decides the key now.
-func (c *Cache) AdoptUnlessReleasedSince(hash uint64, rec Record, since int64) bool {
-	return c.install(hash, rec, true, since)
-}
-
-// Range calls fn with the record of every live key in memory (including
-// evicted ones waiting for their write), shard by shard, until fn returns
-// false. fn runs without any lock held; a key changed meanwhile may be
-// seen before or after its change.
-func (c *Cache) Range(now int64, fn func(Record) bool) {
-	var recs []Record
-	for _, s := range c.shards {
-		recs = recs[:0]
-		s.mu.Lock()
-		add := func(sl *slot) {
-			if !sl.fresh(now) {
-				recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
-			}
-		}
-		for _, i := range s.lru.Values() {
-			add(s.slots.at(i))
-		}
-		if s.over != nil {
-			for _, i := range s.over.Values() {
-				add(s.slots.at(i))
-			}
-		}
-		for _, i := range s.pending {
-			add(s.slots.at(i))
-		}
-		s.mu.Unlock()
-		for _, r := range recs {
-			if !fn(r) {
-				return
-			}
-		}
-	}
-}
-
-// RangeStored calls fn with every record in the store that is live at now,
-// until fn returns false. Call Flush first for the store to hold every
-// change made so far.
-func (c *Cache) RangeStored(now int64, fn func(Record) bool) error {
-	if c.closed.Load() {
-		return ErrClosed
-	}
-	return c.store.ForEach(func(r Record) bool {
-		if r.State.Fresh(now) {
-			return true
-		}
-		return fn(r)
-	})
-}
-
-// Get returns the current record of k, loading it from the store on a miss.
-// A counter that is fresh at now (never hit, or expired) is absent.
-func (c *Cache) Get(hash uint64, k Key, now int64) (Record, bool, error) {
-	s := c.shardFor(hash)
-	sl, err := c.find(s, hash, k, now, false)
-	defer s.mu.Unlock()
-	if err != nil || sl == nil || sl.fresh(now) {
-		return Record{}, false, err
-	}
-	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
-}
-
-// Merge installs rec when its Version is newer than the one held in memory
-// or in the store, and marks it dirty. It reports whether it installed rec;
-// a store read failure is logged and reported as false.
-func (c *Cache) Merge(hash uint64, rec Record) bool {
-	return c.install(hash, rec, false, math.MaxInt64)
-}
-
-// install is Merge, and with adopt AdoptUnlessReleasedSince.
-func (c *Cache) install(hash uint64, rec Record, adopt bool, since int64) bool {
-	s := c.shardFor(hash)
-	// now 0: a stored record counts as absent only when it is the zero state,
-	// and an evicted entry is kept for its write unless it is.
-	e, err := c.find(s, hash, rec.Key, 0, true)
-	defer s.mu.Unlock()
-	if err != nil {
-		if !errors.Is(err, ErrClosed) {
-			c.log.Error("writeback: store read failed; counter not installed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
-		}
-		return false
-	}
-	if adopt {
-		if r, ok := s.moved[rec.Key]; ok && r.at >= since {
-			return false
-		}
-		delete(s.moved, rec.Key)
-	}
-	if rec.Version <= e.version {
-		return false
-	}
-	e.setState(rec.State)
-	e.version = rec.Version
-	s.queue(e)
-	if adopt {
-		s.markChanged(hash, e)
-	}
-	return true
-}
-
 // TakeChanged calls fn, without any lock held, with the caller's hash and
 // the current record of every key changed by Decide or installed by Adopt
 // since the previous call (with Config.TrackChanges; otherwise it finds
@@ -819,6 +574,13 @@ func (c *Cache) TakeChanged(now int64, fn func(hash uint64, rec Record)) {
 		}
 	}
 }
+
+// Changes delivers a value when a key is changed (with
+// Config.TrackChanges) while none was waiting for TakeChanged: after a
+// receive, some change made since is reported by a later TakeChanged,
+// and once TakeChanged has emptied the lists the next change delivers
+// again. The replication of cluster waits on it instead of polling.
+func (c *Cache) Changes() <-chan struct{} { return c.changes }
 
 // MarkChanged makes the next TakeChanged report k again, if k is in
 // memory (a replication that failed keeps its keys this way).
@@ -904,217 +666,4 @@ func (c *Cache) Stats() Stats {
 		st.CorruptRecords = cc.CorruptRecords()
 	}
 	return st
-}
-
-// flushItem is one record of a flush and where it came from.
-type flushItem struct {
-	s  *shard
-	sl *slot
-}
-
-// Flush writes every dirty and pending entry to the store now, as one
-// batch. Shard locks are held only to copy states, never during the write,
-// so checks do not wait on disk. An entry changed during the write stays
-// dirty. On failure every entry stays dirty for the next flush, and the
-// failure is logged and counted. Flushes run one at a time.
-func (c *Cache) Flush(ctx context.Context) error {
-	select {
-	case c.flushSem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-c.flushSem }()
-	if c.storeClosed {
-		return ErrClosed
-	}
-	return c.flush(ctx)
-}
-
-// flush does Flush with flushSem held.
-func (c *Cache) flush(ctx context.Context) error {
-	var recs []Record
-	var items []flushItem
-	gens := make([]uint64, len(c.shards))
-	for si, s := range c.shards {
-		s.mu.Lock()
-		s.flushStarts++
-		gens[si] = s.flushStarts
-		all := s.dirty
-		s.dirty, s.spare = s.spare[:0], nil
-		s.mu.Unlock()
-		for refs := all; len(refs) > 0; {
-			chunk := refs[:min(len(refs), flushChunk)]
-			refs = refs[len(chunk):]
-			s.mu.Lock()
-			for _, sl := range chunk {
-				if !sl.has(queuedBit) {
-					continue
-				}
-				sl.clear(queuedBit)
-				recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
-				items = append(items, flushItem{s: s, sl: sl})
-			}
-			s.mu.Unlock()
-		}
-		clear(all) // drop the references for the GC
-		s.mu.Lock()
-		if s.spare == nil && cap(all) <= maxSpare {
-			s.spare = all[:0]
-		}
-		s.mu.Unlock()
-	}
-	var err error
-	if len(recs) > 0 {
-		if err = ctx.Err(); err == nil {
-			if err = c.store.Write(recs); err != nil {
-				c.flushErrors.Add(1)
-				c.log.Error("writeback: flush failed; entries stay dirty", "records", len(recs), "err", err)
-			}
-		}
-	}
-	if err != nil {
-		c.requeue(items)
-	} else if len(recs) > 0 {
-		c.flushes.Add(1)
-		c.flushedRecords.Add(uint64(len(recs)))
-		var s *shard
-		for i, it := range items {
-			if it.s != s {
-				if s != nil {
-					s.writeSeq++
-					s.mu.Unlock()
-				}
-				s = it.s
-				s.mu.Lock()
-			}
-			// Versions only grow: the same version means no change since
-			// the copy was taken.
-			if sl := it.sl; sl.version == recs[i].Version && !sl.has(queuedBit) {
-				sl.clear(dirtyBit)
-				if p, ok := s.pending[recs[i].Key]; ok && s.slots.at(p) == sl {
-					delete(s.pending, recs[i].Key)
-					s.retire(p)
-				}
-			}
-		}
-		s.writeSeq++
-		s.mu.Unlock()
-	}
-	// This flush holds no slot any more: release what waited for it.
-	for si, s := range c.shards {
-		s.mu.Lock()
-		s.flushDone = gens[si]
-		s.reap()
-		s.mu.Unlock()
-	}
-	return err
-}
-
-// requeue puts the entries of a failed flush back on their dirty lists.
-func (c *Cache) requeue(items []flushItem) {
-	var s *shard
-	for _, it := range items {
-		if it.s != s {
-			if s != nil {
-				s.mu.Unlock()
-			}
-			s = it.s
-			s.mu.Lock()
-		}
-		if sl := it.sl; sl.has(dirtyBit) && !sl.has(queuedBit) {
-			sl.set(queuedBit)
-			s.dirty = append(s.dirty, sl)
-		}
-	}
-	if s != nil {
-		s.mu.Unlock()
-	}
-}
-
-// Start starts the flush and expiry loops. They stop when ctx ends or at
-// Close. Calling Start again does nothing.
-func (c *Cache) Start(ctx context.Context) {
-	c.life.Lock()
-	defer c.life.Unlock()
-	if c.cancel != nil || c.closed.Load() {
-		return
-	}
-	ctx, c.cancel = context.WithCancel(ctx)
-	c.loops.Add(2)
-	go c.flushLoop(ctx)
-	go c.expiryLoop(ctx)
-}
-
-// flushLoop flushes every FlushInterval, and at once when a shard's
-// evicted entries waiting for their write reach its pendingMax.
-func (c *Cache) flushLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.FlushInterval, c.flushNow, func() {
-		_ = c.Flush(ctx) // logged and counted by Flush
-	})
-}
-
-func (c *Cache) expiryLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.ExpiryInterval, nil, func() { c.expire(time.Now().UnixNano()) })
-}
-
-// tick calls fn every d, and whenever kick (nil: never) delivers, until ctx
-// ends; it runs on a loop goroutine.
-func (c *Cache) tick(ctx context.Context, d time.Duration, kick <-chan struct{}, fn func()) {
-	defer c.loops.Done()
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-kick:
-		}
-		fn()
-	}
-}
-
-// expire runs one bounded expiry pass over the store.
-func (c *Cache) expire(now int64) {
-	n, err := c.store.DeleteExpired(now, c.cfg.ExpiryBatch)
-	c.expiredDeleted.Add(uint64(n))
-	if err != nil {
-		c.expiryErrors.Add(1)
-		c.log.Error("writeback: expiry pass failed", "err", err)
-	}
-}
-
-// Close stops the loops and waits for them, refuses further calls, flushes
-// every dirty and pending entry and closes the store. When the final flush
-// fails (or ctx ends first) the store is still closed and the error says
-// that changes were lost.
-func (c *Cache) Close(ctx context.Context) error {
-	if !c.closed.CompareAndSwap(false, true) {
-		return ErrClosed
-	}
-	c.life.Lock()
-	if c.cancel != nil {
-		c.cancel()
-	}
-	c.life.Unlock()
-	c.loops.Wait()
-	for _, s := range c.shards {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-	}
-	c.loadWG.Wait()
-	select {
-	case c.flushSem <- struct{}{}:
-	case <-ctx.Done():
-		// A flush is stuck; the store cannot be closed under it.
-		return fmt.Errorf("writeback: close: %w", ctx.Err())
-	}
-	defer func() { <-c.flushSem }()
-	ferr := c.flush(ctx)
-	if ferr != nil {
-		ferr = fmt.Errorf("writeback: close: final flush failed, unwritten changes lost: %w", ferr)
-	}
-	c.storeClosed = true
-	return errors.Join(ferr, c.store.Close())
 }

@@ -952,3 +952,64 @@ func TestAdoptUnlessReleasedSince(t *testing.T) {
 		t.Fatalf("held %+v", got)
 	}
 }
+
+// Two copies of a fixed-window counter that diverged (the two sides of a
+// healed partition each decided the key): installing the other copy never
+// lowers the count of the window held, whatever the versions say, so the
+// merged counter has seen every hit either side admitted. A newer version
+// with the lower count used to win (last writer wins): the owner that had
+// admitted the limit then admitted again (test/faults: 21 for a promise of
+// 20).
+func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
+	t.Parallel()
+	fw := bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 10, WindowMS: 3_600_000}
+	for _, tc := range []struct {
+		name    string
+		install func(c *Cache, h uint64, rec Record) bool
+	}{
+		{"Adopt", (*Cache).Adopt},
+		{"Merge", (*Cache).Merge},
+		{"AdoptUnlessReleasedSince", func(c *Cache, h uint64, rec Record) bool {
+			return c.AdoptUnlessReleasedSince(h, rec, base)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+			k := Key{"n", "k"}
+			h := hashKey(k)
+			for i := range 10 {
+				if d := decide(t, c, k, fw, 1, base+int64(i)); d.Status != bucket.UnderLimit {
+					t.Fatalf("hit %d refused", i)
+				}
+			}
+			held, _, _ := c.Get(h, k, base+10)
+			// The other side's copy: 6 hits in the same window, decided
+			// later (a newer, clock-based version).
+			other := held
+			other.State.Count = 6
+			other.Version = held.Version + uint64(time.Second)
+			tc.install(c, h, other)
+			got, _, _ := c.Get(h, k, base+20)
+			if got.State.Count != 10 {
+				t.Fatalf("after installing the other side's count 6 (newer version) over 10: count %d", got.State.Count)
+			}
+			if got.Version < other.Version {
+				t.Fatalf("version %d, want at least the installed %d (replicas must take the merge)", got.Version, other.Version)
+			}
+			if d := decide(t, c, k, fw, 1, base+30); d.Status != bucket.OverLimit {
+				t.Fatalf("admitted an 11th hit after the merge: %+v", d)
+			}
+			// The reverse: the copy held has the lower count and the
+			// newer version; the larger count arrives with an older one.
+			c2, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+			low := other
+			low.Version = held.Version + 2*uint64(time.Second)
+			tc.install(c2, h, low)
+			tc.install(c2, h, held)
+			if got, _, _ := c2.Get(h, k, base+20); got.State.Count != 10 || got.Version <= low.Version {
+				t.Fatalf("count 10 (older version) over 6 (newer): held %+v", got)
+			}
+		})
+	}
+}

@@ -33,6 +33,11 @@ type Config struct {
 	// Adopt installed, for TakeChanged (the replication of cluster). Leave
 	// it off when nothing calls TakeChanged: the list would only grow.
 	TrackChanges bool
+	// OnFlush, when set, is told of every flush that had records to write:
+	// how many, how long the store's Write took and its error (nil when
+	// they are durable). It runs on the flushing goroutine, without any
+	// shard lock held, and must not block (metrics).
+	OnFlush func(records int, took time.Duration, err error)
 }
 
 // Defaults.

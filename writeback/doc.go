@@ -42,8 +42,17 @@
 // Decide, Get, Merge, Flush, Len and Stats are safe for concurrent use. A
 // check holds one shard lock for a map lookup and the bucket decision; it
 // never waits on disk, except that a miss reads the store (without the
-// lock). A failed flush keeps every entry dirty, logs and counts the
-// failure.
+// lock). A failed flush keeps every entry dirty and counts the failure;
+// the store is then unwritable (StoreState) until a flush succeeds, which is
+// logged once each way and every minute in between. While it is, evicted
+// dirty entries stay in memory past Size (nothing is dropped), a flush is
+// tried only every FlushInterval (a store with CheckSpace is asked first,
+// so a full disk costs no copying), and expiry passes wait.
+//
+// The default store refuses a batch (ErrStoreFull) when its disk would be
+// left with less than DefaultStoreReserve plus the size of its tables:
+// pebble panics when a write-ahead-log or MANIFEST write fails, so the
+// store stops before pebble could meet a full disk.
 //
 // # Units and defaults
 //

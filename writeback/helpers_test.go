@@ -1,7 +1,6 @@
 package writeback
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/test/testsupport"
 )
 
 // base is a realistic now: 2023-11-14 in Unix nanoseconds.
@@ -33,23 +33,9 @@ func hashKey(k Key) uint64 {
 	return h
 }
 
-// logBuf is a concurrency-safe log sink for assertions.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// logBuf is testsupport.LogBuffer: a process's or a logger's output, safe
+// to read while it is written.
+type logBuf = testsupport.LogBuffer
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 

@@ -1,8 +1,24 @@
 package writeback
 
 import (
+	"errors"
 	"log/slog"
 )
+
+// ErrStoreFull is wrapped by the error of a write the store refused because
+// its disk has too little free space for the batch plus the reserve the
+// engine needs for its own work (DefaultStoreReserve). Nothing was written;
+// the caller keeps the records and tries again later.
+var ErrStoreFull = errors.New("not enough free disk space for the store")
+
+// DefaultStoreReserve is the free space, in bytes, the default store keeps
+// on its disk beyond a batch and the size of its tables: room for pebble's
+// own writes after the last accepted batch (a new write-ahead log, which
+// pebble preallocates at 4.4 MiB, a memtable flush of up to 4 MiB, the
+// MANIFEST). The size of the tables is kept free on top of it, so that a
+// compaction, which writes its output before it deletes its input, always
+// fits. docs/store.md has the measurements.
+const DefaultStoreReserve = 16 << 20
 
 // Store is the durable store the Cache flushes to and loads from.
 //
@@ -21,7 +37,8 @@ type Store interface {
 	// is an error.
 	Load(k Key) (Record, bool, error)
 	// Write stores recs as one atomic batch that is durable (synced to
-	// disk) when Write returns nil. A failed Write stores none of them.
+	// disk) when Write returns nil. A failed Write stores none of them;
+	// one refused for lack of disk space wraps ErrStoreFull.
 	Write(recs []Record) error
 	// DeleteExpired examines at most max records, resuming after the last
 	// one the previous call examined and wrapping around at the end, and
@@ -44,6 +61,12 @@ type Store interface {
 // and an empty store is opened in their place. A store that cannot be
 // opened for other reasons (permissions, a full or read-only disk, I/O
 // errors) gives an error naming the path. logger nil means slog.Default().
+//
+// The store never lets its disk fill up: before each batch it checks the
+// free space and refuses the batch (ErrStoreFull) when the batch and
+// DefaultStoreReserve plus the size of its tables would not fit, because
+// pebble treats a failed write-ahead-log or MANIFEST write as fatal and
+// panics. It implements CheckSpace (see Cache) to ask without a batch.
 func OpenStore(dir string, logger *slog.Logger) (Store, error) {
 	return openPebble(dir, logger)
 }

@@ -28,6 +28,9 @@ type pebbleStore struct {
 	log     *slog.Logger
 	corrupt atomic.Uint64
 	lock    *os.File // holds lockName's lock until Close
+	// reserve is the free space kept beyond each batch and the tables
+	// (DefaultStoreReserve); tests make it smaller.
+	reserve int64
 
 	// reported holds the corrupt tables (or, when pebble's error names
 	// none, the error texts) already logged, so that a bad table read by
@@ -74,7 +77,7 @@ func openPebble(dir string, logger *slog.Logger) (*pebbleStore, error) {
 		lock.Close()
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
 	}
-	return &pebbleStore{db: db, path: dir, log: logger, lock: lock}, nil
+	return &pebbleStore{db: db, path: dir, log: logger, lock: lock, reserve: DefaultStoreReserve}, nil
 }
 
 // lockName is the file in the data dir whose lock says a process has the
@@ -195,8 +198,38 @@ func (s *pebbleStore) Write(recs []Record) error {
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
+	if err := s.room(int64(b.Len())); err != nil {
+		return fmt.Errorf("writeback: store %s: write %d records: %w", s.path, len(recs), err)
+	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("writeback: store %s: write %d records: %w", s.path, len(recs), err)
+	}
+	return nil
+}
+
+// CheckSpace returns the error a write would get for lack of disk space
+// (wrapping ErrStoreFull), or nil when the disk has room for the reserve.
+func (s *pebbleStore) CheckSpace() error {
+	if err := s.room(0); err != nil {
+		return fmt.Errorf("writeback: store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// room refuses a batch of n bytes (its write-ahead-log size) when the disk
+// would be left with less than the reserve plus the tables' size: pebble
+// panics when a write-ahead-log or MANIFEST write fails, so the store stops
+// writing while pebble still has room for its flushes and compactions.
+// When the free space cannot be read the write goes ahead.
+func (s *pebbleStore) room(n int64) error {
+	free, err := freeBytes(s.path)
+	if err != nil {
+		return nil
+	}
+	tables := int64(s.db.Metrics().Total().Size)
+	if need := n + s.reserve + tables; free < need {
+		return fmt.Errorf("%w: %d bytes free, %d needed (batch %d, reserve %d, tables %d)",
+			ErrStoreFull, free, need, n, s.reserve, tables)
 	}
 	return nil
 }
@@ -246,6 +279,9 @@ func (s *pebbleStore) DeleteExpired(now int64, max int) (int, error) {
 	}
 	if n == 0 {
 		return 0, nil
+	}
+	if err := s.room(int64(b.Len())); err != nil {
+		return 0, fmt.Errorf("writeback: store %s: expire: %w", s.path, err)
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return 0, fmt.Errorf("writeback: store %s: expire: %w", s.path, err)

@@ -16,11 +16,17 @@
 //     [Set.Hash] of the effective rules (independent of file order and
 //     formatting) for `sluice status`.
 //   - [Watcher]: the rules in force at a path, reloaded by polling.
+//   - envoyproxy/ratelimit's YAML format (envoy.go): a file whose top level
+//     has a domain field is read as one domain of descriptors, under the
+//     same strictness, whole-file refusal and hash. [Set.MatchEnvoy] finds
+//     the [EnvoyRule] of a request's descriptor with envoyproxy/ratelimit's
+//     lookup order; the Envoy RLS adapter in transport calls it through
+//     cmd/sluice. docs/envoy.md is the format reference.
 //
 // # Concurrency
 //
 // A Set is never modified after it is built: any number of goroutines may
-// call its methods. Lookup allocates nothing and never blocks. A Watcher
+// call its methods. Lookup and MatchEnvoy allocate nothing and never block. A Watcher
 // holds the Set in force in an atomic pointer; its Lookup, Hash, Len and
 // Rules load that pointer and never wait for a reload. Reloads (the loop's
 // and [Watcher.Reload]'s) are serialised by a mutex that readers never

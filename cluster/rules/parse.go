@@ -64,7 +64,8 @@ type rule struct {
 // (rather than decoding into structs) so that every error carries the
 // field's path, line and column, and unknown or repeated fields are errors.
 type parser struct {
-	file string
+	file        string
+	descriptors int // envoy-format descriptors built so far
 }
 
 func (p *parser) errAt(n *yaml.Node, field, format string, args ...any) *Error {
@@ -87,45 +88,63 @@ func (p *parser) syntaxErr(err error) *Error {
 	return &Error{File: p.file, Msg: "YAML: " + strings.TrimPrefix(msg, "yaml: ")}
 }
 
-// parseFile parses and validates the content of one rules file. An empty
-// file (or one holding only comments, or `rules:` with nothing) has no
-// rules.
-func parseFile(file string, data []byte) ([]rule, error) {
+// parsed is the content of one rules file: Sluice rules, or one domain of
+// envoyproxy/ratelimit's format.
+type parsed struct {
+	rules []rule
+	envoy *envoyDomain
+}
+
+// parseFile parses and validates the content of one rules file. A file
+// whose top level has a domain field is envoyproxy/ratelimit's format (see
+// envoy.go); otherwise it is Sluice's. An empty file (or one holding only
+// comments, or `rules:` with nothing) has no rules.
+func parseFile(file string, data []byte) (parsed, error) {
 	p := &parser{file: file}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, nil
+			return parsed{}, nil
 		}
-		return nil, p.syntaxErr(err)
+		return parsed{}, p.syntaxErr(err)
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case errors.Is(err, io.EOF):
 	case err != nil:
-		return nil, p.syntaxErr(err)
+		return parsed{}, p.syntaxErr(err)
 	default:
-		return nil, p.errAt(&extra, "", "more than one YAML document (one file holds one document)")
+		return parsed{}, p.errAt(&extra, "", "more than one YAML document (one file holds one document)")
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
-		return nil, p.errAt(&doc, "", "not a YAML document")
+		return parsed{}, p.errAt(&doc, "", "not a YAML document")
 	}
 	root := resolve(doc.Content[0])
 	if isNull(root) {
-		return nil, nil
+		return parsed{}, nil
 	}
 	pairs, err := p.mapping(root, "")
 	if err != nil {
-		return nil, err
+		return parsed{}, err
 	}
+	if isEnvoyFile(pairs) {
+		d, err := p.envoyDoc(pairs)
+		return parsed{envoy: d}, err
+	}
+	rules, err := p.nativeDoc(pairs)
+	return parsed{rules: rules}, err
+}
+
+// nativeDoc parses the top-level fields of a Sluice rules file.
+func (p *parser) nativeDoc(pairs []pair) ([]rule, error) {
 	var list *yaml.Node
 	for _, kv := range pairs {
 		switch kv.key {
 		case "rules":
 			list = kv.val
 		default:
-			return nil, p.unknown(kv, "", "rules")
+			return nil, p.unknown(kv, "", "rules (Sluice's format) or domain (envoyproxy/ratelimit's)")
 		}
 	}
 	if list == nil || isNull(list) {

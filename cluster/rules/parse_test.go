@@ -211,7 +211,7 @@ func TestParseErrors(t *testing.T) {
 		{"shaping not bool", "rules:\n- name: a\n  limits: [{limit: 1, window: 1s, algorithm: leaky_bucket, shaping: yes}]\n",
 			`rules[0].limits[0].shaping: must be true or false, not "yes"`},
 		{"unknown top field", "rule:\n- name: a\n",
-			`r.yaml:1:1: rule: unknown field (want rules)`},
+			`r.yaml:1:1: rule: unknown field (want rules (Sluice's format) or domain`},
 		{"unknown rule field", "rules:\n- name: a\n  limit: 5\n  limits: [{limit: 1, window: 1s}]\n",
 			`r.yaml:3:3: rules[0].limit: unknown field (want name, limits,`},
 		{"unknown limit field", "rules:\n- name: a\n  limits:\n  - limit: 1\n    window: 1s\n    windows: 2\n",

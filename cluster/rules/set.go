@@ -24,7 +24,9 @@ const MaxFileSize = 8 << 20
 // Lookup never blocks; a [Watcher] swaps whole Sets.
 type Set struct {
 	limits map[string][]bucket.Limit
-	hash   string
+	// envoy holds the domains of envoyproxy/ratelimit-format files.
+	envoy map[string]*envoyDomain
+	hash  string
 	// input is the digest of the raw files (names and contents) the Set
 	// was built from; the Watcher compares it to detect changes.
 	input [sha256.Size]byte
@@ -53,12 +55,17 @@ func (s *Set) Hash() string {
 	return s.hash
 }
 
-// Len returns the number of rules.
+// Len returns the number of rules: Sluice rules, and descriptors with a
+// rate_limit in envoy-format files.
 func (s *Set) Len() int {
 	if s == nil {
 		return 0
 	}
-	return len(s.limits)
+	n := len(s.limits)
+	for _, d := range s.envoy {
+		n += d.rules
+	}
+	return n
 }
 
 // Names returns the names of the rules, sorted.
@@ -74,7 +81,7 @@ func (s *Set) Names() []string {
 	return names
 }
 
-var emptyHash = hashRules(nil)
+var emptyHash = hashRules(nil, nil)
 
 // Load reads the rules at path: a file (whatever its name), or a directory
 // whose *.yaml and *.yml entries are read (not recursively, in name order).
@@ -191,11 +198,21 @@ func build(files []source) (*Set, error) {
 	s := &Set{limits: make(map[string][]bucket.Limit), input: inputDigest(files)}
 	where := make(map[string]rule)
 	for _, f := range files {
-		rules, err := parseFile(f.path, f.data)
+		content, err := parseFile(f.path, f.data)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range rules {
+		if d := content.envoy; d != nil {
+			if prev, ok := s.envoy[d.domain]; ok {
+				return nil, &Error{File: d.file, Line: d.line, Column: d.column, Field: "domain",
+					Msg: fmt.Sprintf("domain %q is already defined at %s:%d:%d", d.domain, prev.file, prev.line, prev.column)}
+			}
+			if s.envoy == nil {
+				s.envoy = make(map[string]*envoyDomain)
+			}
+			s.envoy[d.domain] = d
+		}
+		for _, r := range content.rules {
 			if prev, ok := where[r.name]; ok {
 				return nil, &Error{File: r.file, Line: r.line, Column: r.column, Field: r.field,
 					Msg: fmt.Sprintf("%q is already defined at %s:%d:%d", r.name, prev.file, prev.line, prev.column)}
@@ -204,13 +221,14 @@ func build(files []source) (*Set, error) {
 			s.limits[r.name] = slices.Clip(r.limits)
 		}
 	}
-	s.hash = hashRules(s.limits)
+	s.hash = hashRules(s.limits, s.envoy)
 	return s, nil
 }
 
 // hashRules hashes the effective rules in name order: every field of every
-// limit, so that any change in behaviour changes the hash.
-func hashRules(m map[string][]bucket.Limit) string {
+// limit, so that any change in behaviour changes the hash; then the envoy
+// domains, when there are any (so Sluice-only rules hash as before).
+func hashRules(m map[string][]bucket.Limit, envoy map[string]*envoyDomain) string {
 	names := make([]string, 0, len(m))
 	for n := range m {
 		names = append(names, n)
@@ -230,6 +248,9 @@ func hashRules(m map[string][]bucket.Limit) string {
 			}
 		}
 		h.Write(b)
+	}
+	if len(envoy) > 0 {
+		hashEnvoy(h, envoy)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -164,7 +164,7 @@ rules:
 func TestHashCoversEveryField(t *testing.T) {
 	t.Parallel()
 	base := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 1000}
-	seen := map[string]bool{hashRules(map[string][]bucket.Limit{"n": {base}}): true}
+	seen := map[string]bool{hashRules(map[string][]bucket.Limit{"n": {base}}, nil): true}
 	typ := reflect.TypeFor[bucket.Limit]()
 	for i := range typ.NumField() {
 		l := base
@@ -179,7 +179,7 @@ func TestHashCoversEveryField(t *testing.T) {
 		default:
 			t.Fatalf("field %s of kind %s: teach hashRules and this test about it", typ.Field(i).Name, f.Kind())
 		}
-		h := hashRules(map[string][]bucket.Limit{"n": {l}})
+		h := hashRules(map[string][]bucket.Limit{"n": {l}}, nil)
 		if seen[h] {
 			t.Errorf("changing %s does not change the hash", typ.Field(i).Name)
 		}

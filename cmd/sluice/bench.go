@@ -16,6 +16,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
@@ -24,6 +28,7 @@ import (
 // benchResult is the summary `sluice bench --json` prints.
 type benchResult struct {
 	Addrs        []string `json:"addrs"`
+	Envoy        string   `json:"envoy,omitempty"`
 	Concurrency  int      `json:"concurrency"`
 	Batch        int      `json:"batch"`
 	Keys         int      `json:"keys"`
@@ -41,6 +46,13 @@ type benchResult struct {
 	P99us        float64  `json:"p99_us"`
 	MaxUs        float64  `json:"max_us"`
 	FirstError   string   `json:"first_error,omitempty"`
+	// With --owner-aware: checks sent straight to their owner, to any node
+	// (no table, or the owner failed), and decided by another node than
+	// the table's owner (the cluster forwarded them).
+	OwnerAware    bool   `json:"owner_aware,omitempty"`
+	OwnerRouted   uint64 `json:"owner_routed,omitempty"`
+	OwnerFallback uint64 `json:"owner_fallback,omitempty"`
+	OwnerMoved    uint64 `json:"owner_moved,omitempty"`
 }
 
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -50,7 +62,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	conc := fs.Int("concurrency", 50, "concurrent callers")
 	batch := fs.Int("batch", 1, "checks per call (1..1000)")
 	keys := fs.Int("keys", 10_000, "distinct keys")
-	name := fs.String("name", "bench", "limit name of every check")
+	sequential := fs.Bool("sequential", false, "take the keys in order (key:0, key:1, …, then again from key:0) instead of at random: with --calls keys/batch, every key once")
+	name := fs.String("name", "bench", "limit name of every check (with --envoy: the key of every descriptor's entry)")
+	envoy := fs.String("envoy", "", "call envoy.service.ratelimit.v3 ShouldRateLimit for this domain instead of Check: --batch descriptors per call, each {NAME: KEY}; the node's rules give the limit")
 	limit := fs.Int64("limit", 1<<40, "limit of every key (the default admits everything)")
 	window := fs.Duration("window", time.Minute, "window of every key")
 	algorithm := fs.String("algorithm", "sliding_window", "algorithm of every key: sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra")
@@ -59,11 +73,14 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
 	callTimeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
-	conns := fs.Int("conns", 2, "gRPC connections per address (callers spread over them)")
+	conns := fs.Int("conns", 2, "gRPC connections per address (callers spread over them); with --owner-aware, one per member")
+	ownerAware := fs.Bool("owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (transport.WithOwnerRouting) instead of to any node")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
+	var sec clientFlags
+	sec.register(fs, false)
 	gcMinHeap := byteSize(DefaultGCMinHeap)
 	fs.Var(&gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
-	if err := fs.Parse(args); err != nil {
+	if err := parseWithEnv(fs, args); err != nil {
 		return err
 	}
 	alg, err := bucket.ParseAlgorithm(*algorithm)
@@ -83,6 +100,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--duration %v: want a positive duration up to 24h", *duration)
 	case *window < time.Millisecond:
 		return fmt.Errorf("--window %v: want at least 1ms", *window)
+	case *ownerAware && *envoy != "":
+		return errors.New("--owner-aware routes the native Check API: it does not go with --envoy")
 	case alg == bucket.SlidingLog && *limit > bucket.MaxLogLimit:
 		return fmt.Errorf("--algorithm sliding_log keeps one timestamp per hit: give a --limit of at most %d", bucket.MaxLogLimit)
 	}
@@ -94,13 +113,36 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 	list := strings.Split(*addrs, ",")
-	for range *conns {
-		for _, a := range list {
-			c, err := transport.Dial(strings.TrimSpace(a))
-			if err != nil {
-				return fmt.Errorf("%s: %w", a, err)
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return err
+	}
+	var owned *transport.ClusterClient
+	if *ownerAware {
+		trimmed := make([]string, len(list))
+		for i, a := range list {
+			trimmed[i] = strings.TrimSpace(a)
+		}
+		owned, err = transport.NewClient(trimmed, transport.WithDialOptions(opts...), transport.WithOwnerRouting(0))
+		if err != nil {
+			return err
+		}
+		defer owned.Close()
+		rctx, rcancel := context.WithTimeout(ctx, *callTimeout)
+		err = owned.RefreshOwners(rctx)
+		rcancel()
+		if err != nil {
+			return fmt.Errorf("--owner-aware: %w", err)
+		}
+	} else {
+		for range *conns {
+			for _, a := range list {
+				c, err := transport.Dial(strings.TrimSpace(a), opts...)
+				if err != nil {
+					return fmt.Errorf("%s: %w", a, err)
+				}
+				clients = append(clients, c)
 			}
-			clients = append(clients, c)
 		}
 	}
 	if *cpuProfile != "" {
@@ -128,30 +170,41 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		firstErr                                atomic.Pointer[string]
 		wg                                      sync.WaitGroup
 		budget                                  = *maxCalls
+		nextKey                                 atomic.Uint64
 	)
 	start := time.Now()
 	for w := range *conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := clients[w%len(clients)]
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			req := &sluicev1.CheckRequest{Requests: make([]*sluicev1.RateLimitRequest, *batch)}
-			for i := range req.Requests {
-				req.Requests[i] = &sluicev1.RateLimitRequest{Name: *name, Hits: 1, Limit: *limit, WindowMs: window.Milliseconds(), Algorithm: sluicev1.Algorithm(alg)}
+			tmpl := &sluicev1.RateLimitRequest{Name: *name, Hits: proto.Int64(1), Limit: *limit, WindowMs: window.Milliseconds(), Algorithm: sluicev1.Algorithm(alg)}
+			var call benchCall
+			switch {
+			case owned != nil:
+				call = benchCheck(owned.CheckProto, *batch, tmpl)
+			case *envoy != "":
+				call = benchEnvoy(rlsv3.NewRateLimitServiceClient(clients[w%len(clients)].Conn()), *envoy, *name, *batch)
+			default:
+				call = benchCheck(clients[w%len(clients)].Check, *batch, tmpl)
 			}
+			keys := make([]string, *batch)
 			for runCtx.Err() == nil {
 				if budget > 0 && issued.Add(1) > budget {
 					return
 				}
-				for _, r := range req.Requests {
-					r.Key = keyNames[rng.IntN(len(keyNames))]
+				for i := range keys {
+					if *sequential {
+						keys[i] = keyNames[(nextKey.Add(1)-1)%uint64(len(keyNames))]
+					} else {
+						keys[i] = keyNames[rng.IntN(len(keyNames))]
+					}
 				}
 				t := time.Now()
 				// Each call has its own deadline: the end of the run stops
 				// new calls but does not cut off the ones in flight.
 				cctx, ccancel := context.WithTimeout(ctx, *callTimeout)
-				resp, err := c.Check(cctx, req)
+				n, ok, overLimit, itemErr, err := call(cctx, keys)
 				ccancel()
 				d := time.Since(t)
 				if err != nil {
@@ -164,17 +217,12 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					continue
 				}
 				lat.record(d)
-				checks.Add(int64(len(resp.Responses)))
-				for _, r := range resp.Responses {
-					switch {
-					case r.Error != "":
-						itemErrs.Add(1)
-						firstErr.CompareAndSwap(nil, &r.Error)
-					case r.Status == sluicev1.Status_STATUS_OVER_LIMIT:
-						over.Add(1)
-					default:
-						allowed.Add(1)
-					}
+				checks.Add(n)
+				allowed.Add(ok)
+				over.Add(overLimit)
+				if itemErr != "" {
+					itemErrs.Add(n - ok - overLimit)
+					firstErr.CompareAndSwap(nil, &itemErr)
 				}
 			}
 		}()
@@ -203,7 +251,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	<-done
 	secs := time.Since(start).Seconds()
 	res := benchResult{
-		Addrs: list, Concurrency: *conc, Batch: *batch, Keys: *keys, Seconds: secs,
+		Addrs: list, Envoy: *envoy, Concurrency: *conc, Batch: *batch, Keys: *keys, Seconds: secs,
 		Calls: lat.count(), Checks: checks.Load(), Allowed: allowed.Load(), Over: over.Load(),
 		ItemErrors: itemErrs.Load(), CallErrors: callErrs.Load(),
 		ChecksPerSec: float64(checks.Load()) / secs, CallsPerSec: float64(lat.count()) / secs,
@@ -211,6 +259,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if p := firstErr.Load(); p != nil {
 		res.FirstError = *p
+	}
+	if owned != nil {
+		st := owned.OwnerStats()
+		res.OwnerAware, res.OwnerRouted, res.OwnerFallback, res.OwnerMoved = true, st.Routed, st.Fallback, st.Moved
 	}
 	if *asJSON {
 		b, _ := json.Marshal(res)
@@ -220,6 +272,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "checks/s %.0f   calls/s %.0f\n", res.ChecksPerSec, res.CallsPerSec)
 		fmt.Fprintf(stdout, "latency per call: p50 %.0fµs  p90 %.0fµs  p99 %.0fµs  max %.0fµs\n", res.P50us, res.P90us, res.P99us, res.MaxUs)
 		fmt.Fprintf(stdout, "allowed %d  over limit %d  item errors %d  call errors %d\n", res.Allowed, res.Over, res.ItemErrors, res.CallErrors)
+		if res.OwnerAware {
+			fmt.Fprintf(stdout, "owner-aware: %d checks sent to their owner, %d to any node, %d decided by another node\n", res.OwnerRouted, res.OwnerFallback, res.OwnerMoved)
+		}
 		if res.FirstError != "" {
 			fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
 		}
@@ -231,6 +286,71 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("no call succeeded")
 	}
 	return nil
+}
+
+// benchCall makes one call with the given keys and returns how many
+// checks were answered, allowed and over the limit, and the first item
+// error (the rest of the answered checks are item errors).
+type benchCall func(ctx context.Context, keys []string) (n, allowed, over int64, itemErr string, err error)
+
+// benchCheck calls check (a node's Check, or an owner-routing client's
+// CheckProto) with one item per key, each a copy of tmpl.
+func benchCheck(check func(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error), batch int, tmpl *sluicev1.RateLimitRequest) benchCall {
+	req := &sluicev1.CheckRequest{Requests: make([]*sluicev1.RateLimitRequest, batch)}
+	for i := range req.Requests {
+		req.Requests[i] = proto.CloneOf(tmpl)
+	}
+	return func(ctx context.Context, keys []string) (n, allowed, over int64, itemErr string, err error) {
+		for i, r := range req.Requests {
+			r.Key = keys[i]
+		}
+		resp, err := check(ctx, req)
+		if err != nil {
+			return 0, 0, 0, "", err
+		}
+		for _, r := range resp.Responses {
+			switch {
+			case r.Error != "":
+				if itemErr == "" {
+					itemErr = r.Error
+				}
+			case r.Status == sluicev1.Status_STATUS_OVER_LIMIT:
+				over++
+			default:
+				allowed++
+			}
+		}
+		return int64(len(resp.Responses)), allowed, over, itemErr, nil
+	}
+}
+
+// benchEnvoy calls ShouldRateLimit in domain with one descriptor
+// {entryKey: key} per key, as Envoy's rate limit filter does.
+func benchEnvoy(c rlsv3.RateLimitServiceClient, domain, entryKey string, batch int) benchCall {
+	req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: make([]*rlcommon.RateLimitDescriptor, batch)}
+	for i := range req.Descriptors {
+		req.Descriptors[i] = &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: entryKey}}}
+	}
+	return func(ctx context.Context, keys []string) (n, allowed, over int64, itemErr string, err error) {
+		for i, d := range req.Descriptors {
+			d.Entries[0].Value = keys[i]
+		}
+		resp, err := c.ShouldRateLimit(ctx, req)
+		if err != nil {
+			return 0, 0, 0, "", err
+		}
+		if len(resp.Statuses) != len(req.Descriptors) {
+			return 0, 0, 0, "", fmt.Errorf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+		}
+		for _, st := range resp.Statuses {
+			if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+				over++
+			} else {
+				allowed++
+			}
+		}
+		return int64(len(resp.Statuses)), allowed, over, "", nil
+	}
 }
 
 // histogram is a lock-free log-linear latency histogram: 16 sub-buckets per

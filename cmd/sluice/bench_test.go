@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -11,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -51,11 +54,22 @@ func (h *allowAll) CheckForwarded(ctx context.Context, _ string, reqs []bucket.R
 
 func startBenchServer(t *testing.T, h transport.Handler) string {
 	t.Helper()
+	return startBenchServerWith(t, h, nil)
+}
+
+// startBenchServerWith is startBenchServer with the owner table owners
+// makes for the server's address (nil: none).
+func startBenchServerWith(t *testing.T, h transport.Handler, owners func(addr string) transport.OwnerSource) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := transport.NewServer(transport.ServerConfig{GRPCListener: l, Handler: h})
+	cfg := transport.ServerConfig{GRPCListener: l, Handler: h}
+	if owners != nil {
+		cfg.Owners = owners(l.Addr().String())
+	}
+	s, err := transport.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +117,50 @@ func TestBenchSpreadsCallersOverConnections(t *testing.T) {
 	}
 }
 
+// oneOwner is the owner table of a one-node cluster: node n1 (allowAll's
+// name) at addr owns every partition.
+type oneOwner struct{ addr string }
+
+func (o oneOwner) Owners(context.Context) (*sluicev1.OwnersResponse, error) {
+	return &sluicev1.OwnersResponse{Node: "n1", Ready: true, Version: 1, Hash: transport.OwnerHash, Partitions: 7,
+		Members: []*sluicev1.OwnerMember{{Name: "n1", GrpcAddr: o.addr}}, Owners: make([]uint32, 7)}, nil
+}
+
+func TestBenchOwnerAware(t *testing.T) {
+	t.Parallel()
+	h := &allowAll{from: map[string]bool{}}
+	addr := startBenchServerWith(t, h, func(a string) transport.OwnerSource { return oneOwner{a} })
+	var out, errOut bytes.Buffer
+	err := bench(context.Background(), []string{
+		"--addr", addr, "--owner-aware", "--concurrency", "4", "--keys", "10",
+		"--calls", "40", "--duration", "20s", "--json", "--gc-min-heap", "0",
+	}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench: %v (%s)", err, errOut.String())
+	}
+	var res benchResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("summary %q: %v", out.String(), err)
+	}
+	if !res.OwnerAware || res.Checks != 40 || res.OwnerRouted != 40 || res.OwnerFallback != 0 || res.OwnerMoved != 0 || res.CallErrors != 0 {
+		t.Errorf("summary %+v; want 40 checks, all routed to their owner", res)
+	}
+	if got := h.checks.Load(); got != 40 {
+		t.Errorf("server saw %d checks, want 40", got)
+	}
+
+	// A node that serves no owner table: the run is refused, saying why.
+	plain := startBenchServer(t, &allowAll{from: map[string]bool{}})
+	err = bench(context.Background(), []string{"--addr", plain, "--owner-aware", "--calls", "1", "--gc-min-heap", "0"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "--owner-aware") || !strings.Contains(err.Error(), "not available") {
+		t.Errorf("--owner-aware against a node without an owner table: %v", err)
+	}
+	err = bench(context.Background(), []string{"--addr", addr, "--owner-aware", "--envoy", "d"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "--envoy") {
+		t.Errorf("--owner-aware with --envoy: %v, want refused", err)
+	}
+}
+
 func TestBenchRefusesBadConns(t *testing.T) {
 	t.Parallel()
 	for _, n := range []string{"0", "1001"} {
@@ -110,6 +168,101 @@ func TestBenchRefusesBadConns(t *testing.T) {
 		err := bench(context.Background(), []string{"--addr", "127.0.0.1:1", "--conns", n}, &out, &errOut)
 		if err == nil || !strings.Contains(err.Error(), "--conns") {
 			t.Errorf("--conns %s: err %v, want a --conns error", n, err)
+		}
+	}
+}
+
+// overOnZero refuses the checks whose key ends in "0" and allows the rest,
+// counting both; it remembers the names and keys it saw.
+type overOnZero struct {
+	allowed, over atomic.Int64
+	mu            sync.Mutex
+	seen          map[string]bool // name + " " + key
+}
+
+func (h *overOnZero) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	for i := range reqs {
+		h.mu.Lock()
+		h.seen[reqs[i].Name+" "+reqs[i].Key] = true
+		h.mu.Unlock()
+		st := bucket.UnderLimit
+		if strings.HasSuffix(reqs[i].Key, "0") {
+			st = bucket.OverLimit
+			h.over.Add(1)
+		} else {
+			h.allowed.Add(1)
+		}
+		out[i] = bucket.Outcome{Decision: bucket.Decision{Status: st, Limit: reqs[i].Limit.Limit}, Owner: "n1"}
+	}
+}
+
+func (h *overOnZero) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.Check(ctx, reqs, out)
+}
+
+func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.Check(ctx, reqs, out)
+}
+
+// edgeRule gives every descriptor of domain "edge" one hourly limit.
+type edgeRule struct{}
+
+func (edgeRule) MatchEnvoy(domain string, _ []transport.EnvoyEntry) transport.EnvoyMatch {
+	if domain != "edge" {
+		return transport.EnvoyMatch{}
+	}
+	return transport.EnvoyMatch{Known: true, Name: "envoy:edge", Found: true, Rule: transport.EnvoyRule{
+		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 1000, WindowMS: 3_600_000},
+		Unit:  rlsv3.RateLimitResponse_RateLimit_HOUR,
+	}}
+}
+
+// TestBenchEnvoy runs a bounded bench of ShouldRateLimit calls and checks
+// that every descriptor became the check of its key in the domain, and
+// that the summary counts what the server decided.
+func TestBenchEnvoy(t *testing.T) {
+	t.Parallel()
+	h := &overOnZero{seen: map[string]bool{}}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := transport.NewServer(transport.ServerConfig{GRPCListener: l, Handler: h, Envoy: transport.EnvoyConfig{Rules: edgeRule{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	var out, errOut bytes.Buffer
+	err = bench(context.Background(), []string{
+		"--addr", s.GRPCAddr(), "--envoy", "edge", "--name", "user", "--concurrency", "4", "--batch", "5",
+		"--keys", "20", "--calls", "50", "--duration", "20s", "--json", "--gc-min-heap", "0",
+	}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench: %v (%s)", err, errOut.String())
+	}
+	var res benchResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("summary %q: %v", out.String(), err)
+	}
+	if res.Envoy != "edge" || res.Calls != 50 || res.Checks != 250 || res.CallErrors != 0 || res.ItemErrors != 0 {
+		t.Errorf("summary %+v; want 50 calls of 5 descriptors in domain edge, no errors", res)
+	}
+	if res.Allowed != h.allowed.Load() || res.Over != h.over.Load() || res.Over == 0 || res.Allowed == 0 {
+		t.Errorf("bench counted %d allowed and %d over; the server decided %d and %d", res.Allowed, res.Over, h.allowed.Load(), h.over.Load())
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.seen {
+		var n int
+		if _, err := fmt.Sscanf(k, "envoy:edge user=key:%d", &n); err != nil || n < 0 || n >= 20 {
+			t.Errorf("the server saw check %q, want envoy:edge user=key:N with N < 20", k)
 		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/transport"
 )
 
-// jsonOut prints protobuf messages as DESIGN §4 asks: proto field names,
+// jsonOut prints protobuf messages as docs/architecture.md §4 asks: proto field names,
 // every field present.
 var jsonOut = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
@@ -55,9 +55,14 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	})
 	asJSON := fs.Bool("json", false, "print the response as protobuf JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
-	if err := fs.Parse(args); err != nil {
+	var sec clientFlags
+	sec.register(fs, false)
+	if err := parseWithEnv(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitAllowed
+		}
+		if msg := err.Error(); strings.HasPrefix(msg, "SLUICE_") || strings.HasPrefix(msg, "unexpected argument") {
+			fmt.Fprintf(stderr, "sluice check: %v\n", err) // the flag package printed the others
 		}
 		return exitError
 	}
@@ -117,7 +122,11 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		inline = bucket.Limit{}
 	}
 	req := transport.RequestToProto(bucket.Request{Name: *name, Key: *key, Hits: *hits, Limit: inline, More: more})
-	c, err := transport.Dial(*addr)
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return fail("%v", err)
+	}
+	c, err := transport.Dial(*addr, opts...)
 	if err != nil {
 		return fail("%s: %v", *addr, err)
 	}

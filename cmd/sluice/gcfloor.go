@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
@@ -20,19 +21,32 @@ import (
 // allocates about 11 KB, so at GOGC=100 a node under load collects 20–30
 // times a second and spends a fifth of its CPU on it (docs/performance.md).
 // gcFloor raises GOGC while the live heap is small so that the heap goal
-// stays at least a floor (--gc-min-heap, 64 MiB by default), and gives the
-// process's own GOGC back once the live heap is large enough that the goal
-// is above the floor anyway. A GOMEMLIMIT still applies: the runtime
+// stays at least a floor, and gives the process's own GOGC back once the
+// live heap is large enough that the goal is above the floor anyway. The
+// floor is sized to the traffic: room for what the process allocated in
+// the last second (gcFloorSpan), at most --gc-min-heap (64 MiB by
+// default). So a node under load collects about once a second, as with a
+// fixed floor, while an idle node, which allocates little, keeps GOGC and
+// a heap of a few MiB instead of letting garbage grow to 64 MiB. Above
+// the floor the same rule lowers GOGC, down to gcMinPercent, for a large
+// live heap that allocation does not need room for (a quiet node holding
+// many keys). It
+// adjusts after every collection, when the runtime measures the live heap
+// anew, and otherwise every gcFloorRecheck, so that a floor raised by a
+// burst comes down once the node is quiet although no collection follows
+// (an idle heap would not reach the raised goal). A GOMEMLIMIT still applies: the runtime
 // collects at whichever of the goal and the limit comes first.
 
 // DefaultGCMinHeap is the default heap floor of `sluice serve` and
 // `sluice bench` (--gc-min-heap).
 const DefaultGCMinHeap = 64 << 20
 
-// gcFloorInterval is how often the floor reads the live heap. A live heap
-// that grows fast can overshoot the floor by what is allocated in one
-// interval before GOGC comes back down.
-const gcFloorInterval = 250 * time.Millisecond
+// gcFloorSpan is how many seconds of allocation the floor makes room for:
+// below --gc-min-heap, a collection about once per span.
+const gcFloorSpan = time.Second
+
+// gcFloorRecheck is how often the floor is recomputed between collections.
+const gcFloorRecheck = 10 * time.Second
 
 // runtimeHeapMinimum is the Go runtime's smallest heap goal at GOGC=100;
 // the runtime scales it by GOGC/100 (runtime/mgcpacer.go, heapMinimum), so
@@ -60,15 +74,24 @@ func gcPercentFor(live, floor uint64, base int) int {
 	return max(base, int(min(p, maxGCPercent)))
 }
 
-// gcFloor adjusts GOGC from the live heap. Its functions are the runtime's
-// (newGCFloor) or a test's.
+// gcFloor adjusts GOGC from the live heap and the allocation rate. Its
+// functions are the runtime's (newGCFloor) or a test's.
 type gcFloor struct {
-	floor uint64
-	base  int               // the process's own GOGC
-	every time.Duration     // how often run adjusts
-	live  func() uint64     // live heap after the last collection, bytes
-	set   func(percent int) // debug.SetGCPercent
-	cur   int               // the GOGC set last
+	floor  uint64            // the largest floor (--gc-min-heap)
+	base   int               // the process's own GOGC
+	span   time.Duration     // seconds of allocation the floor makes room for
+	every  time.Duration     // recheck interval without collections
+	sample func() heapSample // the heap now
+	set    func(percent int) // debug.SetGCPercent
+	cur    int               // the GOGC set last
+	last   heapSample        // at the previous adjustment
+}
+
+// heapSample is what the floor reads of the heap.
+type heapSample struct {
+	live   uint64    // live heap after the last collection, bytes
+	allocs uint64    // bytes allocated since the process started
+	at     time.Time // when read
 }
 
 // newGCFloor returns a floor of floor bytes over the runtime's GC, with the
@@ -78,18 +101,20 @@ func newGCFloor(floor uint64) *gcFloor {
 	if v, ok := os.LookupEnv("GOGC"); ok {
 		base = parseGOGC(v)
 	}
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	ms := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}}
 	return &gcFloor{
 		floor: floor,
 		base:  base,
-		every: gcFloorInterval,
+		span:  gcFloorSpan,
+		every: gcFloorRecheck,
 		cur:   base,
-		live: func() uint64 {
-			metrics.Read(live)
-			if live[0].Value.Kind() != metrics.KindUint64 {
-				return math.MaxUint64 // unknown: leave GOGC alone
+		sample: func() heapSample {
+			metrics.Read(ms)
+			s := heapSample{live: math.MaxUint64, at: time.Now()} // unknown: leave GOGC alone
+			if ms[0].Value.Kind() == metrics.KindUint64 && ms[1].Value.Kind() == metrics.KindUint64 {
+				s.live, s.allocs = ms[0].Value.Uint64(), ms[1].Value.Uint64()
 			}
-			return live[0].Value.Uint64()
+			return s
 		},
 		set: func(p int) { debug.SetGCPercent(p) },
 	}
@@ -108,11 +133,56 @@ func parseGOGC(v string) int {
 	return n
 }
 
-// adjust sets GOGC for the live heap now; it changes it only when the new
-// value differs from the last by more than a tenth, so a steady heap costs
-// no calls into the runtime.
+// floorFor returns the floor for the heap now: room above the live heap
+// for what was allocated in one span at the rate since the previous
+// sample, at most g.floor.
+func (g *gcFloor) floorFor(s heapSample) uint64 {
+	room, ok := g.room(s)
+	if !ok || room >= g.floor {
+		return g.floor
+	}
+	return min(g.floor, s.live+room)
+}
+
+// room returns what was allocated in one span at the rate since the
+// previous sample; false when it cannot tell.
+func (g *gcFloor) room(s heapSample) (uint64, bool) {
+	dt := s.at.Sub(g.last.at)
+	if dt <= 0 || s.allocs < g.last.allocs || s.live == math.MaxUint64 {
+		return 0, false
+	}
+	r := float64(s.allocs-g.last.allocs) * float64(g.span) / float64(dt)
+	return uint64(min(r, 1<<62)), true
+}
+
+// gcMinPercent is the least GOGC the floor sets for a live heap above
+// --gc-min-heap: a quiet node holding many keys keeps a quarter of its
+// live heap as headroom instead of all of it.
+const gcMinPercent = 25
+
+// percentAbove returns GOGC for a live heap of at least the floor: the
+// headroom one span of allocation needs, between gcMinPercent and the
+// process's GOGC. A node under load keeps GOGC; a quiet one holds a
+// quarter of its live heap in garbage instead of as much again.
+func (g *gcFloor) percentAbove(s heapSample) int {
+	room, ok := g.room(s)
+	if !ok || g.base <= gcMinPercent || s.live < g.floor || s.live == 0 {
+		return g.base
+	}
+	p := (100*min(room, 1<<50) + s.live - 1) / s.live
+	return int(max(gcMinPercent, min(p, uint64(g.base))))
+}
+
+// adjust sets GOGC for the heap now; it changes it only when the new value
+// differs from the last by more than a tenth, so a steady heap costs no
+// calls into the runtime.
 func (g *gcFloor) adjust() {
-	p := gcPercentFor(g.live(), g.floor, g.base)
+	s := g.sample()
+	p := gcPercentFor(s.live, g.floorFor(s), g.base)
+	if s.live >= g.floor {
+		p = g.percentAbove(s)
+	}
+	g.last = s
 	if p == g.cur {
 		return
 	}
@@ -123,13 +193,15 @@ func (g *gcFloor) adjust() {
 	g.cur = p
 }
 
-// run adjusts GOGC at once and then every interval until ctx ends, and then
-// gives the process's own GOGC back.
-func (g *gcFloor) run(ctx context.Context) {
+// run adjusts GOGC whenever cycles delivers (after each collection) until
+// ctx ends, and then gives the process's own GOGC back. Until the first
+// collection the process's GOGC applies: the runtime's 4 MiB minimum goal.
+// Between collections it adjusts every g.every.
+func (g *gcFloor) run(ctx context.Context, cycles <-chan struct{}) {
 	if g.base < 0 || g.floor == 0 {
 		return
 	}
-	g.adjust()
+	g.last = g.sample()
 	t := time.NewTicker(g.every)
 	defer t.Stop()
 	for {
@@ -140,10 +212,34 @@ func (g *gcFloor) run(ctx context.Context) {
 				g.cur = g.base
 			}
 			return
+		case <-cycles:
+			g.adjust()
+			t.Reset(g.every)
 		case <-t.C:
 			g.adjust()
 		}
 	}
+}
+
+// notifyGC sends on ch, without blocking, after every garbage collection
+// until done is closed: an object that nothing references is finalized
+// by the collection after it is allocated, and its finalizer allocates
+// the next one.
+func notifyGC(ch chan<- struct{}, done <-chan struct{}) {
+	type canary struct{ _ *byte } // holds a pointer, so it is never batched in a tiny block
+	c := &canary{}
+	runtime.SetFinalizer(c, func(*canary) {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		select {
+		case ch <- struct{}{}:
+		default: // the floor has not caught up with the previous one
+		}
+		notifyGC(ch, done)
+	})
 }
 
 // byteSize is a flag value of bytes: a whole number with an optional unit,
@@ -213,10 +309,12 @@ func startGCFloor(floor uint64) (stop func()) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	cycles := make(chan struct{}, 1)
+	notifyGC(cycles, ctx.Done())
 	g := newGCFloor(floor)
 	go func() {
 		defer close(done)
-		g.run(ctx)
+		g.run(ctx, cycles)
 	}()
 	return func() {
 		cancel()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -49,52 +50,77 @@ func TestGCPercentFor(t *testing.T) {
 }
 
 // TestGCFloorFollowsTheLiveHeap runs the loop in a bubble against a fake
-// runtime: GOGC goes up while the heap is small, is left alone for small
-// changes, comes back to the base as the heap grows, and is given back
-// when the loop stops.
+// runtime: after each collection GOGC goes up while the heap is small and
+// the allocation rate high, is left alone for small changes, comes back to
+// the base as the heap grows, comes down without a collection once the
+// process is quiet, and is given back when the loop stops.
 func TestGCFloorFollowsTheLiveHeap(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		const mib = 1 << 20
 		var mu sync.Mutex
-		live := uint64(5 * mib)
+		live, allocs := uint64(5*mib), uint64(0)
 		var sets []int
 		g := &gcFloor{
-			floor: 64 * mib, base: 100, cur: 100, every: time.Second,
-			live: func() uint64 { mu.Lock(); defer mu.Unlock(); return live },
-			set:  func(p int) { mu.Lock(); defer mu.Unlock(); sets = append(sets, p) },
+			floor: 64 * mib, base: 100, cur: 100, span: time.Second, every: 10 * time.Second,
+			sample: func() heapSample {
+				mu.Lock()
+				defer mu.Unlock()
+				return heapSample{live: live, allocs: allocs, at: time.Now()}
+			},
+			set: func(p int) { mu.Lock(); defer mu.Unlock(); sets = append(sets, p) },
 		}
-		setLive := func(v uint64) { mu.Lock(); live = v; mu.Unlock() }
+		cycles := make(chan struct{})
+		// collect is a collection after a second in which the process
+		// allocated alloc bytes and kept live.
+		collect := func(l, alloc uint64) {
+			time.Sleep(time.Second)
+			mu.Lock()
+			live, allocs = l, allocs+alloc
+			mu.Unlock()
+			cycles <- struct{}{}
+			synctest.Wait()
+		}
 		got := func() []int { mu.Lock(); defer mu.Unlock(); return slices.Clone(sets) }
 
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
-		go func() { g.run(ctx); close(done) }()
+		go func() { g.run(ctx, cycles); close(done) }()
 		synctest.Wait()
-		if want := []int{1180}; !slices.Equal(got(), want) {
-			t.Fatalf("at start: set %v, want %v", got(), want)
+		if len(got()) != 0 {
+			t.Fatalf("before the first collection: set %v, want nothing", got())
 		}
-		setLive(5*mib + mib/4) // 1120: within a tenth of 1180, no call
-		time.Sleep(time.Second)
-		synctest.Wait()
+		collect(5*mib, 200*mib) // busy: the whole floor
+		if want := []int{1180}; !slices.Equal(got(), want) {
+			t.Fatalf("busy: set %v, want %v", got(), want)
+		}
+		collect(5*mib+mib/4, 200*mib) // 1120: within a tenth of 1180, no call
 		if want := []int{1180}; !slices.Equal(got(), want) {
 			t.Fatalf("after a small change: set %v, want %v", got(), want)
 		}
-		setLive(16 * mib)
-		time.Sleep(time.Second)
-		synctest.Wait()
-		setLive(200 * mib)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		collect(16*mib, 200*mib)
+		collect(200*mib, 200*mib)
 		if want := []int{1180, 300, 100}; !slices.Equal(got(), want) {
 			t.Fatalf("as the heap grew: set %v, want %v", got(), want)
 		}
-		setLive(mib)
-		time.Sleep(time.Second)
+		collect(mib, 200*mib)
+		collect(mib, 15*mib) // 15 MiB a second: a floor of 16 MiB
+		if want := []int{1180, 300, 100, 1600, 400}; !slices.Equal(got(), want) {
+			t.Fatalf("as the rate fell: set %v, want %v", got(), want)
+		}
+		// Quiet, no collection: the recheck brings GOGC back.
+		mu.Lock()
+		allocs += mib
+		mu.Unlock()
+		time.Sleep(10 * time.Second)
 		synctest.Wait()
+		if want := []int{1180, 300, 100, 1600, 400, 100}; !slices.Equal(got(), want) {
+			t.Fatalf("quiet: set %v, want %v", got(), want)
+		}
+		collect(mib, 200*mib)
 		cancel()
 		<-done
-		if want := []int{1180, 300, 100, 1600, 100}; !slices.Equal(got(), want) {
+		if want := []int{1180, 300, 100, 1600, 400, 100, 1600, 100}; !slices.Equal(got(), want) {
 			t.Fatalf("after stop: set %v, want %v (the base given back)", got(), want)
 		}
 	})
@@ -106,11 +132,47 @@ func TestGCFloorOffDoesNothing(t *testing.T) {
 		{floor: 64 << 20, base: -1, cur: -1},
 		{floor: 0, base: 100, cur: 100},
 	} {
-		g.live = func() uint64 { return 1 }
+		g.sample = func() heapSample { return heapSample{live: 1} }
 		g.set = func(p int) { t.Errorf("floor %d base %d: set GOGC %d, want no call", g.floor, g.base, p) }
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		g.run(ctx) // returns at once
+		g.run(ctx, nil) // returns at once
+	}
+}
+
+// TestNotifyGCAfterEveryCollection: each collection delivers, and none
+// after done is closed.
+func TestNotifyGCAfterEveryCollection(t *testing.T) {
+	ch := make(chan struct{}, 1)
+	done := make(chan struct{})
+	notifyGC(ch, done)
+	for i := range 3 {
+		deadline := time.After(10 * time.Second)
+	wait:
+		for {
+			runtime.GC()
+			select {
+			case <-ch:
+				break wait
+			case <-deadline:
+				t.Fatalf("collection %d: no notice within 10 s", i)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	close(done)
+	runtime.GC()
+	runtime.GC()
+	select {
+	case <-ch: // one finalizer may have run before done was closed
+	default:
+	}
+	runtime.GC()
+	time.Sleep(10 * time.Millisecond)
+	select {
+	case <-ch:
+		t.Fatal("notice after done was closed")
+	default:
 	}
 }
 
@@ -177,5 +239,30 @@ func TestGCMinHeapFlag(t *testing.T) {
 	var f serveFlags
 	if err := parseWithEnv(newServeFlagSet(&f), []string{"--gc-min-heap", "lots"}); err == nil || !strings.Contains(err.Error(), "gc-min-heap") {
 		t.Errorf("--gc-min-heap lots: error %v, want one naming the flag", err)
+	}
+}
+
+// TestGCPercentAboveTheFloor: a live heap above the floor keeps the
+// headroom one second of allocation needs, between a quarter of the live
+// heap and the process's GOGC.
+func TestGCPercentAboveTheFloor(t *testing.T) {
+	t.Parallel()
+	const mib = 1 << 20
+	t0 := time.Unix(0, 0)
+	for _, tc := range []struct {
+		live, alloced uint64 // live heap, bytes allocated in the second before
+		base, want    int
+	}{
+		{200 * mib, 400 * mib, 100, 100}, // busy: GOGC
+		{200 * mib, 100 * mib, 100, 50},  // half of it
+		{200 * mib, mib, 100, 25},        // quiet: a quarter
+		{200 * mib, mib, 20, 20},         // never above the process's GOGC
+		{32 * mib, mib, 100, 100},        // under the floor: not this rule
+	} {
+		g := &gcFloor{floor: 64 * mib, base: tc.base, span: time.Second, last: heapSample{at: t0}}
+		got := g.percentAbove(heapSample{live: tc.live, allocs: tc.alloced, at: t0.Add(time.Second)})
+		if got != tc.want {
+			t.Errorf("live %d MiB, %d MiB/s, GOGC %d: got %d, want %d", tc.live/mib, tc.alloced/mib, tc.base, got, tc.want)
+		}
 	}
 }

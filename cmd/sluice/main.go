@@ -19,7 +19,11 @@ Usage:
   sluice serve   [flags]   run a node (sluice serve -h for flags)
   sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
   sluice status  [flags]   show the cluster as one node sees it
+  sluice health  [flags]   probe a node's /healthz (or /readyz); exit 0 healthy, 1 not
   sluice bench   [flags]   generate load against a node and summarise it
+  sluice keygen            print a new gossip key (for --gossip-key-file)
+  sluice certs   [flags]   make a development CA, node and client certificates
+  sluice rules check PATH  validate rules files or directories offline (both formats)
 `
 
 func main() {
@@ -41,10 +45,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, args[1:], stderr)
 	case "check":
 		return check(ctx, args[1:], stdout, stderr)
+	case "health":
+		return health(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = bench(ctx, args[1:], stdout, stderr)
+	case "keygen":
+		err = keygen(args[1:], stdout)
+	case "certs":
+		err = certs(args[1:], stdout, stderr)
+	case "rules":
+		err = rulesCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

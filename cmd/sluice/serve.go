@@ -33,10 +33,17 @@ type serveFlags struct {
 	flushInterval, forwardTimeout, shutdownTimeout         time.Duration
 	replicationInterval, moveWindow                        time.Duration
 	gcMinHeap                                              byteSize
+	tlsCert, tlsKey, tlsCA, clientCA, gossipKeyFile        string
+	secretsInterval, joinRetry                             time.Duration
+	pprof                                                  bool
+	envoyCountRefused, envoyResponseHeaders                bool
+	forwardAuthDenyStatus                                  int
+	configPath                                             string
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
+	fs.StringVar(&f.configPath, configFlag, "", "YAML file of settings keyed by flag name (grpc-addr: :8081); flags and SLUICE_* variables win over it")
 	fs.StringVar(&f.nodeName, "node-name", host, "unique name of this node in the cluster")
 	fs.StringVar(&f.clusterName, "cluster-name", cluster.DefaultClusterName, "name of the cluster; nodes with another name are refused (gossip and peer calls)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (public API and peer traffic)")
@@ -44,6 +51,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address, TCP and UDP")
 	fs.StringVar(&f.advertiseAddr, "advertise-addr", "", "host other nodes use to reach this one (default: the listen host, or this machine's first private address)")
 	fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses (host:port) of nodes to join")
+	fs.DurationVar(&f.joinRetry, "join-retry", time.Second, "how often a node that has not joined yet tries its seeds again")
 	fs.StringVar(&f.dataDir, "data-dir", "./sluice-data", "directory of the durable counter store")
 	fs.StringVar(&f.rulesPath, "rules", "", "rules file or directory (YAML, docs/rules.md); watched and reloaded on change")
 	fs.DurationVar(&f.rulesInterval, "rules-interval", time.Second, "how often the rules files are checked for changes")
@@ -57,8 +65,18 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "the node's certificate (PEM): served on gRPC and HTTP, presented on calls to peers; needs --tls-key and --tls-ca")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "private key of --tls-cert (PEM)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA certificate(s) of node certificates (PEM): Peer and Admin calls need a client certificate it signed")
+	fs.StringVar(&f.clientCA, "client-ca", "", "CA certificate(s) of API clients (PEM): when set, every caller must present a certificate it (or --tls-ca) signed")
+	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "base64 AES keys (16, 24 or 32 bytes), one per line, the first encrypts: gossip is encrypted, and without TLS peer calls carry proofs signed with it")
+	fs.DurationVar(&f.secretsInterval, "secrets-interval", time.Second, "how often the TLS and gossip key files are checked for changes")
+	fs.BoolVar(&f.pprof, "pprof", false, "serve /debug/pprof/ on the HTTP port (with TLS, only to node certificates)")
+	fs.BoolVar(&f.envoyCountRefused, "envoy-count-refused", true, "envoy-format limits count refused hits too, as envoyproxy/ratelimit does (false: as with its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); a rule's sluice.count_refused wins")
+	fs.BoolVar(&f.envoyResponseHeaders, "envoy-response-headers", false, "Envoy rate limit answers carry RateLimit-Policy, RateLimit and Retry-After in response_headers_to_add")
+	fs.IntVar(&f.forwardAuthDenyStatus, "forward-auth-deny-status", transport.DefaultForwardAuthDenyStatus, "HTTP status of a refusal on /v1/forward-auth, 400..499 (nginx auth_request passes only 401 and 403 on)")
 	f.gcMinHeap = DefaultGCMinHeap
-	fs.Var(&f.gcMinHeap, "gc-min-heap", "the garbage collector lets the heap grow to at least this size before it collects (bytes, or with KiB, MiB, GiB); above it GOGC applies; 0 turns the floor off")
+	fs.Var(&f.gcMinHeap, "gc-min-heap", "the most the garbage collector's heap floor lets a small heap grow before it collects: room for about one second of allocation, at most this (bytes, or with KiB, MiB, GiB); a live heap above it keeps a quarter of itself to GOGC's share as headroom, as allocation needs; 0 leaves GOGC alone")
 }
 
 // newServeFlagSet returns the flag set of `sluice serve` bound to f.
@@ -69,25 +87,11 @@ func newServeFlagSet(f *serveFlags) *flag.FlagSet {
 }
 
 // parseWithEnv parses args, then gives every flag that was not on the
-// command line the value of its SLUICE_ environment variable, if set.
+// command line the value of its SLUICE_ environment variable, if set. Every
+// subcommand parses its flags with it (serve through parseLayered, which
+// adds --config).
 func parseWithEnv(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && !given[f.Name] && err == nil {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", env, v, e)
-			}
-		}
-	})
+	_, err := parseLayered(fs, args, os.LookupEnv, os.ReadFile)
 	return err
 }
 
@@ -107,11 +111,21 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 }
 
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	return serveWith(ctx, args, stderr, tracingFromEnv(os.LookupEnv))
+}
+
+// serveWith is serve with the tracing setup given (tests pass an in-memory
+// one).
+func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tracingSetup) error {
 	var f serveFlags
 	fs := newServeFlagSet(&f)
 	fs.SetOutput(stderr)
-	if err := parseWithEnv(fs, args); err != nil {
+	src, err := parseLayered(fs, args, os.LookupEnv, os.ReadFile)
+	if err != nil {
 		return err
+	}
+	if name, err := f.validate(); err != nil {
+		return fmt.Errorf("%s: %w", src.describe(name), err)
 	}
 	lg, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
@@ -121,6 +135,32 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Now, err = testClock(os.LookupEnv, lg); err != nil {
+		return err
+	}
+	tr, stopTracing, err := tracing(ctx, f.nodeName, lg)
+	if err != nil {
+		return err
+	}
+	if stopTracing != nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stopTracing(sctx); err != nil {
+				lg.Warn("tracing: flushing spans at stop", "err", err)
+			}
+		}()
+	}
+
+	sec, err := loadSecrets(&f, lg)
+	if err != nil {
+		return err
+	}
+	cfg.Config.Keyring = sec.keyring
+	if sec.tls != nil {
+		cfg.Security = cluster.Security{TLS: true, ClientAuth: sec.tls.ClientAuthRequired()}
+	}
+	go sec.watch(ctx, f.secretsInterval)
 	defer startGCFloor(uint64(f.gcMinHeap))()
 	if f.rulesPath != "" {
 		w, err := rules.NewWatcher(f.rulesPath, lg, f.rulesInterval)
@@ -142,28 +182,53 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		grpcLn.Close()
 		return err
 	}
-	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout})
+	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
+		TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
 	defer peers.Close()
-	node, err := cluster.New(cfg, peers)
+	metrics := newNodeMetrics(watcher(cfg.Rules))
+	cfg.Cache.OnFlush = metrics.observeFlush
+	node, err := cluster.New(cfg, observedPeers{next: peers, m: metrics.peers})
 	if err != nil {
 		grpcLn.Close()
 		return err
 	}
+	envoy := transport.EnvoyConfig{StopCountingRefused: !f.envoyCountRefused, ResponseHeaders: f.envoyResponseHeaders}
+	if w := watcher(cfg.Rules); w != nil {
+		envoy.Rules = envoyRules{w}
+	}
+	nodeStats := &statusCollector{node: node, rules: watcher(cfg.Rules), dataDir: cfg.DataDir}
+	metrics.registerNode(nodeStats)
+	var ruleLimits transport.RuleLimits
+	if w := watcher(cfg.Rules); w != nil {
+		ruleLimits = w
+	}
 	srv, err := transport.NewServer(transport.ServerConfig{
-		GRPCListener: grpcLn,
-		HTTPAddr:     f.httpAddr,
-		Handler:      node,
-		Peer:         node,
-		ClusterName:  cfg.ClusterName,
-		Status:       statusSource{node: node, rules: watcher(cfg.Rules)},
-		Metrics:      metricsHandler{node},
-		Logger:       lg,
+		Envoy:                 envoy,
+		ForwardAuthDenyStatus: f.forwardAuthDenyStatus,
+		GRPCListener:          grpcLn,
+		HTTPAddr:              f.httpAddr,
+		Handler:               node,
+		Peer:                  node,
+		ClusterName:           cfg.ClusterName,
+		Status:                statusSource{node: node, rules: watcher(cfg.Rules)},
+		Owners:                &ownerSource{node: node},
+		Members:               peers,
+		Metrics:               metrics.handler(lg),
+		Observer:              metrics,
+		Degraded:              degraded(node),
+		Rules:                 ruleLimits,
+		TLS:                   sec.tls,
+		Prover:                sec.proverForPeers(),
+		Pprof:                 f.pprof,
+		Logger:                lg,
+		Tracing:               tr,
 	})
 	if err != nil {
 		grpcLn.Close()
 		node.Shutdown(context.Background())
 		return err
 	}
+	nodeStats.srv = srv
 	if err := srv.Start(); err != nil {
 		node.Shutdown(context.Background())
 		return err
@@ -240,6 +305,7 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 		}
 	}
 	cfg.DataDir = f.dataDir
+	cfg.JoinRetry = f.joinRetry
 	cfg.Cache.Size = f.cacheSize
 	cfg.Cache.FlushInterval = f.flushInterval
 	cfg.Ring.ReplicationFactor = f.replicas
@@ -335,13 +401,18 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		resp.Rules = int64(s.rules.Len())
 	}
 	for _, m := range st.Members {
-		keys, hash := int64(-1), ""
-		if m.Name == st.Node {
-			keys, hash = int64(st.Keys), st.RulesHash
+		mm := &sluicev1.Member{
+			Name: m.Name, GrpcAddr: m.GRPCAddr, State: m.State, Share: m.Share, Keys: -1,
+			Tls: m.Security.TLS, ClientAuth: m.Security.ClientAuth, GossipEncrypted: m.Security.GossipEncrypted,
 		}
-		resp.Members = append(resp.Members, &sluicev1.Member{
-			Name: m.Name, GrpcAddr: m.GRPCAddr, State: m.State, Share: m.Share, Keys: keys, RulesHash: hash,
-		})
+		if m.Name == st.Node {
+			mm.Keys, mm.RulesHash = int64(st.Keys), st.RulesHash
+			mm.ChecksPerSecond, mm.Unreplicated = st.ChecksPerSecond, int64(st.Unreplicated)
+		}
+		resp.Members = append(resp.Members, mm)
+	}
+	for _, e := range st.RecentEvents {
+		resp.Events = append(resp.Events, &sluicev1.MemberEvent{UnixMs: e.Time.UnixMilli(), Member: e.Member, Kind: e.Kind})
 	}
 	return resp, nil
 }

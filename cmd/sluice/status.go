@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
+
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -19,13 +21,19 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
-	if err := fs.Parse(args); err != nil {
+	var sec clientFlags
+	sec.register(fs, true)
+	if err := parseWithEnv(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	c, err := transport.Dial(*addr)
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return err
+	}
+	c, err := transport.Dial(*addr, opts...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
@@ -36,7 +44,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
-	fillFromMembers(ctx, st, *timeout)
+	fillFromMembers(ctx, st, *timeout, opts)
 	if *asJSON {
 		b, err := jsonOut.Marshal(st)
 		if err != nil {
@@ -48,7 +56,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "node %s: %d keys in cache, %.0f checks/s, %d partitions, %d copies of each key\n\n",
 		st.Node, st.Keys, st.ChecksPerSecond, st.Partitions, st.ReplicationFactor)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tRULES")
+	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tRULES\tSECURITY")
 	hashes := map[string]bool{}
 	for _, m := range st.Members {
 		keys := "-"
@@ -62,7 +70,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if hash == "" {
 			hash = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, hash)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, hash, transport.SecuritySummary(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -73,9 +81,9 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-// fillFromMembers asks every alive member for its own key count and rules
-// hash, which only it knows; members that do not answer keep -1 and "".
-func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout time.Duration) {
+// fillFromMembers asks every alive member for its own key count, rules
+// hash, rate and replication lag, which only it knows; members that do not answer keep -1 and "".
+func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout time.Duration, opts []grpc.DialOption) {
 	var wg sync.WaitGroup
 	for _, m := range st.Members {
 		if m.State != "alive" || m.Keys >= 0 || m.GrpcAddr == "" {
@@ -84,7 +92,7 @@ func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := transport.Dial(m.GrpcAddr)
+			c, err := transport.Dial(m.GrpcAddr, opts...)
 			if err != nil {
 				return
 			}
@@ -93,6 +101,7 @@ func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout t
 			defer cancel()
 			if own, err := c.Status(cctx); err == nil {
 				m.Keys, m.RulesHash = own.Keys, own.RulesHash
+				m.ChecksPerSecond, m.Unreplicated = own.ChecksPerSecond, own.Unreplicated
 			}
 		}()
 	}

@@ -1,0 +1,108 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+)
+
+// A node that stops running for a while — SIGSTOP, a long GC pause, a VM
+// freeze, a starved process — is a gray failure: to its peers it is alive
+// to TCP but answers nothing. Their forwards time out after ForwardTimeout
+// and the key's replica decides them as a stand-in; once the failure
+// detector declares the node dead, the next owner on the ring decides its
+// keys. Neither can tell the frozen node, and the node itself noticed
+// nothing: when it runs again its ring is the one it had, and its counts are
+// those of before the pause. Deciding from them would forget everything the
+// others admitted meanwhile.
+//
+// So the node watches its own clock. A heartbeat stamps the time every
+// ForwardTimeout/4, and every decision first compares its now with the last
+// stamp: a gap of more than ForwardTimeout (the earliest a peer can have
+// given up on this node) means the node was not running, and before it
+// decides anything it registers a move (see move) from the ring without
+// itself to its current ring, limited to the keys it owns. The keys it owns
+// are then pulled on first touch, as after a restart, from the node that
+// owned them while this one was declared dead (releasing them there) and
+// from their replicas (which stood in for it before that), and the newest
+// version wins. Versions are max(previous + 1, now), so a copy that started
+// from this node's last replicated record and was changed outranks it.
+//
+// Order is what makes it safe: the move is registered before the heartbeat
+// moves on, and a decision reads the heartbeat before the moves, so no
+// decision that runs after the pause (with a now taken after it) can miss
+// the move. A decision that was already running when the process froze
+// finishes with its old now and may change the stale state; the pull that
+// follows replaces that state with the newer copy, so its hit is counted
+// where the stand-in counted it too (its sender timed out and failed over)
+// or, when nobody stood in, it was admitted just before the pause and is
+// among the hits admitted since the last replication — the same bound as
+// for a crash. Forwards that waited in the node's sockets through the pause
+// arrive with their sender's cancellation right behind them: a check whose
+// context is done is not decided (decideGated), and a settle cut short marks
+// nothing settled, so they cannot decide from the stale state either.
+//
+// A step of the wall clock forward by more than ForwardTimeout looks like
+// a pause and costs one pull per owned key touched: it is safe.
+
+// pauseCheck notices a pause before a decision taken at now (Unix ns).
+func (n *Node) pauseCheck(now int64) {
+	if now-n.beat.Load() > int64(n.cfg.ForwardTimeout) {
+		n.noticePause(now)
+	}
+}
+
+// heartbeatLoop stamps the time every ForwardTimeout/4 and notices pauses
+// that no decision noticed first.
+func (n *Node) heartbeatLoop() {
+	n.every(max(n.cfg.ForwardTimeout/4, time.Millisecond), func(time.Time) bool {
+		now := n.now().UnixNano()
+		n.pauseCheck(now)
+		n.beat.Store(max(n.beat.Load(), now))
+		return true
+	})
+}
+
+// noticePause handles a gap in the heartbeat seen at now: once per gap,
+// whoever sees it first, and before the heartbeat moves on.
+func (n *Node) noticePause(now int64) {
+	n.pauseMu.Lock()
+	defer n.pauseMu.Unlock()
+	last := n.beat.Load()
+	if now-last <= int64(n.cfg.ForwardTimeout) {
+		return // handled by another caller
+	}
+	n.pausedFor(time.Duration(now-last), now)
+	n.beat.Store(now)
+}
+
+// pausedFor registers, after a pause of d, that every key this node owns
+// may be held newer elsewhere: a move from the ring without this node (who
+// took its keys when it was declared dead) to the current ring (whose
+// replicas stood in for it before that), for the keys it owns in the
+// current ring only.
+func (n *Node) pausedFor(d time.Duration, now int64) {
+	if !n.inRing.Load() || n.draining.Load() {
+		return
+	}
+	cur := n.ring.Table()
+	var others []ring.Member
+	for _, m := range cur.Members() {
+		if m.Name != n.name {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 || len(others) == cur.Len() {
+		return // alone, or not in its own ring: nobody decided for it
+	}
+	prev, err := n.ring.Build(others)
+	if err != nil {
+		n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
+		return
+	}
+	n.pauses.Add(1)
+	n.addMove(&move{prev: prev, cur: cur, owned: true, until: now + int64(n.cfg.MoveWindow)}, now)
+	n.log.Warn("this node did not run for longer than the forward timeout (paused, frozen or starved; or the clock jumped): "+
+		"its peers may have decided its keys meanwhile, so each key it owns is pulled from them before its next decision",
+		"gap", d.Round(time.Millisecond), "forward_timeout", n.cfg.ForwardTimeout, "window", n.cfg.MoveWindow)
+}

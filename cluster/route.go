@@ -1,0 +1,631 @@
+package cluster
+
+// Routing and deciding checks: here, at the owner, at a replica, or by the
+// unavailable-owner policy.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// Check decides reqs and fills out (len(out) == len(reqs)): each request is
+// validated, then decided here when this node owns its key, or forwarded to
+// its owner, one call per owner. Invalid requests get their own Err and do
+// not affect the others.
+func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	if n.refusedAll(out) {
+		return
+	}
+	now := n.now().UnixNano()
+	n.pauseCheck(now) // before the table and the moves are read
+	tbl := n.ring.Table()
+	if n.inRing.Load() {
+		n.presettle(ctx, reqs, false, now, func(h uint64) bool {
+			owner, ok := tbl.Owner(h)
+			return !ok || owner.Name == n.name
+		})
+	}
+	var remote []route
+	for i := range reqs {
+		r := &reqs[i]
+		lims, ok := n.prepare(r, false, &out[i])
+		if !ok {
+			continue
+		}
+		h := ring.Hash(r.Name, r.Key)
+		owner, ok := tbl.Owner(h)
+		if !ok || owner.Name == n.name {
+			if !n.inRing.Load() {
+				// Joining: what this node holds may be stale, and the
+				// cluster has not handed it anything yet.
+				out[i] = bucket.Outcome{Owner: n.name, Err: errJoining}
+				continue
+			}
+			n.decide(ctx, h, r, lims, now, &out[i])
+			if out[i].MovedTo == "" {
+				continue
+			}
+			owner = ring.Member{Addr: out[i].MovedTo}
+			out[i].MovedTo = ""
+		}
+		remote = append(remote, route{i: i, hash: h, lims: lims, owner: owner})
+	}
+	n.checks.Add(uint64(len(reqs)))
+	if len(remote) > 0 {
+		n.forward(ctx, reqs, out, remote, now)
+	}
+}
+
+// refusedAll answers every item with the refusal when this node gave up
+// joining (its name is taken): it is no member, neither deciding nor
+// forwarding, so its clients learn it at once.
+func (n *Node) refusedAll(out []bucket.Outcome) bool {
+	p := n.refused.Load()
+	if p == nil {
+		return false
+	}
+	for i := range out {
+		out[i] = bucket.Outcome{Owner: n.name, Err: (*p).Error()}
+	}
+	return true
+}
+
+// CheckForwarded decides reqs that the node from forwarded here because it
+// sees this node as their owner. A request is never forwarded again (hop
+// limit 1): when this node sees another node as the key's owner (the two
+// views differ during a membership change), or has handed the key on, the
+// item comes back undecided with MovedTo that node, and the sender asks it.
+func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	n.checkHere(ctx, reqs, out, false)
+}
+
+// CheckStandIn decides reqs that the node from sent here because their
+// owner did not answer: this node decides every one from what it holds, as
+// the key's replica, whoever owns it in its view.
+func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+	n.checkHere(ctx, reqs, out, true)
+}
+
+func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, standIn bool) {
+	if n.refusedAll(out) {
+		return
+	}
+	now := n.now().UnixNano()
+	n.pauseCheck(now) // before the table and the moves are read
+	tbl := n.ring.Table()
+	n.presettle(ctx, reqs, true, now, func(h uint64) bool {
+		owner, ok := tbl.Owner(h)
+		return standIn || !ok || owner.Name == n.name
+	})
+	for i := range reqs {
+		r := &reqs[i]
+		lims, ok := n.prepare(r, true, &out[i])
+		if !ok {
+			continue
+		}
+		h := ring.Hash(r.Name, r.Key)
+		if owner, ok := tbl.Owner(h); !standIn && ok && owner.Name != n.name {
+			out[i].MovedTo = owner.Addr
+			continue
+		}
+		if standIn && r.PullFrom != "" && r.PullFrom != n.cfg.GRPCAddr {
+			n.pullKey(ctx, h, writeback.Key{Name: r.Name, Key: r.Key}, lims, r.PullFrom)
+		}
+		n.decide(ctx, h, r, lims, now, &out[i])
+		if standIn && out[i].MovedTo != "" && !n.leaving() {
+			// This node had handed the key on (to the owner its sender
+			// could not reach, most often). A redirect would leave the
+			// sender to its own policy, deciding from what it holds —
+			// nothing, for a key it does not replicate — so the stand-in
+			// takes the key back and decides from its copy.
+			out[i].MovedTo = ""
+			n.reclaim(h, writeback.Key{Name: r.Name, Key: r.Key}, lims)
+			n.decide(ctx, h, r, lims, now, &out[i])
+		}
+	}
+}
+
+// presettle settles at once (settleBatch) the keys of a batch that this
+// node is about to decide (mine says which, by ring hash) and that a recent
+// ring change moved here; decide would otherwise settle them one by one.
+func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bool, now int64, mine func(h uint64) bool) {
+	ms := n.moves.Load()
+	if ms == nil || len(reqs) < 2 || !anyActive(*ms, now) {
+		return
+	}
+	var items []settleItem
+	var o bucket.Outcome
+	for i := range reqs {
+		r := &reqs[i]
+		lims, ok := n.prepare(r, resolved, &o)
+		if !ok {
+			continue
+		}
+		h := ring.Hash(r.Name, r.Key)
+		if !mine(h) {
+			continue
+		}
+		k := writeback.Key{Name: r.Name, Key: r.Key}
+		for j := range 1 + len(lims.more) {
+			sk := k
+			if len(lims.more) > 0 {
+				sk = writeback.SubKey(k, j)
+			}
+			if needsSettle(h, sk, *ms, n.name, now) {
+				items = append(items, settleItem{h: h, k: sk})
+			}
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	// Under the gate, like a decision: a drain that starts meanwhile hands
+	// on what was adopted. A draining node pulls nothing: a pull releases
+	// the key at its holder, which would then send its checks here, to a
+	// node that is leaving and has already handed its counters on.
+	n.gate.RLock()
+	if !n.draining.Load() {
+		n.settleBatch(ctx, items, *ms, now)
+	}
+	n.gate.RUnlock()
+}
+
+// limits are the resolved limits of a request: one, plus more decided
+// atomically with it (nil for a single limit, the common case).
+type limits struct {
+	one  *bucket.Limit // into the request or the rules; never written
+	more []bucket.Limit
+}
+
+// all returns every limit (allocates; for the multi-limit path).
+func (l limits) all() []bucket.Limit {
+	return append([]bucket.Limit{*l.one}, l.more...)
+}
+
+// prepare validates r and resolves its limits: the inline limit and
+// r.More, or r.More alone, or the rules for r.Name. A limit of 0 takes the
+// rules (docs/architecture.md §4: "0: take limit and window from the rules file"), even
+// when the request also carries a window. A resolved request, forwarded by
+// the node that resolved it, carries its limits inline, a rule's limit of 0
+// included, and is decided with them: the owner needs no rules. When it
+// fails it fills o with the error and returns false.
+func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (limits, bool) {
+	*o = bucket.Outcome{}
+	if err := r.Validate(); err != nil {
+		o.Err = err.Error()
+		return limits{}, false
+	}
+	switch {
+	case r.Limit.Limit != 0 || (resolved && r.WindowMS != 0):
+		return limits{one: &r.Limit, more: r.More}, true
+	case len(r.More) > 0:
+		return limits{one: &r.More[0], more: r.More[1:]}, true
+	}
+	if n.cfg.Rules != nil {
+		if ls, ok := n.cfg.Rules.Lookup(r.Name); ok && len(ls) > 0 {
+			return limits{one: &ls[0], more: ls[1:]}, true
+		}
+	}
+	o.Err = fmt.Sprintf("no limit given and no rule for name %q", r.Name)
+	return limits{}, false
+}
+
+// decide answers r from the local cache. When this node no longer holds the
+// key (it is draining, or handed the key to another node) it sets
+// o.MovedTo instead.
+func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
+	n.gate.RLock()
+	n.decideGated(ctx, h, r, lims, now, o)
+	n.gate.RUnlock()
+}
+
+// decideGated is decide with n.gate read-locked.
+func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
+	k := writeback.Key{Name: r.Name, Key: r.Key}
+	if n.draining.Load() {
+		if owner, ok := n.ring.Table().Owner(h); ok && owner.Name != n.name {
+			o.MovedTo = owner.Addr
+			return
+		}
+	}
+	if ms := n.moves.Load(); ms != nil {
+		if len(lims.more) == 0 {
+			n.settle(ctx, h, k, *ms, now)
+		} else {
+			for i := range 1 + len(lims.more) {
+				n.settle(ctx, h, writeback.SubKey(k, i), *ms, now)
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		// Nobody waits for the answer, and what this node holds may be
+		// stale (a forward that reached it after a pause, with its
+		// sender's cancellation right behind it; a settle cut short): a
+		// decision from it would only risk outranking a newer count.
+		o.Owner, o.Err = n.name, "check abandoned: "+err.Error()
+		return
+	}
+	err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+	if errors.Is(err, writeback.ErrMoved) {
+		// A leaving node still owns every key in its own view, but it
+		// never takes back a key another node pulled from it: it points
+		// there instead. Taking it back would let the puller, which owns
+		// the key in every other view, decide from the same count.
+		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name || n.leaving() {
+			if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
+				return
+			}
+		} else if to := n.movedTo(h, k); to != "" && to != n.cfg.GRPCAddr {
+			// This node owns the key in its view but had handed it on
+			// (views differed): take it back from where it went.
+			n.pullKey(ctx, h, k, lims, to)
+		}
+		n.reclaim(h, k, lims)
+		err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+	}
+	o.Owner = n.name
+	if err != nil {
+		o.Decision = bucket.Decision{}
+		o.Err = err.Error()
+	}
+}
+
+// decideCache applies hits to k's limits in the cache, with this node's
+// load for elastic limits, and writes the decision to *d.
+func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims limits, hits, now int64) error {
+	if len(lims.more) == 0 {
+		return n.cache.DecideTo(d, h, k, lims.one, hits, now, n.Load())
+	}
+	all, err := n.cache.DecideAll(h, k, lims.all(), hits, now, n.Load())
+	if err == nil {
+		*d = all
+	}
+	return err
+}
+
+// reclaim takes back every cache key of k's limits.
+func (n *Node) reclaim(h uint64, k writeback.Key, lims limits) {
+	if len(lims.more) == 0 {
+		n.cache.Reclaim(h, k)
+		return
+	}
+	for i := range 1 + len(lims.more) {
+		n.cache.Reclaim(h, writeback.SubKey(k, i))
+	}
+}
+
+// route is a request bound for another node.
+type route struct {
+	i     int
+	hash  uint64
+	lims  limits
+	owner ring.Member
+	from  string // the address that pointed here (stand-ins pull from it)
+}
+
+// forward sends the remote requests, one call per owner, the calls to
+// different owners in parallel.
+func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, remote []route, now int64) {
+	if oneAddr(remote) { // the common case (a single check): no grouping
+		n.forwardGroup(ctx, reqs, out, remote, now)
+		return
+	}
+	groups := groupByAddr(remote)
+	if len(groups) == 1 {
+		n.forwardGroup(ctx, reqs, out, groups[0], now)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.forwardGroup(ctx, reqs, out, g, now)
+		}()
+	}
+	n.forwardGroup(ctx, reqs, out, groups[0], now)
+	wg.Wait()
+}
+
+// oneAddr reports whether every route goes to the same address.
+func oneAddr(remote []route) bool {
+	for _, rt := range remote[1:] {
+		if rt.owner.Addr != remote[0].owner.Addr {
+			return false
+		}
+	}
+	return true
+}
+
+// groupByAddr splits routes by destination address, keeping their order.
+func groupByAddr(remote []route) [][]route {
+	var groups [][]route
+	for len(remote) > 0 {
+		addr := remote[0].owner.Addr
+		var g, rest []route
+		for _, rt := range remote {
+			if rt.owner.Addr == addr {
+				g = append(g, rt)
+			} else {
+				rest = append(rest, rt)
+			}
+		}
+		groups = append(groups, g)
+		remote = rest
+	}
+	return groups
+}
+
+// send forwards the routes to addr and fills their answers. It returns the
+// routes the peer could not answer (all of them on a transport error) and
+// those it answered with MovedTo (their out holds the new address).
+func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []route) (failed, moved []route) {
+	sub := make([]bucket.Request, len(g))
+	subOut := make([]bucket.Outcome, len(g))
+	for j, rt := range g {
+		sub[j] = reqs[rt.i]
+		// The owner gets the resolved limits; it needs no rules.
+		sub[j].Limit, sub[j].More = *rt.lims.one, rt.lims.more
+		if standIn {
+			sub[j].PullFrom = rt.from
+		}
+	}
+	fctx, cancel := n.forwardContext(ctx)
+	var err error
+	if standIn {
+		err = n.peers.ForwardStandIn(fctx, addr, sub, subOut)
+	} else {
+		err = n.peers.Forward(fctx, addr, sub, subOut)
+	}
+	cancel()
+	n.forwarded.Add(uint64(len(g)))
+	if err != nil {
+		n.forwardErrors.Add(uint64(len(g)))
+		n.warnUnavailable(addr, err, len(g))
+		return g, nil
+	}
+	for j, rt := range g {
+		out[rt.i] = subOut[j]
+		if subOut[j].MovedTo != "" {
+			moved = append(moved, rt)
+		}
+	}
+	return nil, moved
+}
+
+// forwardContext bounds a forward by ForwardTimeout; a caller's deadline
+// that comes sooner already does, and then no timer is made.
+func (n *Node) forwardContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= n.cfg.ForwardTimeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+}
+
+// forwardGroup forwards routes bound for one address. Items the receiver
+// handed to another node are re-sent there once. Items that still have no
+// answer go to the key's first replica (which may be this node), and, when
+// that fails too, get the owner-unavailable policy.
+func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
+	failedAddr := g[0].owner.Addr
+	failed, moved := n.send(ctx, failedAddr, false, reqs, out, g)
+	if len(moved) > 0 {
+		// The receiver sees the key elsewhere (views differ while
+		// membership changes) or handed it on: ask where it points.
+		n.redirects.Add(uint64(len(moved)))
+		var stuck []route
+		for _, rg := range groupByAddr(retarget(moved, out)) {
+			f, m := n.send(ctx, rg[0].owner.Addr, false, reqs, out, rg)
+			failed = append(failed, f...)
+			stuck = append(stuck, m...)
+		}
+		// Pointed on again: the node the first receiver handed the key to
+		// decides it as a stand-in, after pulling the key from that
+		// receiver.
+		for _, rg := range groupByAddr(stuck) {
+			f, m := n.send(ctx, rg[0].owner.Addr, true, reqs, out, rg)
+			failed = append(failed, f...)
+			failed = append(failed, m...)
+		}
+	}
+	if len(failed) == 0 {
+		return
+	}
+	if ctx.Err() != nil {
+		for _, rt := range failed {
+			out[rt.i] = bucket.Outcome{Owner: n.name, Err: "check abandoned: " + ctx.Err().Error()}
+		}
+		return
+	}
+	n.failover(ctx, reqs, out, failed, failedAddr, now)
+}
+
+// retarget points routes at the address their answer moved them to,
+// remembering where they came from.
+func retarget(moved []route, out []bucket.Outcome) []route {
+	again := make([]route, len(moved))
+	for j, rt := range moved {
+		rt.from, rt.owner = rt.owner.Addr, ring.Member{Addr: out[rt.i].MovedTo}
+		again[j] = rt
+	}
+	return again
+}
+
+// failover answers routes whose owner failed from the key's first replica
+// other than the failed node: here when that is this node, else by one more
+// forward; what remains gets the owner-unavailable policy.
+func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []route, failedAddr string, now int64) {
+	tbl := n.ring.Table()
+	var reps []ring.Member
+	var local, remote, rest []route
+	for _, rt := range items {
+		reps = tbl.Replicas(rt.hash, reps[:0])
+		var next ring.Member
+		for _, r := range reps {
+			if r.Addr != failedAddr && r.Addr != rt.owner.Addr {
+				next = r
+				break
+			}
+		}
+		switch {
+		case next.Name == "":
+			rest = append(rest, rt)
+		case next.Name == n.name:
+			local = append(local, rt)
+		default:
+			rt.owner = next
+			remote = append(remote, rt)
+		}
+	}
+	for _, rt := range local {
+		n.failovers.Add(1)
+		n.decideOrPolicy(ctx, reqs, out, rt, now)
+	}
+	for _, g := range groupByAddr(remote) {
+		f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
+		n.failovers.Add(uint64(len(g) - len(f) - len(m)))
+		rest = append(rest, f...)
+		rest = append(rest, m...)
+	}
+	if len(rest) > 0 && n.cfg.OwnerUnavailable == OwnerUnavailableServe && ctx.Err() == nil {
+		rest = n.sideStandIn(ctx, reqs, out, rest, tbl)
+	}
+	for _, rt := range rest {
+		n.unavailable(ctx, reqs, out, rt, now)
+	}
+}
+
+// sideStandIn, for the serve policy, sends routes whose owner and replicas
+// all failed to one stand-in that every node of this side of a partition
+// chooses alike: the first member, in an order fixed by the key (highest
+// random weight), that is neither the key's owner nor one of its replicas
+// and has not failed a call from here within the last 4 forward timeouts.
+// Before the partition is detected every node of a side would otherwise
+// decide the key from its own cache, several counts that the side's owner
+// after detection can only merge by their maximum; one stand-in per side
+// keeps one count, which that owner pulls (settleBatch asks every member
+// when the key's holders are gone). It returns the routes to decide here:
+// those this node is the stand-in of, and those no stand-in answered.
+func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rest []route, tbl *ring.Table) []route {
+	members := tbl.Members()
+	if len(members) < 3 {
+		return rest
+	}
+	var local []route
+	var reps []ring.Member
+	for len(rest) > 0 && ctx.Err() == nil {
+		now := time.Now().UnixNano()
+		var remote []route
+		for _, rt := range rest {
+			reps = tbl.Replicas(rt.hash, reps[:0])
+			to := n.standInFor(rt.hash, members, reps, now)
+			if to.Name == "" || to.Name == n.name {
+				local = append(local, rt)
+				continue
+			}
+			rt.owner = to
+			remote = append(remote, rt)
+		}
+		rest = rest[:0]
+		for _, g := range groupByAddr(remote) {
+			f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
+			if len(f) > 0 {
+				n.unreachable.Store(g[0].owner.Addr, time.Now().UnixNano()+4*int64(n.cfg.ForwardTimeout))
+			}
+			n.failovers.Add(uint64(len(g) - len(f) - len(m)))
+			rest = append(rest, f...)
+			local = append(local, m...) // a stand-in never redirects; defensive
+		}
+	}
+	return append(local, rest...)
+}
+
+// standInFor returns the side stand-in of the key with ring hash h (see
+// sideStandIn): the member other than reps with the highest weight
+// mix(h, member) that has not failed recently; this node counts as never
+// failed. The zero Member when there is none.
+func (n *Node) standInFor(h uint64, members, reps []ring.Member, now int64) ring.Member {
+	var best ring.Member
+	var bestW uint64
+	for _, m := range members {
+		if slices.ContainsFunc(reps, func(r ring.Member) bool { return r.Name == m.Name }) {
+			continue
+		}
+		if m.Name != n.name {
+			if until, ok := n.unreachable.Load(m.Addr); ok && until.(int64) > now {
+				continue
+			}
+		}
+		if w := mix64(h ^ ring.Hash(m.Name, "")); best.Name == "" || w > bestW {
+			best, bestW = m, w
+		}
+	}
+	return best
+}
+
+// mix64 is SplitMix64's finalizer: a bijection that spreads every input
+// bit over the output.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// decideOrPolicy decides rt here, falling back to the policy when this node
+// redirects it too.
+func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+	r := reqs[rt.i]
+	out[rt.i] = bucket.Outcome{}
+	n.decide(ctx, rt.hash, &r, rt.lims, now, &out[rt.i])
+	if out[rt.i].MovedTo != "" {
+		n.unavailable(ctx, reqs, out, rt, now)
+	}
+}
+
+// unavailable applies the owner-unavailable policy to rt.
+func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
+		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
+			Status:       bucket.OverLimit,
+			Limit:        rt.lims.one.Limit,
+			RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
+		}}
+		return
+	}
+	r := reqs[rt.i]
+	out[rt.i] = bucket.Outcome{}
+	k := writeback.Key{Name: r.Name, Key: r.Key}
+	o := &out[rt.i]
+	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
+	if errors.Is(err, writeback.ErrMoved) {
+		n.reclaim(rt.hash, k, rt.lims)
+		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
+	}
+	o.Owner = n.name
+	if err != nil {
+		o.Decision = bucket.Decision{}
+		o.Err = err.Error()
+	}
+}
+
+// warnUnavailable logs an unreachable peer at most once a second.
+func (n *Node) warnUnavailable(addr string, err error, k int) {
+	now := time.Now().UnixNano()
+	last := n.lastWarn.Load()
+	if now-last < int64(time.Second) || !n.lastWarn.CompareAndSwap(last, now) {
+		return
+	}
+	n.log.Warn("peer unreachable; trying the replica, then the policy", "peer_addr", addr,
+		"requests", k, "policy", n.cfg.OwnerUnavailable.String(), "err", err)
+}

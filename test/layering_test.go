@@ -1,0 +1,128 @@
+package test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// module is this repository's module path.
+const module = "github.com/sluicehq/sluice"
+
+// layer is one row of docs/architecture.md's package table: what a package
+// may import directly (besides the standard library), and what it must
+// never depend on, even indirectly.
+type layer struct {
+	pkg     string   // relative to the module
+	may     []string // allowed non-standard imports (module-relative for ours, or a path prefix)
+	mustNot []string // forbidden anywhere in its dependencies
+}
+
+var layers = []layer{
+	{pkg: "bucket"},
+	{pkg: "ring", may: []string{"github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"}},
+	{pkg: "writeback", may: []string{"bucket", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
+	{pkg: "cluster", may: []string{"ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
+	{pkg: "cluster/rules", may: []string{"bucket", "go.yaml.in/yaml/v3"},
+		mustNot: []string{"transport", "proto/sluice/v1", "cluster"}},
+	{pkg: "transport", may: []string{"bucket", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
+		"github.com/envoyproxy/go-control-plane/envoy",
+		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the
+		// exporters are cmd/sluice's choice.
+		"go.opentelemetry.io/otel", "go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc",
+		"github.com/cespare/xxhash/v2"}, // the owner-routing client hashes keys as ring does
+		mustNot: []string{"cluster", "writeback", "ring", "go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}},
+	// The examples use the Go client as an application would: transport
+	// and gRPC, never the node's insides.
+	{pkg: "examples/check", may: []string{"bucket", "transport"}, mustNot: examplesMustNot},
+	{pkg: "examples/httpmiddleware", may: []string{"bucket", "transport"}, mustNot: examplesMustNot},
+	{pkg: "examples/grpcinterceptor", may: []string{"bucket", "transport", "google.golang.org/grpc"}, mustNot: examplesMustNot},
+	// Shared by tests of several packages (writeback's included): it
+	// builds the binary with the go tool, it imports none of ours.
+	{pkg: "test/testsupport", mustNot: []string{"bucket", "ring", "writeback", "cluster", "transport", "proto/sluice/v1"}},
+}
+
+var examplesMustNot = []string{"cluster", "writeback", "ring", "cmd"}
+
+// TestLayering keeps the package graph of docs/architecture.md true: it
+// lists every package's imports and dependencies with `go list` and fails
+// on an import the table does not allow.
+func TestLayering(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}|{{join .Imports \",\"}}|{{join .Deps \",\"}}", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	type pkg struct{ imports, deps []string }
+	pkgs := map[string]pkg{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "|")
+		if len(f) != 3 {
+			t.Fatalf("go list line %q", line)
+		}
+		pkgs[strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/")] = pkg{imports: split(f[1]), deps: split(f[2])}
+	}
+	inTable := map[string]bool{}
+	for _, l := range layers {
+		inTable[l.pkg] = true
+	}
+	for p := range pkgs {
+		if strings.HasPrefix(p, "examples/") && !inTable[p] {
+			t.Errorf("%s is not in the layering table: add it (examples may import transport and bucket only)", p)
+		}
+	}
+	for _, l := range layers {
+		p, ok := pkgs[l.pkg]
+		if !ok {
+			t.Errorf("package %s is in the table but not in the module", l.pkg)
+			continue
+		}
+		for _, imp := range p.imports {
+			if standard(imp) || allowed(imp, l.may) {
+				continue
+			}
+			t.Errorf("%s imports %s, which docs/architecture.md does not allow", l.pkg, imp)
+		}
+		for _, dep := range p.deps {
+			for _, bad := range l.mustNot {
+				if matches(dep, bad) {
+					t.Errorf("%s depends on %s (must not depend on %s)", l.pkg, dep, bad)
+				}
+			}
+		}
+	}
+}
+
+func split(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+// standard reports whether path is in the standard library (no dot in its
+// first element).
+func standard(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return !strings.Contains(first, ".")
+}
+
+func allowed(imp string, may []string) bool {
+	for _, m := range may {
+		if matches(imp, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches reports whether import path imp is pattern (module-relative when
+// it has no dot in its first element) or a package below it.
+func matches(imp, pattern string) bool {
+	if standard(pattern) {
+		pattern = module + "/" + pattern
+	}
+	return imp == pattern || strings.HasPrefix(imp, pattern+"/")
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Memory per distinct key, all copies on all nodes: starts three `sluice
+# serve` processes with the default flags (plus --pprof, to read the Go
+# heap) on 127.0.0.x loopback, waits until every node sees three alive
+# members, sums their RSS (/proc/PID/status VmRSS), loads KEYS distinct keys
+# once each through node 1 with `sluice bench --sequential` (100 checks per
+# call, window 1 h so that nothing expires meanwhile), waits for
+# replication and flushes, and prints the RSS growth per key, 5 s after the
+# load and again after SETTLE seconds. Stops the nodes by PID.
+#
+# Usage: test/memkeys.sh [KEYS] [SETTLE]   (default 1000000 and 60; at most
+#                                            5000000 keys and 600 s)
+# Environment:
+#   SLUICE_BIN  a prebuilt binary to measure (default: built from this tree)
+#   BENCH_BIN   the binary whose `bench` loads (default SLUICE_BIN; it needs
+#               --sequential)
+#   MEM_NET     the first node's address (default 127.0.0.71: .71, .72, .73)
+#   MEM_ARGS    extra flags for every node (e.g. "--gc-min-heap 0")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+keys=${1:-1000000}
+settle=${2:-60}
+if ! [[ "$keys" =~ ^[0-9]+$ ]] || [ "$keys" -lt 100 ] || [ "$keys" -gt 5000000 ] ||
+  ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 600 ]; then
+  echo "usage: $0 [KEYS 100..5000000] [SETTLE 0..600]" >&2; exit 2
+fi
+. test/threenodes.sh # the working directory is the repository
+threenodes_setup "${MEM_NET:-127.0.0.71}"
+node_flags() { FLAGS=(--http-addr "$(ip "$1"):18080" --pprof); }
+# shellcheck disable=SC2086 # MEM_ARGS is a list of flags
+threenodes_start mem ${MEM_ARGS:-}
+threenodes_wait
+rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; } # kB
+total() { local t=0; for p in "${pids[@]}"; do t=$((t + $(rss "$p"))); done; echo "$t"; }
+each() { for i in 1 2 3; do printf "mem-%d %.1f MB  " "$i" "$(echo "$(rss "${pids[i-1]}") / 1024" | bc -l)"; done; echo; }
+heap() {
+  for i in 1 2 3; do
+    curl -fsS "http://$(ip "$i"):18080/debug/pprof/heap?debug=1" 2>/dev/null |
+      awk -v n="mem-$i" '/^# HeapAlloc/ {a=$4} /^# HeapSys/ {s=$4} /^# HeapReleased/ {r=$4} /^# NextGC/ {g=$4}
+        END {printf "%s: heap live+garbage %.1f MB, retained %.1f MB, next GC at %.1f MB\n", n, a/1048576, (s-r)/1048576, g/1048576}'
+  done
+}
+before=$(total)
+echo "before: $(each)"
+"${BENCH_BIN:-$bin}" bench --addr "$(ip 1):18081" --concurrency 8 --batch 100 --keys "$keys" --sequential \
+  --calls $(((keys + 99) / 100)) --duration 10m --window 1h --progress 0 | sed 's/^/  /'
+report() {
+  local after; after=$(total)
+  echo "$1: $(each)"
+  awk -v b="$before" -v a="$after" -v k="$keys" \
+    'BEGIN { printf "  RSS growth, three nodes: %.1f MB, %.0f B per key\n", (a - b) / 1024, (a - b) * 1024 / k }'
+  heap | sed 's/^/  /'
+}
+sleep 5
+report "5 s after the load"
+if [ "$settle" -gt 5 ]; then
+  sleep $((settle - 5))
+  report "$settle s after the load"
+fi
+for i in 1 2 3; do
+  "$bin" status --addr "$(ip "$i"):18081" --json 2>/dev/null | grep -o '"keys":"\?[0-9]*' | head -1 | sed "s/^/  mem-$i /"
+done

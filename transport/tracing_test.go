@@ -1,0 +1,127 @@
+package transport
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+func memTracing(t *testing.T) (*Tracing, *tracetest.InMemoryExporter) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	return &Tracing{Provider: tp}, exp
+}
+
+// serverSpans returns the trace ids of the exported server spans named name.
+func serverSpans(exp *tracetest.InMemoryExporter, name string) []trace.TraceID {
+	var ids []trace.TraceID
+	for _, s := range exp.GetSpans() {
+		if s.Name == name && s.SpanKind == trace.SpanKindServer {
+			ids = append(ids, s.SpanContext.TraceID())
+		}
+	}
+	return ids
+}
+
+// A forward that waits in the batch queue rides in an RPC whose span
+// continues its caller's trace (the first waiting caller's); a forward
+// from an untraced context starts no span at either end.
+func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
+	t.Parallel()
+	tr, exp := memTracing(t)
+	h := &fakeHandler{block: make(chan struct{})}
+	s := startServer(t, h, func(c *ServerConfig) { c.Tracing = tr })
+	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: 1, Timeout: time.Minute, Tracing: tr})
+	defer pc.Close()
+	addr := s.GRPCAddr()
+	tracer := tr.Provider.Tracer("test")
+
+	ctxA, spanA := tracer.Start(testCtx(t), "caller A")
+	ctxB, spanB := tracer.Start(testCtx(t), "caller B")
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	forward := func(ctx context.Context, key string) {
+		out := make([]bucket.Outcome, 1)
+		errs <- pc.Forward(ctx, addr, []bucket.Request{req(key, 1)}, out)
+	}
+	wg.Go(func() { forward(ctxA, "a") })
+	waitFor(t, 10*time.Second, "A's RPC in flight", func() bool { in, _ := peerState(pc, addr); return in == 1 && h.forwards.Load() == 1 })
+	wg.Go(func() { forward(ctxB, "b") })
+	waitFor(t, 10*time.Second, "B queued", func() bool { _, q := peerState(pc, addr); return q == 1 })
+	close(h.block)
+	wg.Wait()
+	spanA.End()
+	spanB.End()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "two Forward server spans", func() bool { return len(serverSpans(exp, "sluice.v1.Peer/Forward")) == 2 })
+	got := map[trace.TraceID]bool{}
+	for _, id := range serverSpans(exp, "sluice.v1.Peer/Forward") {
+		got[id] = true
+	}
+	if !got[spanA.SpanContext().TraceID()] || !got[spanB.SpanContext().TraceID()] {
+		t.Errorf("server spans in traces %v; want A's %s (sent at once) and B's %s (queued)", got, spanA.SpanContext().TraceID(), spanB.SpanContext().TraceID())
+	}
+
+	// Untraced: no span anywhere.
+	exp.Reset()
+	out := make([]bucket.Outcome, 1)
+	if err := pc.Forward(testCtx(t), addr, []bucket.Request{req("c", 1)}, out); err != nil {
+		t.Fatal(err)
+	}
+	if ss := exp.GetSpans(); len(ss) != 0 {
+		t.Errorf("an untraced forward made %d spans (%s...)", len(ss), ss[0].Name)
+	}
+}
+
+// The public API is traced without trace context; HTTP keeps the caller's.
+func TestTracingPublicAPI(t *testing.T) {
+	t.Parallel()
+	tr, exp := memTracing(t)
+	s := startServer(t, &fakeHandler{}, func(c *ServerConfig) { c.Tracing = tr })
+	c := dial(t, s.GRPCAddr())
+	if _, err := c.Check(testCtx(t), protoReqs([]bucket.Request{req("k", 1)})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the Check span", func() bool { return len(serverSpans(exp, "sluice.v1.RateLimiter/Check")) == 1 })
+
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	hreq, _ := http.NewRequest("POST", "http://"+s.HTTPAddr()+"/v1/check", strings.NewReader(`{"requests":[{"name":"n","key":"k","limit":5,"window_ms":1000}]}`))
+	hreq.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, 10*time.Second, "the HTTP span", func() bool { return len(serverSpans(exp, "POST /v1/check")) == 1 })
+	if id := serverSpans(exp, "POST /v1/check")[0]; id.String() != traceID {
+		t.Errorf("HTTP span in trace %s, want the caller's %s", id, traceID)
+	}
+	for _, sp := range exp.GetSpans() {
+		if sp.Name == "POST /v1/check" {
+			var code int64
+			for _, kv := range sp.Attributes {
+				if kv.Key == "http.response.status_code" {
+					code = kv.Value.AsInt64()
+				}
+			}
+			if code != int64(resp.StatusCode) {
+				t.Errorf("span's status code %d, the answer's %d", code, resp.StatusCode)
+			}
+		}
+	}
+}
