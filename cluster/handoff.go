@@ -235,7 +235,7 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 // with handoff, counters this node now owns. It implements the receiving
 // side of Peers.Replicate.
 func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int) {
-	if handoff && n.draining.Load() {
+	if handoff && n.draining() {
 		// This node is leaving too and has already handed its own counters
 		// on: it cannot take these. The sender keeps them in its store.
 		return 0, len(counters)
@@ -244,7 +244,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	for _, c := range counters {
 		rec := writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version}
 		h := keyHash(rec.Key)
-		if o, _ := tbl.Owner(h); !handoff && o.Name == n.name && !n.draining.Load() {
+		if o, _ := tbl.Owner(h); !handoff && o.Name == n.name && !n.draining() {
 			// A copy from a node that still believes it owns this key: the
 			// owner's own state is authoritative; a copy never replaces it.
 			stale++
@@ -282,7 +282,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 		var ok bool
 		var err error
 		keys[i].MovedTo = ""
-		if release && !n.draining.Load() {
+		if release && !n.draining() {
 			// A key already released to another node: that node has the
 			// newer state; say so, so that the puller asks it too.
 			if to, ok := n.releasedTo.Load(k); ok && to.(string) != addr && n.cache.Released(h, k, now) {

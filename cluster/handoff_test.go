@@ -493,7 +493,11 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 	}
 	// Draining began after the batch's table was read (that table still
 	// has n2 own the keys): the batch settle must see it.
-	nodes[2].draining.Store(true)
+	for _, p := range []phase{phaseLeaving, phaseDraining} {
+		if from, ok := nodes[2].life.to(p); !ok {
+			t.Fatalf("n2 cannot go from %s to %s", from, p)
+		}
+	}
 	before := net.Pulls(memAddr(2))
 	nodes[2].presettle(context.Background(), reqs, false, t0.UnixNano(), func(uint64) bool { return true })
 	if pulls := net.Pulls(memAddr(2)) - before; pulls != 0 {

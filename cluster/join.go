@@ -27,7 +27,6 @@ func (n *Node) tryJoin() bool {
 		if alone {
 			// Every seed is this node (the first pod behind a headless
 			// Service): it is the cluster's first node.
-			n.joined.Store(true)
 			n.log.Info("the seeds name only this node: starting a cluster of its own", "seeds", strings.Join(n.cfg.Join, ","))
 			n.enterRing()
 			return true
@@ -46,7 +45,6 @@ func (n *Node) tryJoin() bool {
 	if k > 0 {
 		// Join has merged the seed's full membership (the callbacks ran):
 		// this node now knows every member and can take its partitions.
-		n.joined.Store(true)
 		n.log.Info("joined cluster", "contacted", k, "members", ml.NumMembers())
 		n.enterRing()
 		return true
@@ -140,12 +138,17 @@ func gossipKeyMismatch(msg string) bool {
 func (n *Node) refuseName(other string) {
 	err := fmt.Errorf("cluster: node name %q is already used by the member at %s (gossip); "+
 		"every node needs its own --node-name: this node does not join", n.name, other)
-	n.log.Error("node name taken; not joining", "name", n.name, "other_gossip_addr", other)
 	n.leaveMu.Lock()
-	n.left = true // Leave must not announce anything under this name
-	n.leavingFlag.Store(true)
+	n.refusedErr.Store(&err) // before the phase: refusal() reads it after
+	_, ok := n.life.to(phaseRefused)
 	n.leaveMu.Unlock()
-	n.refused.Store(&err)
+	if !ok {
+		// Leave began meanwhile: the node is stopping and announces
+		// nothing under this name but the leave it already started.
+		n.log.Error("node name taken while leaving", "name", n.name, "other_gossip_addr", other)
+		return
+	}
+	n.log.Error("node name taken; not joining", "name", n.name, "other_gossip_addr", other)
 	n.fatal <- err
 	if ml := n.ml.Load(); ml != nil {
 		ml.Shutdown()
@@ -192,7 +195,7 @@ func (n *Node) reconnectLoop() {
 				n.log.Info("reached members declared dead", "members", k)
 			}
 		}
-		if n.joined.Load() && !n.leaving() {
+		if n.Ready() {
 			n.joinUnknownSeeds()
 		}
 		return true
@@ -250,13 +253,14 @@ func (n *Node) peerReturned(m memberInfo) {
 const errJoining = "node is joining the cluster and decides nothing yet; ask another node"
 
 // enterRing announces that this node takes its partitions (metaReady) and
-// puts it in its own ring. Keys that move to it are pulled from their
-// previous owners, computed from the ring just before.
+// puts it in its own ring: joining → ready. Keys that move to it are
+// pulled from their previous owners, computed from the ring just before.
+// A node that began leaving or was refused meanwhile stays out.
 func (n *Node) enterRing() {
 	n.rebuild() // the others' ring, without this node
 	n.leaveMu.Lock()
 	defer n.leaveMu.Unlock()
-	if n.left {
+	if _, ok := n.life.to(phaseReady); !ok {
 		return
 	}
 	n.inRing.Store(true)
@@ -266,13 +270,3 @@ func (n *Node) enterRing() {
 	}
 	n.rebuild()
 }
-
-// Ready reports whether the node has started and, when it was given seeds,
-// has joined through one of them.
-func (n *Node) Ready() bool {
-	return n.started.Load() && n.joined.Load() && !n.leaving()
-}
-
-// leaving reports whether Leave has begun (the leave may still be being
-// announced: the node then decides what nobody has pulled from it).
-func (n *Node) leaving() bool { return n.leavingFlag.Load() }

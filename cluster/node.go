@@ -1,10 +1,7 @@
 package cluster
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"log"
 	"log/slog"
 	"math"
 	"runtime"
@@ -34,27 +31,29 @@ type Node struct {
 	gossipAddr atomic.Value // string: memberlist's advertised host:port, set by Start
 	ml         atomic.Pointer[memberlist.Memberlist]
 
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	started atomic.Bool
-	joined  atomic.Bool
-	// refused is set when this node gave up joining for good (its name is
-	// taken); fatal then carries the error once.
-	refused atomic.Pointer[error]
-	fatal   chan error
+	stop chan struct{}
+	wg   sync.WaitGroup
+	// life is the node's phase (lifecycle.go); only life.to changes it.
+	life lifecycle
+	// refusedErr is why the node was refused (set before the phase
+	// becomes refused); fatal then carries it once.
+	refusedErr atomic.Pointer[error]
+	fatal      chan error
 	// lastJoinErr is the last join error logged; only the goroutine that
 	// joins (Start, then joinLoop) touches it.
 	lastJoinErr string
-	leaveMu     sync.Mutex
-	left        bool
-	// leavingFlag is left, readable without leaveMu (Leave holds it for
-	// the whole announcement and drain).
-	leavingFlag atomic.Bool
-	shutOnce    sync.Once
-	shutErr     error
+	// leaveMu is held by Leave for the whole announcement and drain, and
+	// by enterRing and refuseName while they change the phase and the
+	// gossiped flags together.
+	leaveMu  sync.Mutex
+	shutOnce sync.Once
+	shutErr  error
 
-	rebuildMu  sync.Mutex
-	inRing     atomic.Bool             // this node announced metaReady: it takes partitions
+	rebuildMu sync.Mutex
+	// inRing: this node takes partitions in its own ring (it announced
+	// metaReady, or has no seeds). A fact beside the phase, set once: see
+	// phase.
+	inRing     atomic.Bool
 	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
 	movesMu    sync.Mutex              // held by addMove, the only writer of moves
 	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it; see noteReleased
@@ -64,7 +63,6 @@ type Node struct {
 	releasedStores, releasedSweepAt atomic.Int64
 	releasedSweep                   sync.Mutex
 	handoffs                        chan handoffJob                   // ring changes that moved partitions away
-	draining                        atomic.Bool                       // leaving: decide nothing, redirect everything
 	gate                            sync.RWMutex                      // held shared by every local decision; drain takes it
 	published                       atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
 
@@ -177,68 +175,6 @@ func (n *Node) GossipAddr() string {
 	return s
 }
 
-// Start joins the gossip pool and starts the node's goroutines: the ring
-// rebuild loop, the rate meter, the cache's flush and expiry loops and, when
-// no seed answers at once, a join loop that retries every JoinRetry until
-// one does or the node shuts down.
-func (n *Node) Start(ctx context.Context) error {
-	if !n.started.CompareAndSwap(false, true) {
-		return errors.New("cluster: node already started")
-	}
-	mc := *n.cfg.Config
-	mc.Delegate = n.deleg
-	mc.Events = n.deleg
-	mc.Ping = n.deleg
-	mc.Label = n.cfg.ClusterName
-	mc.Conflict = n.deleg
-	if mc.DeadNodeReclaimTime == 0 {
-		// A member declared dead may come back under its name at another
-		// address at once (a restarted container with a new IP): without
-		// this memberlist ignores it until it forgets the dead member.
-		mc.DeadNodeReclaimTime = time.Nanosecond
-	}
-	// memberlist's log goes to the node's logger (or where the config sent
-	// it), through slogWriter, which also catches its suspicions.
-	w := slogWriter{l: n.log, onSuspect: n.roster.suspected, quiet: &repeatFilter{now: n.now}}
-	switch {
-	case mc.Logger != nil:
-		w.next = mc.Logger.Writer()
-	case mc.LogOutput != nil:
-		w.next = mc.LogOutput
-	}
-	mc.Logger, mc.LogOutput = log.New(w, "", 0), nil
-	ml, err := memberlist.Create(&mc)
-	if err != nil {
-		return fmt.Errorf("cluster: gossip on %s:%d: %w", mc.BindAddr, mc.BindPort, err)
-	}
-	n.gossipAddr.Store(ml.LocalNode().Address()) // nothing updates it concurrently yet
-	n.ml.Store(ml)
-	n.rebuild()
-	n.cache.Start(ctx)
-	n.beat.Store(n.now().UnixNano())
-	n.wg.Add(6)
-	go n.heartbeatLoop()
-	go n.rebuildLoop()
-	go n.rateLoop()
-	go n.replicateLoop()
-	go n.handoffLoop()
-	go n.reconnectLoop()
-	if len(n.cfg.Join) == 0 {
-		n.joined.Store(true)
-		n.enterRing()
-		return nil
-	}
-	if n.tryJoin() {
-		if p := n.refused.Load(); p != nil {
-			return *p
-		}
-		return nil
-	}
-	n.wg.Add(1)
-	go n.joinLoop()
-	return nil
-}
-
 func (n *Node) rebuildLoop() {
 	defer n.wg.Done()
 	for {
@@ -277,7 +213,7 @@ func (n *Node) rebuild() {
 		// A leaving member is routed around at once; this node routes
 		// around itself only once it drains (until then it decides what
 		// nobody has pulled yet).
-		if m.name == n.name && (n.draining.Load() || !n.inRing.Load()) {
+		if m.name == n.name && (n.draining() || !n.inRing.Load()) {
 			continue
 		}
 		if m.name != n.name && (m.meta.leaving || !m.meta.ready) {
@@ -300,7 +236,7 @@ func (n *Node) rebuild() {
 	// than the previous owner's record, which the pull could then not
 	// replace.
 	var lost bool
-	if !n.draining.Load() {
+	if !n.draining() {
 		lost = n.tableChanged(old, cur)
 	}
 	n.ring.SetTable(cur)
@@ -350,80 +286,4 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// Leave tells the gossip pool this node is leaving, waiting up to
-// LeaveTimeout (or ctx) for the message to reach a member; a message no
-// member took up in time is logged, not returned (the members are
-// stopping too, or will see the node fail). Before leaving the pool it
-// hands every counter to its next owner, within HandoffTimeout (or ctx);
-// when some were not handed off it logs how many and returns an error
-// saying so (they remain in the store and on their replicas). The node
-// keeps answering forwarded checks until Shutdown. It is safe to call more
-// than once; later calls return nil.
-func (n *Node) Leave(ctx context.Context) error {
-	n.leaveMu.Lock()
-	defer n.leaveMu.Unlock()
-	if n.left {
-		return nil
-	}
-	n.left = true
-	n.leavingFlag.Store(true)
-	ml := n.ml.Load()
-	if ml == nil {
-		return nil
-	}
-	timeout := n.cfg.LeaveTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
-	// First tell the others this is a graceful leave: they drop this node
-	// from their rings and pull its keys on first touch (each pull releases
-	// the key here), while this node still decides the keys nobody pulled.
-	// Once the news has spread, stop deciding, route around this node, hand
-	// every remaining counter to its next owner, then leave.
-	n.deleg.setMeta(n.meta(true, true))
-	if err := ml.UpdateNode(timeout / 2); err != nil {
-		n.log.Warn("leaving flag not gossiped", "err", err)
-	}
-	t := time.NewTimer(n.cfg.LeavePropagation)
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-	}
-	n.draining.Store(true)
-	n.rebuild()
-	hctx, cancel := context.WithTimeout(ctx, n.cfg.HandoffTimeout)
-	derr := n.drain(hctx)
-	cancel()
-	// memberlist's only error here is that the leave message did not go
-	// out in time, which happens when the other members are stopping too
-	// (a whole cluster's SIGTERM). The counters are handed off (or derr
-	// says which were not) and flushed by now, and members that missed
-	// the message see this node fail instead, so the stop is still
-	// graceful.
-	if err := ml.Leave(timeout); err != nil {
-		n.log.Warn("leave message not confirmed; members still running will detect the node as failed instead",
-			"timeout", timeout, "err", err)
-	}
-	return derr
-}
-
-// Shutdown leaves the gossip pool (if Leave was not called), stops the
-// memberlist and every goroutine the node started, flushes the cache and
-// closes the store. It returns every error, among them Leave's when it
-// leaves here (an incomplete handoff); later calls return them too.
-func (n *Node) Shutdown(ctx context.Context) error {
-	n.shutOnce.Do(func() {
-		errs := []error{n.Leave(ctx)}
-		if ml := n.ml.Load(); ml != nil {
-			errs = append(errs, ml.Shutdown())
-		}
-		close(n.stop)
-		n.wg.Wait()
-		errs = append(errs, n.cache.Close(ctx))
-		n.shutErr = errors.Join(errs...)
-	})
-	return n.shutErr
 }

@@ -82,7 +82,7 @@ func (n *Node) noticePause(now int64) {
 // replicas stood in for it before that), for the keys it owns in the
 // current ring only.
 func (n *Node) pausedFor(d time.Duration, now int64) {
-	if !n.inRing.Load() || n.draining.Load() {
+	if !n.inRing.Load() || n.draining() {
 		return
 	}
 	cur := n.ring.Table()

@@ -68,12 +68,12 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 // joining (its name is taken): it is no member, neither deciding nor
 // forwarding, so its clients learn it at once.
 func (n *Node) refusedAll(out []bucket.Outcome) bool {
-	p := n.refused.Load()
-	if p == nil {
+	err := n.refusal()
+	if err == nil {
 		return false
 	}
 	for i := range out {
-		out[i] = bucket.Outcome{Owner: n.name, Err: (*p).Error()}
+		out[i] = bucket.Outcome{Owner: n.name, Err: err.Error()}
 	}
 	return true
 }
@@ -172,7 +172,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bo
 	// the key at its holder, which would then send its checks here, to a
 	// node that is leaving and has already handed its counters on.
 	n.gate.RLock()
-	if !n.draining.Load() {
+	if !n.draining() {
 		n.settleBatch(ctx, items, *ms, now)
 	}
 	n.gate.RUnlock()
@@ -230,7 +230,7 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 // decideGated is decide with n.gate read-locked.
 func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
-	if n.draining.Load() {
+	if n.draining() {
 		if owner, ok := n.ring.Table().Owner(h); ok && owner.Name != n.name {
 			o.MovedTo = owner.Addr
 			return

@@ -1,0 +1,276 @@
+package cluster
+
+// The node's lifecycle: one phase, held atomically, changed only by
+// lifecycle.to, which refuses every transition the table below does not
+// list. docs/ownership.md ("The node's lifecycle") uses the same names.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// phase is where a node is in its lifecycle:
+//
+//	starting ──Start──▶ joining ──joined──▶ ready ──Leave──▶ leaving ──drain──▶ draining ──left──▶ left
+//	   │                 │   │                                  ▲
+//	   │                 │   └────────────Leave─────────────────┘
+//	   │                 └──name taken──▶ refused
+//	   └──Leave (never started)──▶ left
+//
+// Whether the node is in the ring (it takes partitions: inRing) is a
+// separate fact, not a phase: a node without seeds is in its own ring from
+// New, before it starts, and a node that leaves while joining never was.
+type phase uint32
+
+const (
+	// phaseStarting: built by New; Start not called yet.
+	phaseStarting phase = iota
+	// phaseJoining: Start was called; the node gossips and looks for a
+	// seed that answers. It decides nothing it owns (errJoining) unless it
+	// has no seeds.
+	phaseJoining
+	// phaseReady: joined (or alone), the ready flag gossiped: the node
+	// takes its partitions and decides the keys it owns.
+	phaseReady
+	// phaseLeaving: Leave began: the leaving flag is gossiped, the others
+	// route around this node and pull its keys on first touch; it still
+	// decides the keys nobody has pulled (the leave announcement).
+	phaseLeaving
+	// phaseDraining: the announcement is over: the node decides nothing
+	// (it answers moved_to the key's next owner), routes around itself
+	// and hands every counter on.
+	phaseDraining
+	// phaseLeft: drained and out of the gossip pool (or Leave was called
+	// before Start). It still answers forwarded checks with moved_to until
+	// Shutdown.
+	phaseLeft
+	// phaseRefused: another live member has this node's name: it gave up
+	// joining for good and answers every check with the refusal.
+	phaseRefused
+	numPhases
+)
+
+var phaseNames = [numPhases]string{"starting", "joining", "ready", "leaving", "draining", "left", "refused"}
+
+func (p phase) String() string {
+	if p < numPhases {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("phase(%d)", uint32(p))
+}
+
+// transitions lists every legal transition: transitions[from] has bit to
+// set when from → to is allowed. Nothing leaves left or refused.
+var transitions = [numPhases]uint32{
+	phaseStarting: 1<<phaseJoining | 1<<phaseLeft,
+	phaseJoining:  1<<phaseReady | 1<<phaseLeaving | 1<<phaseRefused,
+	phaseReady:    1 << phaseLeaving,
+	phaseLeaving:  1 << phaseDraining,
+	phaseDraining: 1 << phaseLeft,
+}
+
+// legal reports whether from → to is a transition of the lifecycle.
+func legal(from, to phase) bool {
+	return from < numPhases && to < numPhases && transitions[from]&(1<<to) != 0
+}
+
+// lifecycle holds a node's phase. The zero value is phaseStarting.
+type lifecycle struct {
+	p atomic.Uint32
+}
+
+// load returns the current phase.
+func (l *lifecycle) load() phase { return phase(l.p.Load()) }
+
+// to moves the lifecycle to next when the current phase allows it,
+// atomically, and reports the phase it was in and whether it moved. It is
+// the only writer of the phase.
+func (l *lifecycle) to(next phase) (from phase, ok bool) {
+	for {
+		cur := l.p.Load()
+		if !legal(phase(cur), next) {
+			return phase(cur), false
+		}
+		if l.p.CompareAndSwap(cur, uint32(next)) {
+			return phase(cur), true
+		}
+	}
+}
+
+// Ready reports whether the node has started and, when it was given seeds,
+// has joined through one of them, and is not leaving.
+func (n *Node) Ready() bool { return n.life.load() == phaseReady }
+
+// leaving reports whether Leave has begun, or the node was refused (the
+// leave may still be being announced: the node then decides what nobody
+// has pulled from it).
+func (n *Node) leaving() bool {
+	switch n.life.load() {
+	case phaseLeaving, phaseDraining, phaseLeft, phaseRefused:
+		return true
+	}
+	return false
+}
+
+// draining reports whether the node has stopped deciding because it is
+// leaving: it redirects every key to its next owner, pulls nothing and
+// takes no handoff.
+func (n *Node) draining() bool {
+	p := n.life.load()
+	return p == phaseDraining || p == phaseLeft
+}
+
+// refusal returns the error the node was refused with, or nil.
+func (n *Node) refusal() error {
+	if n.life.load() != phaseRefused {
+		return nil
+	}
+	if p := n.refusedErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Start joins the gossip pool and starts the node's goroutines: the ring
+// rebuild loop, the rate meter, the cache's flush and expiry loops and, when
+// no seed answers at once, a join loop that retries every JoinRetry until
+// one does or the node shuts down.
+func (n *Node) Start(ctx context.Context) error {
+	if from, ok := n.life.to(phaseJoining); !ok {
+		return fmt.Errorf("cluster: node cannot start: it is %s", from)
+	}
+	mc := *n.cfg.Config
+	mc.Delegate = n.deleg
+	mc.Events = n.deleg
+	mc.Ping = n.deleg
+	mc.Label = n.cfg.ClusterName
+	mc.Conflict = n.deleg
+	if mc.DeadNodeReclaimTime == 0 {
+		// A member declared dead may come back under its name at another
+		// address at once (a restarted container with a new IP): without
+		// this memberlist ignores it until it forgets the dead member.
+		mc.DeadNodeReclaimTime = time.Nanosecond
+	}
+	// memberlist's log goes to the node's logger (or where the config sent
+	// it), through slogWriter, which also catches its suspicions.
+	w := slogWriter{l: n.log, onSuspect: n.roster.suspected, quiet: &repeatFilter{now: n.now}}
+	switch {
+	case mc.Logger != nil:
+		w.next = mc.Logger.Writer()
+	case mc.LogOutput != nil:
+		w.next = mc.LogOutput
+	}
+	mc.Logger, mc.LogOutput = log.New(w, "", 0), nil
+	ml, err := memberlist.Create(&mc)
+	if err != nil {
+		return fmt.Errorf("cluster: gossip on %s:%d: %w", mc.BindAddr, mc.BindPort, err)
+	}
+	n.gossipAddr.Store(ml.LocalNode().Address()) // nothing updates it concurrently yet
+	n.ml.Store(ml)
+	n.rebuild()
+	n.cache.Start(ctx)
+	n.beat.Store(n.now().UnixNano())
+	n.wg.Add(6)
+	go n.heartbeatLoop()
+	go n.rebuildLoop()
+	go n.rateLoop()
+	go n.replicateLoop()
+	go n.handoffLoop()
+	go n.reconnectLoop()
+	if len(n.cfg.Join) == 0 {
+		n.enterRing()
+		return nil
+	}
+	if n.tryJoin() {
+		return n.refusal()
+	}
+	n.wg.Add(1)
+	go n.joinLoop()
+	return nil
+}
+
+// Leave tells the gossip pool this node is leaving, waiting up to
+// LeaveTimeout (or ctx) for the message to reach a member; a message no
+// member took up in time is logged, not returned (the members are
+// stopping too, or will see the node fail). Before leaving the pool it
+// hands every counter to its next owner, within HandoffTimeout (or ctx);
+// when some were not handed off it logs how many and returns an error
+// saying so (they remain in the store and on their replicas). The node
+// keeps answering forwarded checks until Shutdown. It is safe to call more
+// than once; later calls return nil, once the first has returned.
+//
+// Phases: joining or ready → leaving → draining → left; starting → left.
+func (n *Node) Leave(ctx context.Context) error {
+	// leaveMu orders the gossiped flags: enterRing publishes ready under
+	// it, so a leave never has its leaving flag overwritten.
+	n.leaveMu.Lock()
+	defer n.leaveMu.Unlock()
+	if _, ok := n.life.to(phaseLeaving); !ok {
+		n.life.to(phaseLeft) // from starting: nothing to announce
+		return nil
+	}
+	ml := n.ml.Load()
+	if ml == nil {
+		return nil // Start is creating the memberlist: nothing to announce yet
+	}
+	timeout := n.cfg.LeaveTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	// First tell the others this is a graceful leave: they drop this node
+	// from their rings and pull its keys on first touch (each pull releases
+	// the key here), while this node still decides the keys nobody pulled.
+	// Once the news has spread, stop deciding, route around this node, hand
+	// every remaining counter to its next owner, then leave.
+	n.deleg.setMeta(n.meta(true, true))
+	if err := ml.UpdateNode(timeout / 2); err != nil {
+		n.log.Warn("leaving flag not gossiped", "err", err)
+	}
+	t := time.NewTimer(n.cfg.LeavePropagation)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	n.life.to(phaseDraining)
+	n.rebuild()
+	hctx, cancel := context.WithTimeout(ctx, n.cfg.HandoffTimeout)
+	derr := n.drain(hctx)
+	cancel()
+	// memberlist's only error here is that the leave message did not go
+	// out in time, which happens when the other members are stopping too
+	// (a whole cluster's SIGTERM). The counters are handed off (or derr
+	// says which were not) and flushed by now, and members that missed
+	// the message see this node fail instead, so the stop is still
+	// graceful.
+	if err := ml.Leave(timeout); err != nil {
+		n.log.Warn("leave message not confirmed; members still running will detect the node as failed instead",
+			"timeout", timeout, "err", err)
+	}
+	n.life.to(phaseLeft)
+	return derr
+}
+
+// Shutdown leaves the gossip pool (if Leave was not called), stops the
+// memberlist and every goroutine the node started, flushes the cache and
+// closes the store. It returns every error, among them Leave's when it
+// leaves here (an incomplete handoff); later calls return them too.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.shutOnce.Do(func() {
+		errs := []error{n.Leave(ctx)}
+		if ml := n.ml.Load(); ml != nil {
+			errs = append(errs, ml.Shutdown())
+		}
+		close(n.stop)
+		n.wg.Wait()
+		errs = append(errs, n.cache.Close(ctx))
+		n.shutErr = errors.Join(errs...)
+	})
+	return n.shutErr
+}

@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// The lifecycle's transitions, written out pair by pair (docs/ownership.md,
+// "The node's lifecycle"): every other pair must be refused.
+var wantTransitions = map[[2]phase]bool{
+	{phaseStarting, phaseJoining}: true, // Start
+	{phaseStarting, phaseLeft}:    true, // Leave before Start
+	{phaseJoining, phaseReady}:    true, // joined (or alone): enterRing
+	{phaseJoining, phaseLeaving}:  true, // Leave while joining
+	{phaseJoining, phaseRefused}:  true, // name taken: refuseName
+	{phaseReady, phaseLeaving}:    true, // Leave
+	{phaseLeaving, phaseDraining}: true, // the leave announcement is over
+	{phaseDraining, phaseLeft}:    true, // drained, out of the gossip pool
+}
+
+func TestLifecycleTransitionTable(t *testing.T) {
+	t.Parallel()
+	for from := range numPhases {
+		for to := range numPhases {
+			want := wantTransitions[[2]phase{from, to}]
+			if got := legal(from, to); got != want {
+				t.Errorf("legal(%s, %s) = %v, want %v", from, to, got, want)
+			}
+			var l lifecycle
+			l.p.Store(uint32(from))
+			was, ok := l.to(to)
+			if was != from || ok != want {
+				t.Errorf("to(%s) from %s = (%s, %v), want (%s, %v)", to, from, was, ok, from, want)
+			}
+			if now := l.load(); (want && now != to) || (!want && now != from) {
+				t.Errorf("after to(%s) from %s the phase is %s", to, from, now)
+			}
+		}
+	}
+	// Out of range on either side is refused, not a panic.
+	if legal(numPhases, phaseReady) || legal(phaseStarting, numPhases) {
+		t.Error("a phase out of range is legal")
+	}
+	for p := range numPhases {
+		if s := p.String(); s == "" || strings.HasPrefix(s, "phase(") {
+			t.Errorf("phase %d has no name", p)
+		}
+	}
+}
+
+// TestLifecycleRaceOneWinner: of many goroutines moving ready → leaving at
+// once, exactly one moves it; the others see leaving and are refused.
+func TestLifecycleRaceOneWinner(t *testing.T) {
+	t.Parallel()
+	var l lifecycle
+	for _, p := range []phase{phaseJoining, phaseReady} {
+		if _, ok := l.to(p); !ok {
+			t.Fatalf("cannot move to %s", p)
+		}
+	}
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if from, ok := l.to(phaseLeaving); ok {
+				wins.Add(1)
+			} else if from != phaseLeaving {
+				t.Errorf("refused from %s, want from leaving", from)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins.Load() != 1 || l.load() != phaseLeaving {
+		t.Fatalf("%d goroutines moved the phase; it is %s", wins.Load(), l.load())
+	}
+}
+
+// TestNodeLifecycle drives a real node through its phases: a seedless node
+// is starting (and already in its own ring) until Start, ready after it,
+// left after Leave, and can neither start nor leave again.
+func TestNodeLifecycle(t *testing.T) {
+	t.Parallel()
+	n, err := New(NodeConfig(t, "n0", memAddr(0)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Shutdown(context.Background()) })
+	if p := n.life.load(); p != phaseStarting || n.Ready() || !n.inRing.Load() {
+		t.Fatalf("after New: phase %s, ready %v, in ring %v; want starting, false, true", p, n.Ready(), n.inRing.Load())
+	}
+	if err := n.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p := n.life.load(); p != phaseReady || !n.Ready() || n.leaving() || n.draining() {
+		t.Fatalf("after Start: phase %s, ready %v, leaving %v, draining %v", p, n.Ready(), n.leaving(), n.draining())
+	}
+	if err := n.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "ready") {
+		t.Fatalf("second Start = %v, want an error naming the phase", err)
+	}
+	if err := n.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p := n.life.load(); p != phaseLeft || n.Ready() || !n.leaving() || !n.draining() {
+		t.Fatalf("after Leave: phase %s, ready %v, leaving %v, draining %v", p, n.Ready(), n.leaving(), n.draining())
+	}
+	if err := n.Leave(context.Background()); err != nil || n.life.load() != phaseLeft {
+		t.Fatalf("second Leave = %v, phase %s", err, n.life.load())
+	}
+}
+
+// TestLeaveBeforeStart: a node left before it started announces nothing,
+// is left, and refuses to start.
+func TestLeaveBeforeStart(t *testing.T) {
+	t.Parallel()
+	n, err := New(NodeConfig(t, "n0", memAddr(0)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p := n.life.load(); p != phaseLeft {
+		t.Fatalf("phase %s after Shutdown before Start, want left", p)
+	}
+	if err := n.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "left") {
+		t.Fatalf("Start after Shutdown = %v, want an error saying the node left", err)
+	}
+}
