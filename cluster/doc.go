@@ -7,8 +7,12 @@
 // Node.Check validates every request, hashes (name, key) once, looks the
 // owner up in the ring's immutable table and either decides in the local
 // writeback.Cache or forwards the requests owned by one peer in one call to
-// Peers.Forward. A node answers a forwarded request itself
-// (Node.CheckForwarded), whatever its own view of the ring: the hop limit is 1.
+// Peers.Forward. A node that receives a forwarded request never forwards it
+// again (Node.CheckForwarded): it decides it, or, when it sees another owner
+// or has handed the key on, answers MovedTo. The sender follows one such
+// redirect; pointed on again, it sends the request there as a stand-in
+// (Peers.ForwardStandIn, with PullFrom the first receiver), which decides
+// it. docs/ownership.md has the key-ownership protocol as a state machine.
 // When an owner cannot be reached before the forward deadline, the node
 // serves the request from its own cache (OwnerUnavailableServe, the default)
 // or denies it (OwnerUnavailableDeny); a check never hangs.
@@ -37,13 +41,17 @@
 //
 // # Lifecycle and concurrency
 //
-// New opens the store and builds the node but starts nothing. Start creates
-// the memberlist (its goroutines), joins the seeds (retrying in the background
-// until one answers) and starts the cache's flush and expiry loops. Leave
-// announces the leave, hands every counter to its next owner and leaves the
-// gossip pool; a handoff cut short (HandoffTimeout or the caller's context)
-// is logged and returned as an error, the counters left in the store and on
-// their replicas. Shutdown leaves if it has not, stops every goroutine the
-// node started, flushes the cache and closes the store. Check and
-// CheckForwarded are safe for concurrent use.
+// A node's phase (lifecycle.go) is starting, joining, ready, leaving,
+// draining, left or refused, changed only by lifecycle.to. New opens the
+// store and builds the node but starts nothing (starting). Start creates
+// the memberlist (its goroutines), joins the seeds (joining; retrying in
+// the background until one answers), enters the ring (ready) and starts the
+// cache's flush and expiry loops. Leave announces the leave (leaving),
+// stops deciding and hands every counter to its next owner (draining) and
+// leaves the gossip pool (left); a handoff cut short (HandoffTimeout or the
+// caller's context) is logged and returned as an error, the counters left
+// in the store and on their replicas. A node whose name another member has
+// gives up joining (refused). Shutdown leaves if it has not, stops every
+// goroutine the node started, flushes the cache and closes the store. Check
+// and CheckForwarded are safe for concurrent use.
 package cluster

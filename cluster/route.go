@@ -79,10 +79,11 @@ func (n *Node) refusedAll(out []bucket.Outcome) bool {
 }
 
 // CheckForwarded decides reqs that the node from forwarded here because it
-// sees this node as their owner. A request is never forwarded again (hop
-// limit 1): when this node sees another node as the key's owner (the two
-// views differ during a membership change), or has handed the key on, the
-// item comes back undecided with MovedTo that node, and the sender asks it.
+// sees this node as their owner. A request is never forwarded again: when
+// this node sees another node as the key's owner (the two views differ
+// during a membership change), or has handed the key on (released to X),
+// the item comes back undecided with MovedTo that node, and the sender asks
+// it (docs/ownership.md, "Hops").
 func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
 	n.checkHere(ctx, reqs, out, false)
 }
