@@ -13,7 +13,8 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// This file keeps counts through membership changes:
+// This file keeps counts through membership changes (the events replicate,
+// push/handoff, pull received and leave of docs/ownership.md):
 //
 //   - Replication: every change to a counter this node owns marks its key;
 //     every ReplicationInterval the marked keys' current records go to the
@@ -81,7 +82,7 @@ func (n *Node) handoffLoop() {
 }
 
 // handOffMoved releases the keys in memory whose partitions moved away from
-// this node and pushes them to their new owners.
+// this node and pushes them to their new owners: owned → released to X.
 func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	now := n.now().UnixNano()
 	start := time.Now()
@@ -268,7 +269,8 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 
 // Pull answers another node's pull: the current record of each key, and with
 // release this node stops deciding those keys for ttl, redirecting them to
-// the puller. It implements the receiving side of Peers.Pull.
+// the puller (released to the puller). It implements the receiving side of
+// Peers.Pull.
 func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration) {
 	now := n.now().UnixNano()
 	addr := ""

@@ -13,6 +13,8 @@ import (
 	"time"
 )
 
+// slogWriter turns memberlist's log lines into slog records, or passes
+// them to next when the configuration gave memberlist a log of its own, and
 // reports the members this node's failure detector suspects.
 type slogWriter struct {
 	l         *slog.Logger

@@ -45,7 +45,8 @@ import (
 // A step of the wall clock forward by more than ForwardTimeout looks like
 // a pause and costs one pull per owned key touched: it is safe.
 
-// pauseCheck notices a pause before a decision taken at now (Unix ns).
+// pauseCheck notices a pause (the event "pause noticed") before a decision
+// taken at now (Unix ns).
 func (n *Node) pauseCheck(now int64) {
 	if now-n.beat.Load() > int64(n.cfg.ForwardTimeout) {
 		n.noticePause(now)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -220,8 +219,8 @@ func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (lim
 }
 
 // decide answers r from the local cache. When this node no longer holds the
-// key (it is draining, or handed the key to another node) it sets
-// o.MovedTo instead.
+// key (it is draining, or the key is released to another node) it sets
+// o.MovedTo instead. An unsettled key is settled (pulled) first.
 func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
 	n.gate.RLock()
 	n.decideGated(ctx, h, r, lims, now, o)
@@ -458,175 +457,4 @@ func retarget(moved []route, out []bucket.Outcome) []route {
 		again[j] = rt
 	}
 	return again
-}
-
-// failover answers routes whose owner failed from the key's first replica
-// other than the failed node: here when that is this node, else by one more
-// forward; what remains gets the owner-unavailable policy.
-func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []route, failedAddr string, now int64) {
-	tbl := n.ring.Table()
-	var reps []ring.Member
-	var local, remote, rest []route
-	for _, rt := range items {
-		reps = tbl.Replicas(rt.hash, reps[:0])
-		var next ring.Member
-		for _, r := range reps {
-			if r.Addr != failedAddr && r.Addr != rt.owner.Addr {
-				next = r
-				break
-			}
-		}
-		switch {
-		case next.Name == "":
-			rest = append(rest, rt)
-		case next.Name == n.name:
-			local = append(local, rt)
-		default:
-			rt.owner = next
-			remote = append(remote, rt)
-		}
-	}
-	for _, rt := range local {
-		n.failovers.Add(1)
-		n.decideOrPolicy(ctx, reqs, out, rt, now)
-	}
-	for _, g := range groupByAddr(remote) {
-		f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
-		n.failovers.Add(uint64(len(g) - len(f) - len(m)))
-		rest = append(rest, f...)
-		rest = append(rest, m...)
-	}
-	if len(rest) > 0 && n.cfg.OwnerUnavailable == OwnerUnavailableServe && ctx.Err() == nil {
-		rest = n.sideStandIn(ctx, reqs, out, rest, tbl)
-	}
-	for _, rt := range rest {
-		n.unavailable(ctx, reqs, out, rt, now)
-	}
-}
-
-// sideStandIn, for the serve policy, sends routes whose owner and replicas
-// all failed to one stand-in that every node of this side of a partition
-// chooses alike: the first member, in an order fixed by the key (highest
-// random weight), that is neither the key's owner nor one of its replicas
-// and has not failed a call from here within the last 4 forward timeouts.
-// Before the partition is detected every node of a side would otherwise
-// decide the key from its own cache, several counts that the side's owner
-// after detection can only merge by their maximum; one stand-in per side
-// keeps one count, which that owner pulls (settleBatch asks every member
-// when the key's holders are gone). It returns the routes to decide here:
-// those this node is the stand-in of, and those no stand-in answered.
-func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rest []route, tbl *ring.Table) []route {
-	members := tbl.Members()
-	if len(members) < 3 {
-		return rest
-	}
-	var local []route
-	var reps []ring.Member
-	for len(rest) > 0 && ctx.Err() == nil {
-		now := time.Now().UnixNano()
-		var remote []route
-		for _, rt := range rest {
-			reps = tbl.Replicas(rt.hash, reps[:0])
-			to := n.standInFor(rt.hash, members, reps, now)
-			if to.Name == "" || to.Name == n.name {
-				local = append(local, rt)
-				continue
-			}
-			rt.owner = to
-			remote = append(remote, rt)
-		}
-		rest = rest[:0]
-		for _, g := range groupByAddr(remote) {
-			f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
-			if len(f) > 0 {
-				n.unreachable.Store(g[0].owner.Addr, time.Now().UnixNano()+4*int64(n.cfg.ForwardTimeout))
-			}
-			n.failovers.Add(uint64(len(g) - len(f) - len(m)))
-			rest = append(rest, f...)
-			local = append(local, m...) // a stand-in never redirects; defensive
-		}
-	}
-	return append(local, rest...)
-}
-
-// standInFor returns the side stand-in of the key with ring hash h (see
-// sideStandIn): the member other than reps with the highest weight
-// mix(h, member) that has not failed recently; this node counts as never
-// failed. The zero Member when there is none.
-func (n *Node) standInFor(h uint64, members, reps []ring.Member, now int64) ring.Member {
-	var best ring.Member
-	var bestW uint64
-	for _, m := range members {
-		if slices.ContainsFunc(reps, func(r ring.Member) bool { return r.Name == m.Name }) {
-			continue
-		}
-		if m.Name != n.name {
-			if until, ok := n.unreachable.Load(m.Addr); ok && until.(int64) > now {
-				continue
-			}
-		}
-		if w := mix64(h ^ ring.Hash(m.Name, "")); best.Name == "" || w > bestW {
-			best, bestW = m, w
-		}
-	}
-	return best
-}
-
-// mix64 is SplitMix64's finalizer: a bijection that spreads every input
-// bit over the output.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
-// decideOrPolicy decides rt here, falling back to the policy when this node
-// redirects it too.
-func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
-	r := reqs[rt.i]
-	out[rt.i] = bucket.Outcome{}
-	n.decide(ctx, rt.hash, &r, rt.lims, now, &out[rt.i])
-	if out[rt.i].MovedTo != "" {
-		n.unavailable(ctx, reqs, out, rt, now)
-	}
-}
-
-// unavailable applies the owner-unavailable policy to rt.
-func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
-	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
-		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
-			Status:       bucket.OverLimit,
-			Limit:        rt.lims.one.Limit,
-			RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
-		}}
-		return
-	}
-	r := reqs[rt.i]
-	out[rt.i] = bucket.Outcome{}
-	k := writeback.Key{Name: r.Name, Key: r.Key}
-	o := &out[rt.i]
-	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
-	if errors.Is(err, writeback.ErrMoved) {
-		n.reclaim(rt.hash, k, rt.lims)
-		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
-	}
-	o.Owner = n.name
-	if err != nil {
-		o.Decision = bucket.Decision{}
-		o.Err = err.Error()
-	}
-}
-
-// warnUnavailable logs an unreachable peer at most once a second.
-func (n *Node) warnUnavailable(addr string, err error, k int) {
-	now := time.Now().UnixNano()
-	last := n.lastWarn.Load()
-	if now-last < int64(time.Second) || !n.lastWarn.CompareAndSwap(last, now) {
-		return
-	}
-	n.log.Warn("peer unreachable; trying the replica, then the policy", "peer_addr", addr,
-		"requests", k, "policy", n.cfg.OwnerUnavailable.String(), "err", err)
 }

@@ -3,8 +3,10 @@ package cluster
 // Settling keys that a ring change moved here: on first touch, before
 // deciding, a moved key is pulled from the nodes that held it (its previous
 // owner, that owner's replicas, and more in the cases settleBatch lists)
-// and the copies are merged into this node's. handoff.go has the other side
-// (push, replicate, drain).
+// and the copies are merged into this node's. In docs/ownership.md's
+// terms: a key is unsettled while a move in its window applies to it and
+// it is not in the move's settled set; settleBatch pulls it (pulling) and
+// it is then owned. handoff.go has the other side (push, replicate, drain).
 
 import (
 	"context"

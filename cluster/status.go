@@ -115,6 +115,3 @@ func (n *Node) rulesHash() string {
 	}
 	return n.cfg.Rules.Hash()
 }
-
-// slogWriter turns memberlist's log lines into slog records, or passes
-// them to next when the configuration gave memberlist a log of its own, and

@@ -32,8 +32,9 @@ func (s *shard) isMoved(k Key, now int64) bool {
 
 // Release returns k's current record, like Get, and atomically stops this
 // cache from deciding k until now+ttl (Decide answers ErrMoved): the key now
-// belongs to another node, which got the returned record. Every change
-// Decide made before Release is in the record.
+// belongs to another node, which got the returned record (the key is
+// "released to" it, in docs/ownership.md). Every change Decide made before
+// Release is in the record: this is the invariant's hand-over step.
 func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
 	s := c.shardFor(hash)
 	sl, err := c.find(s, hash, k, now, false)
