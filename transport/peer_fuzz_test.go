@@ -1,0 +1,225 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/bucket"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+// recordingHandler is the Handler and PeerHandler of FuzzServiceMessages:
+// it records what the transport gave it, checks what PeerHandler promises
+// (every counter valid), and decides nothing.
+type recordingHandler struct {
+	mu      sync.Mutex
+	calls   int   // calls of any method
+	invalid error // the first promise broken
+}
+
+func (h *recordingHandler) note(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls++
+	if h.invalid == nil {
+		h.invalid = err
+	}
+}
+
+func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome) {
+	var err error
+	if len(reqs) != len(out) {
+		err = errors.New("outcomes and requests differ in length")
+	}
+	h.note(err)
+	for i := range reqs {
+		out[i] = bucket.Outcome{Owner: "fuzz"}
+		if e := reqs[i].Validate(); e != nil {
+			out[i].Err = e.Error()
+		}
+	}
+}
+
+func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+	h.outcomes(reqs, out)
+}
+
+func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.outcomes(reqs, out)
+}
+
+func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+	h.outcomes(reqs, out)
+}
+
+func (h *recordingHandler) Replicate(_ context.Context, _ string, _ bool, counters []bucket.Counter) (int, int) {
+	var err error
+	for _, c := range counters {
+		if e := bucket.ValidateCounterKey(c.Name, c.Key); e != nil {
+			err = errors.New("Replicate got an invalid key: " + e.Error())
+			break
+		}
+		b, e := c.State.MarshalBinary()
+		var back bucket.State
+		if e == nil {
+			e = back.UnmarshalBinary(b)
+		}
+		if e != nil {
+			err = errors.New("Replicate got a state that does not decode again: " + e.Error())
+			break
+		}
+	}
+	h.note(err)
+	return len(counters), 0
+}
+
+func (h *recordingHandler) Pull(_ context.Context, _ string, keys []bucket.Counter, _ bool, ttl time.Duration) {
+	var err error
+	for _, k := range keys {
+		if e := bucket.ValidateCounterKey(k.Name, k.Key); e != nil {
+			err = errors.New("Pull got an invalid key: " + e.Error())
+			break
+		}
+	}
+	if ttl < 0 || ttl > MaxReleaseTTL {
+		err = errors.New("Pull got a release ttl out of range")
+	}
+	h.note(err)
+}
+
+// FuzzServiceMessages gives the gRPC services' handlers (RateLimiter.Check,
+// Peer.Forward, Peer.Replicate, Peer.Pull) messages decoded from random
+// bytes, as grpc-go would hand them over, and checks the contract of each:
+// no panic; a call refused with InvalidArgument or FailedPrecondition and a
+// message reaches neither handler; an accepted call answers one item per
+// request, key or valid counter, and counts every malformed counter it
+// dropped; what the handlers get is what they are promised (valid keys,
+// decodable states, a bounded release ttl).
+func FuzzServiceMessages(f *testing.F) {
+	req := &sluicev1.RateLimitRequest{Name: "api", Key: "u1", Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
+	seed := func(kind uint8, m proto.Message) {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(kind, b)
+	}
+	seed(0, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{req, {Name: "", Key: "k"}}})
+	seed(1, &sluicev1.ForwardRequest{Requests: []*sluicev1.RateLimitRequest{req}, From: "n1", Cluster: "fuzz", StandIn: true, PullFrom: []string{"10.0.0.1:8081"}})
+	seed(1, &sluicev1.ForwardRequest{Requests: []*sluicev1.RateLimitRequest{req}, From: "n1", Cluster: "other"})
+	var st bucket.State
+	bucket.Decide(&st, bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000, SubWindows: 6}, 3, 1_700_000_000_000_000_000)
+	sb, _ := st.MarshalBinary()
+	seed(2, &sluicev1.ReplicateRequest{From: "n1", Cluster: "fuzz", Counters: []*sluicev1.Counter{{Name: "api", Key: "u1", State: sb, Version: 9}, {Name: "api", Key: "u2", State: []byte{1}, Version: 1}}})
+	seed(3, &sluicev1.PullRequest{From: "n1", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
+
+	// One server for every input (building one per input would make it a
+	// hundredth as fast); the fuzz function runs one input at a time per
+	// process, and the handler's record is reset for each.
+	h := &recordingHandler{}
+	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", Handler: h, Peer: h, ClusterName: "fuzz"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
+		h.mu.Lock()
+		h.calls, h.invalid = 0, nil
+		h.mu.Unlock()
+		ctx := context.Background()
+		var (
+			n       int   // items the answer must have
+			got     int   // items it has
+			callErr error // the call's error
+			sure    bool  // the call must be refused (not only may)
+		)
+		switch kind % 4 {
+		case 0:
+			var m sluicev1.CheckRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Requests)
+			sure = n > bucket.MaxBatchSize
+			resp, err := rateLimiterServer{s: s}.Check(ctx, &m)
+			callErr, got = err, len(resp.GetResponses())
+		case 1:
+			var m sluicev1.ForwardRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Requests)
+			sure = m.Cluster != "fuzz" || n > bucket.MaxBatchSize || (len(m.PullFrom) != 0 && len(m.PullFrom) != n)
+			resp, err := peerServer{s: s}.Forward(ctx, &m)
+			callErr, got = err, len(resp.GetResponses())
+			if mt := resp.GetMovedTo(); mt != nil && len(mt) != n {
+				t.Fatalf("moved_to has %d entries for %d requests", len(mt), n)
+			}
+		case 2:
+			var m sluicev1.ReplicateRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Counters)
+			sure = m.Cluster != "fuzz" || n > MaxCounters ||
+				(m.Kind != sluicev1.ReplicateRequest_KIND_REPLICA && m.Kind != sluicev1.ReplicateRequest_KIND_HANDOFF)
+			resp, err := peerServer{s: s}.Replicate(ctx, &m)
+			callErr = err
+			if err == nil {
+				bad := 0
+				for _, c := range m.Counters {
+					if _, e := CounterFromProto(c); e != nil {
+						bad++
+					}
+				}
+				if resp.GetRefused() != int64(bad) {
+					t.Fatalf("replicate refused %d counters, %d are malformed", resp.GetRefused(), bad)
+				}
+				if resp.GetInstalled()+resp.GetStale()+resp.GetRefused() != int64(n) {
+					t.Fatalf("replicate accounts for %d+%d+%d of %d counters", resp.GetInstalled(), resp.GetStale(), resp.GetRefused(), n)
+				}
+				got = n
+			}
+		case 3:
+			var m sluicev1.PullRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Keys)
+			sure = m.Cluster != "fuzz" || n > MaxCounters
+			for _, k := range m.Keys {
+				sure = sure || bucket.ValidateCounterKey(k.GetName(), k.GetKey()) != nil
+			}
+			resp, err := peerServer{s: s}.Pull(ctx, &m)
+			callErr, got = err, len(resp.GetCounters())
+		}
+		h.mu.Lock()
+		calls, invalid := h.calls, h.invalid
+		h.mu.Unlock()
+		if invalid != nil {
+			t.Fatal(invalid)
+		}
+		if callErr != nil {
+			st, ok := status.FromError(callErr)
+			if !ok || (st.Code() != codes.InvalidArgument && st.Code() != codes.FailedPrecondition) || st.Message() == "" {
+				t.Fatalf("refused with %v: want InvalidArgument or FailedPrecondition and a message", callErr)
+			}
+			if calls != 0 {
+				t.Fatalf("refused call (%v) reached the handler", callErr)
+			}
+			return
+		}
+		if sure {
+			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%4)
+		}
+		if got != n {
+			t.Fatalf("kind %d: %d items answered for %d asked", kind%4, got, n)
+		}
+	})
+}
