@@ -145,6 +145,19 @@ func TestFullDiskOnRealHosts(t *testing.T) {
 	x.Kill9()
 	detect := c.WaitViews(30*time.Second, rest)
 	next := owners(t, l, rest[0])
+	// Each of x's keys as the others hold it now (a peek decides nothing):
+	// the fallback of crashBound for a key no check reaches while x is down.
+	peeked := make([]int64, diskKeys)
+	for k := range diskKeys {
+		if owner[k] == x.Name {
+			r, _, err := l.Peek(rest[0], k)
+			if err != nil {
+				t.Fatalf("peek key %d through %s: %v", k, rest[0].Name, err)
+			}
+			peeked[k] = diskLimit - r
+		}
+	}
+	peekEnd := l.Since()
 	t.Logf("SIGKILL of %s at %v with its disk full (%v); the others see it dead after %v", x.Name, killAt.Round(time.Millisecond), sKill, detect.Round(time.Millisecond))
 	hold(t, l, ld, killAt, 5*time.Second)
 	x.FreeDisk()
@@ -184,18 +197,34 @@ func TestFullDiskOnRealHosts(t *testing.T) {
 	// While n2 runs nothing changes in membership: the limit, plus a
 	// replica's admissions when a forward timed out (early).
 	b := crashBound(h, owner, next, x, killAt, restartAt, diskLimit)
+	for _, k := range b.noAnswer {
+		// The count the peek saw, less every admission on the key between
+		// the kill and the end of the peeks (they may be in it).
+		later := 0
+		for _, a := range h {
+			if a.Key == k && a.Admitted && a.End > killAt && a.Start < peekEnd {
+				later++
+			}
+		}
+		b.setReplicated(k, int(peeked[k])-later)
+	}
 	mostPre, overPre := judge(t, pre, diskKeys, func(k int) int { return diskLimit + b.early[k] })
 	t.Logf("up to the kill: at most %d admitted on one key (limit %d; %d admissions by a stand-in after a forward timed out, over all keys), %d keys over",
 		mostPre, diskLimit, b.sumEarly, overPre)
 	t.Logf("crash bound per key = limit + hits %s admitted since its last replication + stand-in admissions (before the kill, during its absence) + strays after its return: %d unreplicated hits over its %d keys; %d, %d and %d over all keys",
 		x.Name, b.sumUnrep, b.owned, b.sumEarly, b.sumStandIn, b.sumStray)
-	for _, k := range b.noAnswer {
-		t.Errorf("key %d (owned by %s): no answer decided without it after the kill", k, x.Name)
-	}
+	t.Logf("%d keys of %s had no check decided without it after the kill; their count as replicated is the peek's after the kill", len(b.noAnswer), x.Name)
 	most, over := judge(t, h, diskKeys, func(k int) int { return diskLimit + b.of(k) })
 	t.Logf("admitted %d in all (at most %d + %d + %d + %d + %d); most on one key %d; keys past their bound %d",
 		statsOf(h).Admitted, diskKeys*diskLimit, b.sumUnrep, b.sumEarly, b.sumStandIn, b.sumStray, most, over)
 	noHangs(t, h)
+	// After a restart, a forward may still time out on a busy machine and
+	// be answered by a replica: wait until every host answers alike.
+	took, ok := settle(t, c, l, 10*time.Second)
+	if !ok {
+		t.Errorf("the hosts did not answer every key alike within %v of the load's stop", took)
+	}
+	t.Logf("every host answers every key alike %v after the load's stop", took.Round(time.Millisecond))
 	rem := agree(t, c, l)
 	for k, n := range admittedPerKey(h, diskKeys) {
 		if count := int(diskLimit - rem[k]); count < min(diskLimit, n-b.of(k)) {
@@ -218,10 +247,18 @@ func TestFullDiskOnRealHosts(t *testing.T) {
 // early admission is one the owner's count may miss
 // (docs/guarantees.md: stand-in decisions are not merged back).
 type bound struct {
-	unreplicated, standIn, strays, early []int
+	unreplicated, standIn, strays, early     []int
 	sumUnrep, sumStandIn, sumStray, sumEarly int
-	owned                          int
-	noAnswer                       []int // keys of x with no answer decided without it
+	owned                                    int
+	noAnswer                                 []int // keys of x with no answer decided without it
+	admittedBefore                           []int
+}
+
+// setReplicated sets key k's replicated count when no answer showed it.
+func (b *bound) setReplicated(k, replicated int) {
+	u := max(0, b.admittedBefore[k]-replicated)
+	b.sumUnrep += u - b.unreplicated[k]
+	b.unreplicated[k] = u
 }
 
 func (b bound) of(k int) int { return b.unreplicated[k] + b.standIn[k] + b.strays[k] + b.early[k] }
@@ -230,6 +267,7 @@ func crashBound(h []Answer, owner, next []string, x *Host, at, back time.Duratio
 	keys := len(owner)
 	b := bound{unreplicated: make([]int, keys), standIn: make([]int, keys), strays: make([]int, keys), early: make([]int, keys)}
 	admittedBefore := make([]int, keys)
+	b.admittedBefore = admittedBefore
 	replicated := make([]int, keys)
 	ownerBack := make([]time.Duration, keys) // when the owner first decided the key after back
 	for k := range replicated {
