@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -342,10 +343,27 @@ func (pc *PeerClient) ClosePeer(addr string) error {
 
 // ResetBackoff makes the connection to addr, if any, try to reconnect at
 // once instead of waiting out gRPC's reconnect backoff: the node at addr has
-// come back. Calls in progress are not disturbed.
+// come back. Calls in progress are not disturbed. A connection in transient
+// failure is closed instead (the next call dials afresh): gRPC fails every
+// call on it with the last dial's error until a new dial succeeds, so a
+// node that restarted on the same address was refused for up to the
+// backoff after it was back (TestResetBackoffAfterRestart), and the checks
+// forwarded to it went to stand-ins.
 func (pc *PeerClient) ResetBackoff(addr string) {
-	if v, ok := pc.peers.Load(addr); ok {
-		v.(*peer).conn.ResetConnectBackoff()
+	v, ok := pc.peers.Load(addr)
+	if !ok {
+		return
+	}
+	p := v.(*peer)
+	if p.conn.GetState() != connectivity.TransientFailure {
+		p.conn.ResetConnectBackoff()
+		return
+	}
+	pc.mu.Lock()
+	dropped := pc.peers.CompareAndDelete(addr, v)
+	pc.mu.Unlock()
+	if dropped {
+		p.close() // its calls fail at once in transient failure
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"reflect"
 	"strconv"
 	"sync"
@@ -436,5 +437,51 @@ func TestResetBackoffReconnectsAtOnce(t *testing.T) {
 	pc.ResetBackoff(addr) // a known, healthy peer: calls go on
 	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
 		t.Fatalf("forward after ResetBackoff: %v", err)
+	}
+}
+
+// TestResetBackoffAfterRestart: a peer that was down (forwards refused,
+// the connection waiting out its reconnect backoff) comes back on the same
+// address; after ResetBackoff the next forward reaches it, instead of
+// failing with the error of the last refused dial.
+func TestResetBackoffAfterRestart(t *testing.T) {
+	t.Parallel()
+	pc := NewPeerClient(PeerConfig{NodeName: "a"})
+	defer pc.Close()
+	h := &fakeHandler{}
+	ln := listen(t)
+	addr := ln.Addr().String()
+	s, err := NewServer(ServerConfig{GRPCListener: ln, HTTPListener: listen(t), Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
+	out := make([]bucket.Outcome, 1)
+	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Down: forwards fail until the connection has been refused a few
+	// times, so that it waits out a backoff longer than this test's wait.
+	for i := 0; i < 5; i++ {
+		if err := pc.Forward(context.Background(), addr, reqs, out); err == nil {
+			t.Fatal("forward to a stopped peer succeeded")
+		}
+	}
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	startServer(t, h, func(c *ServerConfig) { c.GRPCListener = ln2 })
+	pc.ResetBackoff(addr)
+	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+		t.Fatalf("first forward after the peer came back and ResetBackoff: %v", err)
 	}
 }

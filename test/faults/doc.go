@@ -23,6 +23,16 @@
 // and a peer crosses the delay twice, once each way; test clients reach
 // every node directly.
 //
+// Disk faults (disk_test.go): a host's data dir goes on a filesystem of
+// its own, a tmpfs (Host.TmpfsDisk) or ext4 on a loop device
+// (Host.LoopDisk), made before the process starts; FillDisk grows a filler
+// file beside the data dir until no block is left, FreeDisk removes it.
+// This kernel has no device-mapper, so there is no dm-delay: SlowStore
+// puts the node's process in a cgroup v1 blkio group throttled to one I/O
+// per given delay on its loop device, each way (a run of synchronous
+// writes waits for the rate; a lone I/O that comes later than the delay
+// after the last one passes at once). TestDiskHelpers checks each helper.
+//
 // The test process reaches the nodes
 // from the bridge's namespace, so nothing is added to the host's own
 // network: no route, no address, no rule.
@@ -36,8 +46,8 @@
 //
 // Without root, or where `ip netns add` fails, every test skips with the
 // reason. Everything a test creates (namespaces, and with them the veths,
-// the bridge and the rules; the processes, by PID) is removed in its
-// cleanup, also when it fails; each test's names carry the test process's
+// the bridge and the rules; the processes, by PID; mounts, loop devices
+// and blkio cgroups) is removed in its cleanup, also when it fails; each test's names carry the test process's
 // PID and a random part, so tests run in parallel, and a run that was
 // killed leaves namespaces that the next run removes.
 package faults

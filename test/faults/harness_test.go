@@ -78,6 +78,7 @@ type Host struct {
 	// the test goroutine only).
 	throttled bool
 	client    *transport.Client
+	disk      *disk // its data dir's own filesystem (disk_test.go), nil when none
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd

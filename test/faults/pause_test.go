@@ -66,52 +66,16 @@ func TestPausedOwnerOnRealHosts(t *testing.T) {
 
 	h := l.History()
 	pre, in, post := phases(h, pausedAt, resumedAt)
-	// Per key owned by x: hits it admitted before the pause, and its count
-	// as the first answer decided without it saw it.
-	admittedBefore := make([]int, keys)
-	replicated := make([]int, keys)
-	for k := range replicated {
-		replicated[k] = -1
+	// Per key: the hits x admitted since its last replication (measured
+	// from the first answer decided without it) and the admissions of
+	// stand-ins (crashBound; no return to judge strays after: x decides
+	// again after the resume, as the key's owner).
+	b := crashBound(h, owner, next, x, pausedAt, time.Duration(1<<62), limit)
+	for _, k := range b.noAnswer {
+		t.Errorf("key %d (owned by %s): no answer decided without it during the pause", k, x.Name)
 	}
-	for _, a := range h {
-		if owner[a.Key] != x.Name || a.Decider == "" {
-			continue
-		}
-		switch {
-		case a.Start < pausedAt && a.Admitted && a.Decider == x.Name:
-			admittedBefore[a.Key]++
-		case a.Start > pausedAt && a.Decider != x.Name && replicated[a.Key] < 0:
-			if a.Admitted {
-				replicated[a.Key] = int(limit - a.Remaining - 1)
-			} else {
-				replicated[a.Key] = limit // refused: the copy was at the limit
-			}
-		}
-	}
-	// Stand-in admissions: decided, after the pause began, by a node that
-	// owns the key neither in the full ring nor while x is declared dead.
-	standIn := make([]int, keys)
-	sumStandIn := 0
-	for _, a := range h {
-		if a.Admitted && a.Start >= pausedAt && a.Decider != "" && a.Decider != owner[a.Key] && a.Decider != next[a.Key] {
-			standIn[a.Key]++
-			sumStandIn++
-		}
-	}
-	unreplicated := make([]int, keys)
-	sumUnrep, owned := 0, 0
-	for k := range keys {
-		if owner[k] != x.Name {
-			continue
-		}
-		owned++
-		if replicated[k] < 0 {
-			t.Errorf("key %d (owned by %s): no answer decided without it during the pause", k, x.Name)
-			continue
-		}
-		unreplicated[k] = max(0, admittedBefore[k]-replicated[k])
-		sumUnrep += unreplicated[k]
-	}
+	unreplicated, standIn := b.unreplicated, b.standIn
+	sumUnrep, sumStandIn, owned := b.sumUnrep, b.sumStandIn, b.owned
 	t.Logf("paused %s for %v (limit %d, %d keys of %d owned by it); bound per key = limit + hits it admitted since its last replication + stand-in admissions: %d unreplicated hits over its keys, %d stand-in admissions over all keys",
 		x.Name, (resumedAt - pausedAt).Round(time.Millisecond), limit, owned, keys, sumUnrep, sumStandIn)
 	t.Logf("before: %v", statsOf(pre))

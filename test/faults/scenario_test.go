@@ -302,3 +302,91 @@ func (h *Host) sockets(o *Host) string {
 	}
 	return string(out)
 }
+
+// bound is the crash bound of a history around the loss of host x at
+// time at and its return at back: per key, the hits x admitted since its
+// last replication (unreplicated: the hits it admitted before at, less the
+// count the first answer decided without it saw), the admissions after at
+// by stand-ins, nodes that own the key neither before (owner) nor while x
+// is declared dead (next), and the admissions after back by another node
+// than the owner once the owner has decided the key again (strays: a
+// stand-in's decision while a forward to the returned owner fails); and
+// before at, the admissions by another node than the owner (early: a
+// replica standing in when a forward timed out). Each stand-in, stray or
+// early admission is one the owner's count may miss
+// (docs/guarantees.md: stand-in decisions are not merged back).
+type bound struct {
+	unreplicated, standIn, strays, early     []int
+	sumUnrep, sumStandIn, sumStray, sumEarly int
+	owned                                    int
+	noAnswer                                 []int // keys of x with no answer decided without it
+	admittedBefore                           []int
+}
+
+// setReplicated sets key k's replicated count when no answer showed it.
+func (b *bound) setReplicated(k, replicated int) {
+	u := max(0, b.admittedBefore[k]-replicated)
+	b.sumUnrep += u - b.unreplicated[k]
+	b.unreplicated[k] = u
+}
+
+func (b bound) of(k int) int { return b.unreplicated[k] + b.standIn[k] + b.strays[k] + b.early[k] }
+
+func crashBound(h []Answer, owner, next []string, x *Host, at, back time.Duration, limit int64) bound {
+	keys := len(owner)
+	b := bound{unreplicated: make([]int, keys), standIn: make([]int, keys), strays: make([]int, keys), early: make([]int, keys)}
+	admittedBefore := make([]int, keys)
+	b.admittedBefore = admittedBefore
+	replicated := make([]int, keys)
+	ownerBack := make([]time.Duration, keys) // when the owner first decided the key after back
+	for k := range replicated {
+		replicated[k], ownerBack[k] = -1, -1
+	}
+	for _, a := range h {
+		if a.Start >= back && a.Decider == owner[a.Key] && (ownerBack[a.Key] < 0 || a.End < ownerBack[a.Key]) {
+			ownerBack[a.Key] = a.End
+		}
+	}
+	for _, a := range h {
+		if a.Admitted && a.Start < at && a.Decider != "" && a.Decider != owner[a.Key] {
+			b.early[a.Key]++
+			b.sumEarly++
+		}
+		if a.Admitted && a.Start >= at && a.Decider != "" && a.Decider != owner[a.Key] {
+			switch {
+			case ownerBack[a.Key] >= 0 && a.Start > ownerBack[a.Key]:
+				b.strays[a.Key]++
+				b.sumStray++
+			case a.Decider != next[a.Key]:
+				b.standIn[a.Key]++
+				b.sumStandIn++
+			}
+		}
+		if owner[a.Key] != x.Name || a.Decider == "" {
+			continue
+		}
+		switch {
+		case a.Start < at && a.Admitted && a.Decider == x.Name:
+			admittedBefore[a.Key]++
+		case a.Start > at && a.Decider != x.Name && replicated[a.Key] < 0:
+			if a.Admitted {
+				replicated[a.Key] = int(limit - a.Remaining - 1)
+			} else {
+				replicated[a.Key] = int(limit) // refused: the copy was at the limit
+			}
+		}
+	}
+	for k := range keys {
+		if owner[k] != x.Name {
+			continue
+		}
+		b.owned++
+		if replicated[k] < 0 {
+			b.noAnswer = append(b.noAnswer, k)
+			continue
+		}
+		b.unreplicated[k] = max(0, admittedBefore[k]-replicated[k])
+		b.sumUnrep += b.unreplicated[k]
+	}
+	return b
+}
