@@ -377,15 +377,29 @@ func TestKillAndQuickRestart(t *testing.T) {
 	l.setTargets(clients[0], clients[2])
 	l.calls.Store(0)
 	l.run(t, 4, 1000, 30*time.Second, nil)
+	survivors := []*proc{ps[0], ps[2]}
+	failovers := func(ps []*proc) (n float64) {
+		for _, p := range ps {
+			n += metric(t, p, "sluice_failovers_total")
+		}
+		return n
+	}
+	failoversBefore := failovers(survivors)
 	ps[1].start(t)
 	waitMembers(t, ps)
 	l.setTargets(clientsOf(t, ps)...)
 	l.calls.Store(0)
 	l.run(t, 4, 2000, 30*time.Second, nil)
 	// Killed once everything was replicated and flushed: the crash
-	// loses nothing (architecture.md), so the promise is exactness.
+	// loses nothing (architecture.md), so the promise is exactness. The
+	// one mechanism seen to break it (2 hits in 1 run of 24, 2026-11-22)
+	// is a stand-in deciding a key after the returning owner had pulled
+	// it, for a sender whose connection to the owner was still backing
+	// off: such decisions are failovers after the restart, printed so that
+	// a failure can be told apart.
 	lost := l.verify(t, clients[0], ps, exact)
-	t.Logf("SIGKILL, load while suspect, quick restart, load: over-admission %d", lost)
+	t.Logf("SIGKILL, load while suspect, quick restart, load: over-admission %d; %v checks answered by a stand-in after the restart",
+		lost, failovers(ps)-failoversBefore)
 	l.noCallErrors(t, "kill and quick restart")
 }
 
