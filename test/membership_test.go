@@ -129,7 +129,7 @@ func (l *load) noteStopping(t *testing.T, p *proc) {
 }
 
 // doubleBound is the number of hits the cluster may count that no caller
-// saw admitted, the one documented case (architecture.md, failover): a
+// saw admitted, the one documented case (docs/guarantees.md): a
 // forward that failed or timed out after its owner had decided, then
 // decided again by a stand-in, or a call that failed after it was
 // decided. At most one per failed forward (sluice_forward_errors_total of
