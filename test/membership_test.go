@@ -193,6 +193,32 @@ func (l *load) verify(t *testing.T, c *transport.Client, live []*proc, b bound) 
 	return lost
 }
 
+// sumMetric is a metric summed over ps.
+func sumMetric(t *testing.T, ps []*proc, name string) (n float64) {
+	t.Helper()
+	for _, p := range ps {
+		n += metric(t, p, name)
+	}
+	return n
+}
+
+// afterRestart is the bound of a crash after which everything had been
+// replicated and flushed, and of the node's restart, as it holds today
+// (docs/guarantees.md, "Restart after a crash"): the crash loses nothing,
+// but a check whose forward to the restarted owner fails (its sender's
+// connection to the old process still failing) is decided by a stand-in,
+// and a stand-in's decision made after the owner pulled the key from it
+// is not merged back. Each such decision follows a failed forward, so
+// over-admission is at most the forwards that failed since the restart
+// (failedBefore: the survivors' sluice_forward_errors_total then; the
+// restarted process counts from 0).
+func afterRestart(t *testing.T, ps []*proc, failedBefore float64) bound {
+	t.Helper()
+	n := int64(sumMetric(t, ps, "sluice_forward_errors_total") - failedBefore)
+	t.Logf("%d forwards failed or timed out since the restart: the bound on uncounted hits and on hits over a limit", n)
+	return bound{over: n, lost: n}
+}
+
 // noCallErrors fails the test when a call of the load failed: every
 // scenario here promises an answer to every check sent to a running node.
 func (l *load) noCallErrors(t *testing.T, what string) {
@@ -378,28 +404,22 @@ func TestKillAndQuickRestart(t *testing.T) {
 	l.calls.Store(0)
 	l.run(t, 4, 1000, 30*time.Second, nil)
 	survivors := []*proc{ps[0], ps[2]}
-	failovers := func(ps []*proc) (n float64) {
-		for _, p := range ps {
-			n += metric(t, p, "sluice_failovers_total")
-		}
-		return n
-	}
-	failoversBefore := failovers(survivors)
+	failoversBefore := sumMetric(t, survivors, "sluice_failovers_total")
+	failedBefore := sumMetric(t, survivors, "sluice_forward_errors_total")
 	ps[1].start(t)
 	waitMembers(t, ps)
 	l.setTargets(clientsOf(t, ps)...)
 	l.calls.Store(0)
 	l.run(t, 4, 2000, 30*time.Second, nil)
-	// Killed once everything was replicated and flushed: the crash
-	// loses nothing (architecture.md), so the promise is exactness. The
-	// one mechanism seen to break it (2 hits in 1 run of 24, 2026-11-22)
-	// is a stand-in deciding a key after the returning owner had pulled
-	// it, for a sender whose connection to the owner was still backing
-	// off: such decisions are failovers after the restart, printed so that
-	// a failure can be told apart.
-	lost := l.verify(t, clients[0], ps, exact)
+	// Killed once everything was replicated and flushed: the crash loses
+	// nothing (architecture.md); what the restart may lose is bounded by
+	// afterRestart. Seen: 0 in 38 of 38 runs on 2026-11-23; 2 hits in 1
+	// run of 24 on 2026-11-22 (a stand-in deciding a key after the
+	// returning owner had pulled it, for a sender whose connection to the
+	// owner was still backing off).
+	lost := l.verify(t, clients[0], ps, afterRestart(t, ps, failedBefore))
 	t.Logf("SIGKILL, load while suspect, quick restart, load: over-admission %d; %v checks answered by a stand-in after the restart",
-		lost, failovers(ps)-failoversBefore)
+		lost, sumMetric(t, ps, "sluice_failovers_total")-failoversBefore)
 	l.noCallErrors(t, "kill and quick restart")
 }
 
@@ -414,12 +434,19 @@ func TestKillAndRestartRestoresCounts(t *testing.T) {
 	l.setTargets(clientsOf(t, survivors)...)
 	l.calls.Store(0)
 	l.run(t, 4, 3000, 30*time.Second, nil)
+	failoversBefore := sumMetric(t, survivors, "sluice_failovers_total")
+	failedBefore := sumMetric(t, survivors, "sluice_forward_errors_total")
 	ps[1].start(t)
 	waitMembers(t, ps)
 	l.setTargets(clientsOf(t, ps)...)
 	l.calls.Store(0)
 	l.run(t, 4, 2000, 30*time.Second, nil)
-	lost := l.verify(t, clients[0], ps, exact)
+	// Seen on 2026-11-23 in 1 run of 7: 4 hits on 3 keys no longer
+	// counted, after forwards from a survivor to the restarted node
+	// failed with "connection refused" half a second after it was back
+	// and listening, and went to a stand-in (docs/guarantees.md).
+	t.Logf("%v checks answered by a stand-in after the restart", sumMetric(t, ps, "sluice_failovers_total")-failoversBefore)
+	lost := l.verify(t, clients[0], ps, afterRestart(t, ps, failedBefore))
 	t.Logf("SIGKILL after everything was replicated and flushed, load while down, restart, load: over-admission %d", lost)
 	l.noCallErrors(t, "kill and restart")
 }
