@@ -304,11 +304,13 @@ func (pc *PeerClient) peer(addr string) (*peer, error) {
 	if addr == "" {
 		return nil, errors.New("transport: empty peer address")
 	}
-	conn, err := grpc.NewClient(addr, pc.dialOpts...)
+	p := &peer{pc: pc, addr: addr}
+	opts := append(append([]grpc.DialOption{}, pc.dialOpts...), grpc.WithChainUnaryInterceptor(p.waitWhileWaking))
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("transport: peer %s: %w", addr, err)
 	}
-	p := &peer{pc: pc, addr: addr, conn: conn, client: sluicev1.NewPeerClient(conn)}
+	p.conn, p.client = conn, sluicev1.NewPeerClient(conn)
 	p.idle = sync.NewCond(&p.mu)
 	pc.peers.Store(addr, p)
 	return p, nil
@@ -342,10 +344,14 @@ func (pc *PeerClient) ClosePeer(addr string) error {
 
 // ResetBackoff makes the connection to addr, if any, try to reconnect at
 // once instead of waiting out gRPC's reconnect backoff: the node at addr has
-// come back. Calls in progress are not disturbed.
+// come back. Calls in progress are not disturbed; calls made in the next
+// wakeWindow wait for the connection to be ready (within their deadline)
+// instead of failing with the error of the last failed dial.
 func (pc *PeerClient) ResetBackoff(addr string) {
 	if v, ok := pc.peers.Load(addr); ok {
-		v.(*peer).conn.ResetConnectBackoff()
+		p := v.(*peer)
+		p.wake(time.Now())
+		p.conn.ResetConnectBackoff()
 	}
 }
 
@@ -384,6 +390,7 @@ type peer struct {
 	addr   string
 	conn   *grpc.ClientConn
 	client sluicev1.PeerClient
+	wokeAt atomic.Int64 // unix ns of the last ResetBackoff; 0: never
 
 	mu       sync.Mutex
 	idle     *sync.Cond // signalled when inflight drops to 0
