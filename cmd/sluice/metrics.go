@@ -525,7 +525,18 @@ type observedPeers struct {
 	m    *peerMetrics
 }
 
-var _ cluster.Peers = observedPeers{}
+var (
+	_ cluster.Peers     = observedPeers{}
+	_ cluster.PeerWaker = observedPeers{}
+)
+
+// ResetBackoff passes the node's "this member is back" on to the peer
+// client, when it keeps connections (transport.PeerClient does).
+func (o observedPeers) ResetBackoff(addr string) {
+	if w, ok := o.next.(cluster.PeerWaker); ok {
+		w.ResetBackoff(addr)
+	}
+}
 
 func (o observedPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
 	start := time.Now()
