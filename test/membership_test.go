@@ -219,6 +219,15 @@ func afterRestart(t *testing.T, ps []*proc, failedBefore float64) bound {
 	return bound{over: n, lost: n}
 }
 
+// tightOver is how many hits the tight keys have admitted past their
+// limit so far, for the logs of a phase.
+func (l *load) tightOver() (over int64) {
+	for _, k := range l.tight {
+		over += max(0, l.admitted[k].Load()-l.tightLimit)
+	}
+	return over
+}
+
 // noCallErrors fails the test when a call of the load failed: every
 // scenario here promises an answer to every check sent to a running node.
 func (l *load) noCallErrors(t *testing.T, what string) {
@@ -384,6 +393,7 @@ func killOneOfThreeSettled(t *testing.T) ([]*proc, *load, []*transport.Client) {
 	l.run(t, 4, 3000, 30*time.Second, nil)
 	clients := clientsOf(t, ps)
 	waitSettled(t, clients)
+	t.Logf("before the kill: tight keys %d over their limits", l.tightOver())
 	l.noteStopping(t, ps[1])
 	if err := ps[1].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
 		t.Fatal("SIGKILL: process exited cleanly")
@@ -403,6 +413,7 @@ func TestKillAndQuickRestart(t *testing.T) {
 	l.setTargets(clients[0], clients[2])
 	l.calls.Store(0)
 	l.run(t, 4, 1000, 30*time.Second, nil)
+	t.Logf("while it was away: tight keys %d over their limits", l.tightOver())
 	survivors := []*proc{ps[0], ps[2]}
 	failoversBefore := sumMetric(t, survivors, "sluice_failovers_total")
 	failedBefore := sumMetric(t, survivors, "sluice_forward_errors_total")
@@ -434,6 +445,7 @@ func TestKillAndRestartRestoresCounts(t *testing.T) {
 	l.setTargets(clientsOf(t, survivors)...)
 	l.calls.Store(0)
 	l.run(t, 4, 3000, 30*time.Second, nil)
+	t.Logf("while it was down: tight keys %d over their limits", l.tightOver())
 	failoversBefore := sumMetric(t, survivors, "sluice_failovers_total")
 	failedBefore := sumMetric(t, survivors, "sluice_forward_errors_total")
 	ps[1].start(t)
