@@ -17,14 +17,7 @@ func TestRulesFileThroughServeAndCheck(t *testing.T) {
 	path := filepath.Join(dir, "rules.yaml")
 	write := func(perHour int) {
 		t.Helper()
-		body := "rules:\n  - name: login\n    limits:\n      - {limit: " + strconv.Itoa(perHour) + ", window: 1h}\n      - {limit: 5, window: 1d}\n"
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, path); err != nil { // an atomic replace, as editors and ConfigMaps do
-			t.Fatal(err)
-		}
+		replace(t, path, "rules:\n  - name: login\n    limits:\n      - {limit: "+strconv.Itoa(perHour)+", window: 1h}\n      - {limit: 5, window: 1d}\n")
 	}
 	write(3)
 	ps := make([]*proc, 2)
@@ -86,14 +79,21 @@ func TestRulesFileThroughServeAndCheck(t *testing.T) {
 	}
 
 	// A bad edit is refused whole; the rules in force stay. Both watchers
-	// must have read it before the check means anything.
+	// must have read it before the check means anything: the edit is one
+	// atomic replace (a watcher never reads a half-written file, which
+	// would be another edit), and each node must count a refused reload
+	// and log the refusal of this content (its field) after the write.
 	failures := func(p *proc) float64 { return metric(t, p, "sluice_rules_reload_failures_total") }
 	refusedBefore := []float64{failures(ps[0]), failures(ps[1])}
-	if err := os.WriteFile(path, []byte("rules:\n  - name: login\n    limits: [{limit: 3, window: 0s}]\n"), 0o644); err != nil {
-		t.Fatal(err)
+	logFrom := []int{len(ps[0].log.String()), len(ps[1].log.String())}
+	replace(t, path, "rules:\n  - name: login\n    limits: [{limit: 3, window: 0s}]\n")
+	refused := func(i int) bool {
+		l := ps[i].log.String()[logFrom[i]:]
+		return failures(ps[i]) > refusedBefore[i] &&
+			strings.Contains(l, "rules reload refused") && strings.Contains(l, "rules[0].limits[0].window")
 	}
-	waitFor(t, 10*time.Second, "both nodes refuse the bad edit", func() bool {
-		return failures(ps[0]) > refusedBefore[0] && failures(ps[1]) > refusedBefore[1]
+	waitFor(t, 10*time.Second, "both nodes refuse the bad edit (metric and log line)", func() bool {
+		return refused(0) && refused(1)
 	})
 	if h := hashes(); h[0] != before[0] || h[1] != before[1] {
 		t.Fatalf("after a refused edit the rules hashes are %v, want %v", h, before)
@@ -112,6 +112,19 @@ func TestRulesFileThroughServeAndCheck(t *testing.T) {
 		if got := check(ps[i%2].grpc, "login"); got != want {
 			t.Fatalf("after reload, check %d exited %d, want %d", i, got, want)
 		}
+	}
+}
+
+// replace writes body to path with one atomic rename, as editors and
+// ConfigMaps do, so a watcher reads either the old content or body.
+func replace(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }
 

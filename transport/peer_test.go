@@ -8,6 +8,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -483,5 +484,63 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	pc.ResetBackoff(addr)
 	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
 		t.Fatalf("first forward after the peer came back and ResetBackoff: %v", err)
+	}
+}
+
+// A peer that comes back on the same address (a restarted node) is woken
+// with ResetBackoff; a forward made right after must reach it, not fail
+// with the error of the old process's last dial ("connection refused"),
+// which would send the check to a stand-in whose decision the owner never
+// sees (docs/guarantees.md, "Restart after a crash").
+func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
+	t.Parallel()
+	serveOn := func(ln net.Listener) *Server {
+		t.Helper()
+		s, err := NewServer(ServerConfig{GRPCListener: ln, HTTPListener: listen(t), Handler: &fakeHandler{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	shutdown := func(s *Server) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	}
+	ln := listen(t)
+	addr := ln.Addr().String()
+	old := serveOn(ln)
+	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: 5 * time.Second})
+	defer pc.Close()
+	reqs := []bucket.Request{req("k", 1)}
+	out := make([]bucket.Outcome, 1)
+	if err := pc.Forward(testCtx(t), addr, reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	shutdown(old)
+	// The old process is gone: wait until a dial to it has failed (the
+	// connection is in gRPC's TRANSIENT_FAILURE, waiting out a backoff).
+	var lastErr error
+	waitFor(t, 10*time.Second, "a forward to fail with connection refused", func() bool {
+		lastErr = pc.Forward(testCtx(t), addr, reqs, out)
+		return lastErr != nil && strings.Contains(lastErr.Error(), "connection refused")
+	})
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := serveOn(ln2)
+	defer shutdown(back)
+	pc.ResetBackoff(addr)
+	if err := pc.Forward(testCtx(t), addr, reqs, out); err != nil {
+		t.Fatalf("forward right after ResetBackoff to a peer back on %s: %v", addr, err)
+	}
+	if err := checkOwn("a", reqs, out); err != nil {
+		t.Fatal(err)
 	}
 }
