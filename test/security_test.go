@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -544,6 +545,9 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 	// throughout the rotation.
 	api := tlsDial(t, p.f("node-ca.pem"), "", "")
 	stop := make(chan struct{})
+	// calls counts the checks answered so far, so that each step of the
+	// rotation happens with load running through it, not before it starts.
+	var calls atomic.Int64
 	type result struct {
 		calls, errs int
 		first       error
@@ -586,6 +590,7 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 				c.Close()
 			}
 			r.calls++
+			calls.Add(1)
 			if err != nil {
 				r.errs++
 				if r.first == nil {
@@ -596,6 +601,25 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 		done <- r
 	}()
 
+	// Each step waits for this many more checks (a tenth of them on new
+	// connections to node-0), so that every phase runs under load.
+	const perPhase = 200
+	loadRuns := func(phase string) int64 {
+		t.Helper()
+		from := calls.Load()
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d checks %s", perPhase, phase), func() bool {
+			select {
+			case r := <-done: // the load ended early: report it
+				done <- r
+				t.Fatalf("the load stopped %s after %d checks, %d failed (first: %v)", phase, r.calls, r.errs, r.first)
+			default:
+			}
+			return calls.Load() >= from+perPhase
+		})
+		return calls.Load() - from
+	}
+	before := loadRuns("before the rotation")
+
 	// A new certificate for node-0 from the same CA.
 	newCert, newKey := issue(t, p, "node-0", ips(base, k))
 	mount("..gen2", newCert, newKey)
@@ -604,20 +628,23 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 		second = servedSerial(t, ps[0].grpc, p.f("node-ca.pem"))
 		return second != first && !strings.HasPrefix(second, "dial error")
 	})
+	during := loadRuns("with the new certificate")
 	// A truncated certificate is refused; the new one stays.
 	mount("..gen3", newCert[:len(newCert)/2], newKey)
 	waitFor(t, 30*time.Second, "node-0 refuses the truncated certificate", func() bool {
 		return strings.Contains(ps[0].log.String(), "refused new TLS files")
 	})
+	after := loadRuns("after the truncated certificate")
 	if got := servedSerial(t, ps[0].grpc, p.f("node-ca.pem")); got != second {
 		t.Errorf("after a truncated certificate node-0 serves %s, want the last good one %s", got, second)
 	}
 	close(stop)
 	r := <-done
-	if r.errs != 0 || r.calls == 0 {
+	if r.errs != 0 || r.calls < 3*perPhase {
 		t.Fatalf("%d of %d checks failed during the rotation (first: %v)", r.errs, r.calls, r.first)
 	}
-	t.Logf("%d checks during the rotation, none failed; serial %s → %s", r.calls, first, second)
+	t.Logf("%d checks during the rotation (%d before, %d with the new certificate, %d after the truncated one), none failed; serial %s → %s",
+		r.calls, before, during, after, first, second)
 }
 
 var netDialer = net.Dialer{Timeout: 5 * time.Second}
