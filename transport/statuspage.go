@@ -61,7 +61,7 @@ func (s *Server) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	// its drawing inline SVG.
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'")
 	var b strings.Builder
-	if err := statusPageTmpl.Execute(&b, s.pageData(st, err)); err != nil {
+	if err := statusPageTmpl.Execute(&b, s.pageData(st, err, s.pageOwners(r.Context()))); err != nil {
 		s.log.Error("rendering the status page", "err", err)
 		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
 		return
@@ -231,6 +231,7 @@ type (
 		RulesHash     string
 		Members       []pageMember
 		Arcs          []pageArc
+		RingLayout    bool // Arcs are the owner table's arcs, not one share per member
 		Events        []pageEvent
 		RulesMismatch bool
 		Endpoints     string
@@ -245,7 +246,25 @@ type (
 	pageEvent struct{ Time, Ago, Member, Kind string }
 )
 
-func (s *Server) pageData(st *sluicev1.StatusResponse, err error) statusPage {
+// pageOwners is the node's owner table for the ring drawing, or nil
+// without an OwnerSource or when it fails (the drawing then shows each
+// member's share as one arc).
+func (s *Server) pageOwners(ctx context.Context) *sluicev1.OwnersResponse {
+	if s.cfg.Owners == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusPageTimeout)
+	defer cancel()
+	ot, err := s.cfg.Owners.Owners(ctx)
+	if err != nil {
+		return nil
+	}
+	return ot
+}
+
+// pageData is the HTML page's data; ot, when given, draws the ring as the
+// owner table lays it out (ringArcs).
+func (s *Server) pageData(st *sluicev1.StatusResponse, err error, ot *sluicev1.OwnersResponse) statusPage {
 	now := s.guard.now()
 	p := statusPage{
 		Refresh: statusPageRefresh, Title: "sluice", Ready: s.ready.Load(), ReadyWord: s.readyWord(),
@@ -266,7 +285,8 @@ func (s *Server) pageData(st *sluicev1.StatusResponse, err error) statusPage {
 	for _, m := range st.Members {
 		total += max(m.Share, 0)
 	}
-	var at float64 // where the next arc starts, as a fraction of the ring
+	var at float64 // where the next share arc starts, as a fraction of the ring
+	colors := make(map[string]pageArc, len(st.Members))
 	for i, m := range st.Members {
 		pm := pageMember{
 			Name: m.Name, Addr: orDash(m.GrpcAddr), State: m.State, Share: fmt.Sprintf("%.1f%%", 100*m.Share),
@@ -280,11 +300,15 @@ func (s *Server) pageData(st *sluicev1.StatusResponse, err error) statusPage {
 			pm.RulesHash = orDash(m.RulesHash)
 		}
 		p.Members = append(p.Members, pm)
+		colors[m.Name] = pageArc{Color: pm.Color, Share: pm.Share}
 		if m.Share > 0 && total > 0 {
 			f := m.Share / total
 			p.Arcs = append(p.Arcs, pageArc{Member: m.Name, Color: pm.Color, D: arcPath(at, at+f), Share: pm.Share})
 			at += f
 		}
+	}
+	if arcs := ringArcs(ot, colors); arcs != nil {
+		p.Arcs, p.RingLayout = arcs, true
 	}
 	for _, e := range st.Events {
 		t := time.UnixMilli(e.UnixMs)
