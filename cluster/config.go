@@ -125,6 +125,14 @@ type Config struct {
 	// declared dead, so that the sides of a healed partition find each
 	// other again. Default 2 s.
 	ReconnectInterval time.Duration
+	// HeartbeatIdle is how long the pause heartbeat (pause.go) goes on
+	// beating, every ForwardTimeout/4, once the node has answered no check
+	// from a client or a peer: then it stops, so that an idle node costs no
+	// wake-ups for it, until the next decision. That decision sees the gap
+	// and treats it as a pause (a paused node cannot tell it from idleness):
+	// each key the node owns is pulled once, on its first touch within
+	// MoveWindow, before it is decided. 0 beats always. Default 30 s.
+	HeartbeatIdle time.Duration
 	// Rules resolves checks with limit 0; nil means there are no rules.
 	Rules Rules
 	// Load, when set, replaces the measured CPU load that elastic limits
@@ -163,6 +171,7 @@ func DefaultConfig() Config {
 		HandoffTimeout:      10 * time.Second,
 		LeavePropagation:    time.Second,
 		ReconnectInterval:   2 * time.Second,
+		HeartbeatIdle:       30 * time.Second,
 	}
 }
 
@@ -189,6 +198,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster: leave timeout %v must be positive", c.LeaveTimeout)
 	case c.ReplicationInterval <= 0 || c.MoveWindow <= 0 || c.PullTimeout <= 0 || c.HandoffTimeout <= 0 || c.LeavePropagation < 0 || c.ReconnectInterval <= 0:
 		return fmt.Errorf("cluster: replication interval, move window, pull and handoff timeouts must be positive")
+	case c.HeartbeatIdle < 0:
+		return fmt.Errorf("cluster: heartbeat idle %v must not be negative (0 beats always)", c.HeartbeatIdle)
 	case c.OwnerUnavailable > OwnerUnavailableDeny:
 		return fmt.Errorf("cluster: unknown owner-unavailable policy %d", c.OwnerUnavailable)
 	}

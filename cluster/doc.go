@@ -37,7 +37,9 @@
 // earliest a peer can have given up on this node) registers, before any
 // decision goes on, a move for the keys it owns, so each is pulled from
 // whoever held it meanwhile before it is decided, and the newest version
-// wins (pause.go). A check whose context is already done is not decided.
+// wins (pause.go). An idle node stops the heartbeat after HeartbeatIdle
+// without a decision (heartbeat.go); its next decision finds the gap and
+// handles it as a pause. A check whose context is already done is not decided.
 //
 // # Lifecycle and concurrency
 //

@@ -84,6 +84,10 @@ type Node struct {
 	rejoins       atomic.Uint64 // members alive again after being declared dead
 	pauses        atomic.Uint64 // gaps in the heartbeat: this node did not run (pause.go)
 	beat          atomic.Int64  // Unix ns (n.now) of the last heartbeat or noticed pause
+	beatIdle      atomic.Bool   // the heartbeat stopped: nothing was decided for HeartbeatIdle (heartbeat.go)
+	beatWake      chan struct{} // wakes the stopped heartbeat (capacity 1)
+	idleResumes   atomic.Uint64 // decisions that found the heartbeat stopped (counted apart from pauses)
+	answered      atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
 	pauseMu       sync.Mutex    // held while a pause is noticed
 	rate          atomic.Uint64 // math.Float64bits of checks per second
 	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
@@ -131,6 +135,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		ring:      r,
 		peers:     peers,
 		stop:      make(chan struct{}),
+		beatWake:  make(chan struct{}, 1),
 		handoffs:  make(chan handoffJob, 16),
 		replRound: make(chan struct{}, 1),
 		fatal:     make(chan error, 1),

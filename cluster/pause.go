@@ -54,14 +54,24 @@ func (n *Node) pauseCheck(now int64) {
 }
 
 // heartbeatLoop stamps the time every ForwardTimeout/4 and notices pauses
-// that no decision noticed first.
+// that no decision noticed first. After HeartbeatIdle without a check or a
+// peer's check call it stops (beatLoop); the next decision finds the gap,
+// handles it as a pause and wakes it.
 func (n *Node) heartbeatLoop() {
-	n.every(max(n.cfg.ForwardTimeout/4, time.Millisecond), func(time.Time) bool {
-		now := n.now().UnixNano()
-		n.pauseCheck(now)
-		n.beat.Store(max(n.beat.Load(), now))
-		return true
-	})
+	defer n.wg.Done()
+	beatLoop(n.stop, n.beatWake, max(n.cfg.ForwardTimeout/4, time.Millisecond), n.cfg.HeartbeatIdle,
+		func() uint64 { return n.checks.Load() + n.answered.Load() },
+		func(time.Time) {
+			now := n.now().UnixNano()
+			n.pauseCheck(now)
+			n.beat.Store(max(n.beat.Load(), now))
+		},
+		func(idle bool) {
+			n.beatIdle.Store(idle)
+			if idle {
+				n.log.Debug("idle: the pause heartbeat stops until the next check", "after", n.cfg.HeartbeatIdle)
+			}
+		})
 }
 
 // noticePause handles a gap in the heartbeat seen at now: once per gap,
@@ -73,16 +83,22 @@ func (n *Node) noticePause(now int64) {
 	if now-last <= int64(n.cfg.ForwardTimeout) {
 		return // handled by another caller
 	}
-	n.pausedFor(time.Duration(now-last), now)
+	n.pausedFor(time.Duration(now-last), now, n.beatIdle.Load())
 	n.beat.Store(now)
+	select { // wake the heartbeat if it stopped
+	case n.beatWake <- struct{}{}:
+	default:
+	}
 }
 
 // pausedFor registers, after a pause of d, that every key this node owns
 // may be held newer elsewhere: a move from the ring without this node (who
 // took its keys when it was declared dead) to the current ring (whose
 // replicas stood in for it before that), for the keys it owns in the
-// current ring only.
-func (n *Node) pausedFor(d time.Duration, now int64) {
+// current ring only. idle: the heartbeat had stopped for want of checks
+// (HeartbeatIdle), so the gap is most likely idleness; it is handled the
+// same way, but counted and logged apart from pauses.
+func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 	if !n.inRing.Load() || n.draining() {
 		return
 	}
@@ -101,8 +117,15 @@ func (n *Node) pausedFor(d time.Duration, now int64) {
 		n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
 		return
 	}
-	n.pauses.Add(1)
 	n.addMove(&move{prev: prev, cur: cur, owned: true, until: now + int64(n.cfg.MoveWindow)}, now)
+	if idle {
+		n.idleResumes.Add(1)
+		n.log.Info("first decision after an idle spell (the pause heartbeat had stopped): "+
+			"each key this node owns is pulled from its peers before its next decision, in case this node was in fact paused",
+			"gap", d.Round(time.Millisecond), "window", n.cfg.MoveWindow)
+		return
+	}
+	n.pauses.Add(1)
 	n.log.Warn("this node did not run for longer than the forward timeout (paused, frozen or starved; or the clock jumped): "+
 		"its peers may have decided its keys meanwhile, so each key it owns is pulled from them before its next decision",
 		"gap", d.Round(time.Millisecond), "forward_timeout", n.cfg.ForwardTimeout, "window", n.cfg.MoveWindow)

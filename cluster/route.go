@@ -98,6 +98,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 	if n.refusedAll(out) {
 		return
 	}
+	n.answered.Add(1)
 	now := n.now().UnixNano()
 	n.pauseCheck(now) // before the table and the moves are read
 	tbl := n.ring.Table()

@@ -27,6 +27,8 @@ type Status struct {
 	PullErrors        uint64
 	Rejoins           uint64
 	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
+	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
+	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
 	Unreplicated      int    // changed keys not yet sent to replicas
 	Unflushed         int    // changed keys not yet in the store
 	RulesHash         string
@@ -79,6 +81,8 @@ func (n *Node) Status() Status {
 		PullErrors:        n.pullErrors.Load(),
 		Rejoins:           n.rejoins.Load(),
 		Pauses:            n.pauses.Load(),
+		IdleResumes:       n.idleResumes.Load(),
+		HeartbeatIdle:     n.beatIdle.Load(),
 		Unreplicated:      n.cache.Changed(),
 		Unflushed:         n.cache.Dirty(),
 		RulesHash:         n.rulesHash(),

@@ -298,6 +298,9 @@ func (f *serveFlags) validate() (string, error) {
 			return d.name, fmt.Errorf("%v: want a positive duration", d.v)
 		}
 	}
+	if f.heartbeatIdle < 0 {
+		return "heartbeat-idle", fmt.Errorf("%v: want a duration of 0 (beat always) or more", f.heartbeatIdle)
+	}
 	if f.cacheSize < 1 {
 		return "cache-size", fmt.Errorf("%d: want at least 1", f.cacheSize)
 	}

@@ -309,12 +309,13 @@ var (
 	descEnvoyCalls    = desc("sluice_envoy_calls_total", "Envoy ShouldRateLimit calls answered.", prometheus.CounterValue)
 	descEnvoyDescs    = desc("sluice_envoy_descriptors_total", "Envoy descriptors that had a limit.", prometheus.CounterValue)
 	descEnvoyOver     = desc("sluice_envoy_over_limit_total", "Envoy descriptors over their limit, shadow mode included.", prometheus.CounterValue)
+	descIdleResumes   = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow   = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
 	descAuthRefused   = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
 )
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
-	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses,
+	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
@@ -346,6 +347,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descPullErrors, float64(st.PullErrors))
 	put(descRejoins, float64(st.Rejoins))
 	put(descPauses, float64(st.Pauses))
+	put(descIdleResumes, float64(st.IdleResumes))
 	put(descKeys, float64(st.Keys))
 	put(descUnreplicated, float64(st.Unreplicated))
 	put(descUnflushed, float64(st.Unflushed))

@@ -31,7 +31,7 @@ type serveFlags struct {
 	rulesInterval                                          time.Duration
 	cacheSize, replicas                                    int
 	flushInterval, forwardTimeout, shutdownTimeout         time.Duration
-	replicationInterval, moveWindow                        time.Duration
+	replicationInterval, moveWindow, heartbeatIdle         time.Duration
 	gcMinHeap                                              byteSize
 	tlsCert, tlsKey, tlsCA, clientCA, gossipKeyFile        string
 	secretsInterval, joinRetry                             time.Duration
@@ -60,6 +60,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
 	fs.DurationVar(&f.replicationInterval, "replication-interval", 100*time.Millisecond, "how often an owner sends changed counters to its replicas")
 	fs.DurationVar(&f.moveWindow, "move-window", 30*time.Second, "after a membership change, how long a new owner pulls moved keys on first touch")
+	fs.DurationVar(&f.heartbeatIdle, "heartbeat-idle", 30*time.Second, "after this long without a check the pause heartbeat stops (no wake-ups while idle); the next check's keys are pulled first, as after a pause; 0 beats always")
 	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
@@ -312,6 +313,7 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.ForwardTimeout = f.forwardTimeout
 	cfg.ReplicationInterval = f.replicationInterval
 	cfg.MoveWindow = f.moveWindow
+	cfg.HeartbeatIdle = f.heartbeatIdle
 	cfg.Log = lg
 	if cfg.OwnerUnavailable, err = cluster.ParseOwnerUnavailable(f.onOwnerUnavailable); err != nil {
 		return cfg, fmt.Errorf("--on-owner-unavailable: %w", err)

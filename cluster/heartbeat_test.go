@@ -1,0 +1,166 @@
+package cluster
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// TestBeatLoopStopsWhenIdle runs beatLoop on synctest's clock: it beats
+// every period while the activity count moves, stops idleAfter after the
+// last change (no beat however long nothing happens), beats again once
+// woken, and returns when stopped.
+func TestBeatLoopStopsWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, idleAfter = 50 * time.Millisecond, time.Second
+		var activity, beats atomic.Uint64
+		var idle atomic.Bool
+		stop, wake := make(chan struct{}), make(chan struct{}, 1)
+		done := make(chan struct{})
+		go func() {
+			beatLoop(stop, wake, period, idleAfter, activity.Load,
+				func(time.Time) { beats.Add(1) }, idle.Store)
+			close(done)
+		}()
+
+		// Busy: a check at 75 ms and every 100 ms after (never at a tick),
+		// the last at 1975 ms; a beat at every tick, 50 ms to 1950 ms.
+		time.Sleep(75 * time.Millisecond)
+		activity.Add(1)
+		for range 19 {
+			time.Sleep(100 * time.Millisecond)
+			activity.Add(1)
+		}
+		synctest.Wait()
+		if busy := beats.Load(); busy != 39 {
+			t.Fatalf("%d beats by 1975 ms at one per %v, want 39", busy, period)
+		}
+		// Quiet: the tick at 2000 ms sees the last check and beats; so do
+		// the ticks to 2950 ms; the tick at 3000 ms, idleAfter after 2000 ms,
+		// stops instead.
+		time.Sleep(idleAfter + period) // to 3025 ms
+		synctest.Wait()
+		if !idle.Load() {
+			t.Fatalf("not idle %v after the last check", idleAfter+period)
+		}
+		if quiet, want := beats.Load()-39, uint64(idleAfter/period); quiet != want {
+			t.Fatalf("%d beats between the last check and idleness, want %d (idleAfter / period)", quiet, want)
+		}
+		at := beats.Load()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if beats.Load() != at {
+			t.Fatalf("%d beats in an idle hour, want 0", beats.Load()-at)
+		}
+		// Woken: beating again, and idle again once quiet for idleAfter.
+		wake <- struct{}{}
+		synctest.Wait()
+		if idle.Load() {
+			t.Fatal("still idle after a wake")
+		}
+		time.Sleep(10 * period)
+		synctest.Wait()
+		if got := beats.Load() - at; got != 10 {
+			t.Fatalf("%d beats in %v after the wake, want 10", got, 10*period)
+		}
+		time.Sleep(idleAfter)
+		synctest.Wait()
+		if !idle.Load() {
+			t.Fatal("not idle again after a quiet idleAfter")
+		}
+		close(stop)
+		<-done
+	})
+}
+
+// TestBeatLoopZeroIdleAlwaysBeats: idleAfter 0 never stops.
+func TestBeatLoopZeroIdleAlwaysBeats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var beats atomic.Uint64
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			beatLoop(stop, make(chan struct{}), time.Second, 0, func() uint64 { return 0 },
+				func(time.Time) { beats.Add(1) }, func(bool) { t.Error("idle with idleAfter 0") })
+			close(done)
+		}()
+		time.Sleep(time.Hour + time.Millisecond)
+		synctest.Wait()
+		if beats.Load() != 3600 {
+			t.Errorf("%d beats in an hour at one a second, want 3600", beats.Load())
+		}
+		close(stop)
+		<-done
+	})
+}
+
+// TestIdleOwnerPullsBeforeDeciding: an owner that decided nothing for
+// HeartbeatIdle stops its heartbeat; its next decision handles the gap as
+// a pause and pulls the key first. Here the owner was also cut off while
+// idle, so the key's replica stood in for it: the owner must take the
+// stand-in's count, never more than the limit in all. Before the idle
+// heartbeat stopped, it went on beating, saw no gap, and decided from its
+// own stale count.
+func TestIdleOwnerPullsBeforeDeciding(t *testing.T) {
+	t.Parallel()
+	const forwardTimeout, idleAfter = 200 * time.Millisecond, 300 * time.Millisecond
+	nodes, net := memCluster(t, 3, func(c *Config) {
+		c.ForwardTimeout = forwardTimeout
+		c.HeartbeatIdle = idleAfter
+		if c.Name == "n0" {
+			c.Now = time.Now // the owner's heartbeat and decisions on the wall clock
+		}
+	})
+	x := nodes[0]
+	key := keysOwnedBy(x, "n0", 1)[0]
+	const limit, before, during = 10, 4, 6
+	admitted := 0
+	check := func(n *Node) bucket.Outcome {
+		t.Helper()
+		o := check1(n, bucket.Request{Name: "api", Key: key, Hits: 1,
+			Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: limit, WindowMS: 3_600_000}})
+		if o.Err != "" {
+			t.Fatalf("check at %s: %+v", n.Name(), o)
+		}
+		if o.Allowed() {
+			admitted++
+		}
+		return o
+	}
+	for i := range before {
+		check(nodes[1+i%2])
+	}
+	if err := x.ReplicateNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Cut off, the owner is asked nothing: the replica stands in.
+	net.Cut(memAddr(1), memAddr(0), Blackhole)
+	net.Cut(memAddr(2), memAddr(0), Blackhole)
+	for i := range during {
+		if o := check(nodes[1+i%2]); o.Owner == x.Name() {
+			t.Fatalf("the cut-off owner decided: %+v", o)
+		}
+	}
+	WaitFor(t, 10*time.Second, "the owner's heartbeat stops for idleness", func() bool { return x.Status().HeartbeatIdle })
+	net.Heal()
+	pulls := x.Status().Pulls
+	for i := range limit {
+		if o := check(nodes[i%3]); o.Owner != x.Name() {
+			t.Fatalf("after the heal %s decided, want the owner %s", o.Owner, x.Name())
+		}
+	}
+	st := x.Status()
+	t.Logf("limit %d: %d admitted before, %d by the stand-in, %d in all; owner: %d idle resumes, %d pauses, %d pulls",
+		limit, before, during, admitted, st.IdleResumes, st.Pauses, st.Pulls-pulls)
+	if admitted > limit {
+		t.Fatalf("%d admitted for a limit of %d: the idle owner decided from its stale count", admitted, limit)
+	}
+	if st.IdleResumes != 1 || st.Pauses != 0 || st.Pulls == pulls {
+		t.Fatalf("owner: %d idle resumes (want 1), %d pauses (want 0), %d pulls (want some)", st.IdleResumes, st.Pauses, st.Pulls-pulls)
+	}
+	WaitFor(t, 10*time.Second, "the owner's heartbeat beats again", func() bool { return !x.Status().HeartbeatIdle })
+}
