@@ -422,4 +422,11 @@ func (c *Cluster) Close() {
 	}
 	wg.Wait()
 	c.zombies.Wait()
+	// memberlist's Shutdown does not wait for a probe in progress: let
+	// the bubble's time run past the longest (the probe interval and
+	// timeouts), or the bubble would end with it still blocked.
+	time.Sleep(closeGrace)
 }
+
+// closeGrace is how long Close lets time run once every node stopped.
+const closeGrace = 10 * time.Second
