@@ -39,6 +39,12 @@ const SettleTimeout = 2 * time.Minute
 // settleStep is how far Settle lets time run between two looks.
 const settleStep = 50 * time.Millisecond
 
+// The ring of every node (see config).
+const (
+	Partitions   = 271
+	VirtualNodes = 20
+)
+
 // Options configures a Cluster.
 type Options struct {
 	// Configure, when set, is called on every node's config before the
@@ -175,6 +181,11 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	ml.Transport = c.Gossip.Transport(m.GossipAddr)
 	ml.LogOutput = io.Discard
 	cfg.Config = ml
+	// Fewer partitions and points than the defaults: a rebuild of the
+	// default ring (7919 partitions) costs milliseconds, and a run
+	// rebuilds hundreds of times. Keys still move on every change.
+	cfg.Ring.Partitions = Partitions
+	cfg.Ring.VirtualNodes = VirtualNodes
 	cfg.ClusterName = "clustertest"
 	cfg.GRPCAddr = m.PeerAddr
 	cfg.Store = m.Store

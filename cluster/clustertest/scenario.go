@@ -81,6 +81,7 @@ func arityText(ar [2]int) string {
 
 // Answer is one check's outcome as a Runner records it.
 type Answer struct {
+	Seq      int // order among answers and events
 	At       time.Time
 	Line     int
 	Via, Key string
@@ -99,10 +100,12 @@ type Runner struct {
 	// Events lists the membership and network steps with their time.
 	Events []Event
 	next   int // round-robin position of check *
+	seq    int // the last Seq given
 }
 
 // Event is a step that changed the cluster or its network.
 type Event struct {
+	Seq  int // order among answers and events
 	At   time.Time
 	Step Step
 }
@@ -134,7 +137,7 @@ func (r *Runner) Step(s Step) error {
 			}
 		}
 	case "settle":
-		return c.Settle()
+		err = c.Settle()
 	case "limit":
 		r.Limit, err = strconv.ParseInt(s.Args[0], 10, 64)
 		if err == nil && r.Limit <= 0 {
@@ -177,7 +180,8 @@ func (r *Runner) Step(s Step) error {
 	default:
 		return fmt.Errorf("unknown step %q", s.Op)
 	}
-	r.Events = append(r.Events, Event{At: time.Now(), Step: s})
+	r.seq++
+	r.Events = append(r.Events, Event{Seq: r.seq, At: time.Now(), Step: s})
 	return err
 }
 
@@ -204,7 +208,8 @@ func (r *Runner) check(s Step) error {
 		if err != nil {
 			return err
 		}
-		r.Answers = append(r.Answers, Answer{At: time.Now(), Line: s.Line, Via: v, Key: key, Limit: r.Limit, Admitted: o.Allowed(), Owner: o.Owner})
+		r.seq++
+		r.Answers = append(r.Answers, Answer{Seq: r.seq, At: time.Now(), Line: s.Line, Via: v, Key: key, Limit: r.Limit, Admitted: o.Allowed(), Owner: o.Owner})
 		if o.Allowed() {
 			r.Admitted[key]++
 		} else {
