@@ -38,7 +38,7 @@ func TestModel(t *testing.T) {
 		return
 	}
 	runs := *modelRuns
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		runs = min(runs, 100)
 	}
 	start := time.Now()

@@ -38,3 +38,24 @@ func TestScenarios(t *testing.T) {
 		})
 	}
 }
+
+// TestParseScenarioErrors: a bad line is refused with the file, the line
+// and what is wrong.
+func TestParseScenarioErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ text, want string }{
+		{"add n1\nfrobnicate n1", `f.txt:2: unknown step "frobnicate"`},
+		{"settle now", "f.txt:1: settle takes 0 arguments, got 1"},
+		{"# c\n\ncheck n1", "f.txt:3: check takes 2 to 3 arguments, got 1"},
+		{"add", "f.txt:1: add takes at least 1 arguments, got 0"},
+	} {
+		_, err := ParseScenario("f.txt", tc.text)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%q: err %v, want %q", tc.text, err, tc.want)
+		}
+	}
+	steps, err := ParseScenario("f.txt", "add n1 # start\n  check * k 3  \n")
+	if err != nil || len(steps) != 2 || steps[1].Line != 2 || steps[1].String() != "check * k 3" {
+		t.Fatalf("steps %v, err %v", steps, err)
+	}
+}
