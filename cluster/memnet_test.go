@@ -13,8 +13,9 @@ import (
 // countingHandler counts the calls it answers.
 type countingHandler struct{ replicated int }
 
-func (h *countingHandler) CheckForwarded(context.Context, string, []bucket.Request, []bucket.Outcome) {}
-func (h *countingHandler) CheckStandIn(context.Context, string, []bucket.Request, []bucket.Outcome)   {}
+func (h *countingHandler) CheckForwarded(context.Context, string, []bucket.Request, []bucket.Outcome) {
+}
+func (h *countingHandler) CheckStandIn(context.Context, string, []bucket.Request, []bucket.Outcome) {}
 func (h *countingHandler) Replicate(_ context.Context, _ string, _ bool, c []bucket.Counter) (int, int) {
 	h.replicated += len(c)
 	return len(c), 0
