@@ -95,6 +95,8 @@ type Cluster struct {
 	zombies sync.WaitGroup
 	// forwardErrors sums ForwardErrors of the incarnations that stopped.
 	forwardErrors uint64
+	failedMu      sync.Mutex
+	failed        map[string]int64 // by key: items of forwards that failed
 }
 
 // New returns an empty cluster whose nodes all stop when the test ends.
@@ -102,7 +104,8 @@ func New(t testing.TB, opts Options) *Cluster {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{}}
+	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
+		failed: map[string]int64{}}
 	t.Cleanup(c.Close)
 	return c
 }
@@ -158,7 +161,7 @@ func (c *Cluster) Restart(name string) error {
 
 func (c *Cluster) start(m *Member) error {
 	cfg := c.config(m)
-	n, err := cluster.New(cfg, c.Peers.Peers(m.PeerAddr))
+	n, err := cluster.New(cfg, countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
 	}
@@ -368,6 +371,40 @@ func (c *Cluster) ForwardErrors() uint64 {
 		sum += c.members[name].Node.Status().ForwardErrors
 	}
 	return sum
+}
+
+// FailedForwards returns how many forwarded items of key failed or timed
+// out (Forward and ForwardStandIn calls that returned an error), over every
+// node: each may have been decided again by a stand-in.
+func (c *Cluster) FailedForwards(key string) int64 {
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	return c.failed[key]
+}
+
+// countingPeers counts, per key, the items of forwards that failed.
+type countingPeers struct {
+	cluster.Peers
+	c *Cluster
+}
+
+func (p countingPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out))
+}
+
+func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, out))
+}
+
+func (p countingPeers) count(reqs []bucket.Request, err error) error {
+	if err != nil {
+		p.c.failedMu.Lock()
+		for _, r := range reqs {
+			p.c.failed[r.Key]++
+		}
+		p.c.failedMu.Unlock()
+	}
+	return err
 }
 
 // Settle lets the bubble's time run until every member that is up is
