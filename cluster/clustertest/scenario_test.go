@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,12 +9,18 @@ import (
 	"testing/synctest"
 )
 
+var scenarioFile = flag.String("scenario", "", "TestScenarios: run this scenario file instead of testdata/*.txt")
+
 // TestScenarios runs every testdata/*.txt scenario in its own bubble.
-// One: go test -run 'TestScenarios/crash$' ./cluster/clustertest/
+// One: go test -run 'TestScenarios/crash$' ./cluster/clustertest/; a file
+// elsewhere: go test -run TestScenarios ./cluster/clustertest/ -scenario F
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if *scenarioFile != "" {
+		files = []string{*scenarioFile}
 	}
 	if len(files) == 0 {
 		t.Fatal("no scenario in testdata")
@@ -32,6 +39,9 @@ func TestScenarios(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := NewRunner(New(t, Options{}))
 				if err := r.Run(steps); err != nil {
+					for _, a := range r.Answers {
+						t.Logf("line %d via %s key %s: admitted %v by %s at %v", a.Line, a.Via, a.Key, a.Admitted, a.Owner, a.At.Format("15:04:05.000"))
+					}
 					t.Fatalf("%s: %v", f, err)
 				}
 			})
