@@ -84,19 +84,17 @@ type Member struct {
 // blocked, so timers are realistic and cost no wall-clock time. Its
 // methods are called from the bubble's main goroutine, one at a time.
 type Cluster struct {
-	t       testing.TB
-	opts    Options
-	Gossip  *GossipNetwork
-	Peers   *cluster.MemNetwork
-	members map[string]*Member
-	order   []string // names in the order of their first Add
-	groups  map[string]int
-	drops   bool
-	zombies sync.WaitGroup
-	// forwardErrors sums ForwardErrors of the incarnations that stopped.
-	forwardErrors uint64
-	failedMu      sync.Mutex
-	failed        map[string]int64 // by key: items of forwards that failed
+	t        testing.TB
+	opts     Options
+	Gossip   *GossipNetwork
+	Peers    *cluster.MemNetwork
+	members  map[string]*Member
+	order    []string // names in the order of their first Add
+	groups   map[string]int
+	drops    bool
+	zombies  sync.WaitGroup
+	failedMu sync.Mutex
+	failed   map[string]int64 // by key: items of forwards that failed
 }
 
 // New returns an empty cluster whose nodes all stop when the test ends.
@@ -233,7 +231,6 @@ func (c *Cluster) Leave(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	lerr := m.Node.Leave(ctx)
-	c.forwardErrors += m.Node.Status().ForwardErrors
 	serr := m.Node.Shutdown(ctx)
 	m.Node, m.State = nil, Left
 	c.Peers.Unregister(m.PeerAddr)
@@ -257,7 +254,6 @@ func (c *Cluster) Crash(name string) error {
 	disk := m.Store.Clone()
 	c.Gossip.Crash(m.GossipAddr)
 	c.Peers.Crash(m.PeerAddr)
-	c.forwardErrors += m.Node.Status().ForwardErrors
 	zombie := m.Node
 	c.zombies.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -361,16 +357,6 @@ func (c *Cluster) Check(via, key string, limit, hits int64) (bucket.Outcome, err
 		return out[0], fmt.Errorf("check %s via %s: not answered within %v", key, via, CheckTimeout)
 	}
 	return out[0], nil
-}
-
-// ForwardErrors is the sum of every node's forwards that failed or timed
-// out, over every incarnation of the run.
-func (c *Cluster) ForwardErrors() uint64 {
-	sum := c.forwardErrors
-	for _, name := range c.Up() {
-		sum += c.members[name].Node.Status().ForwardErrors
-	}
-	return sum
 }
 
 // FailedForwards returns how many forwarded items of key failed or timed

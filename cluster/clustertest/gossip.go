@@ -60,7 +60,6 @@ func (g *GossipNetwork) Transport(addr string) *GossipTransport {
 		g: g, addr: addr, ip: net.ParseIP(host), port: p,
 		packets: make(chan *memberlist.Packet, packetQueue),
 		streams: make(chan net.Conn, streamQueue),
-		done:    make(chan struct{}),
 	}
 	g.mu.Lock()
 	g.nodes[addr] = t
@@ -114,7 +113,6 @@ type GossipTransport struct {
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 	once    sync.Once
-	done    chan struct{}
 }
 
 var _ memberlist.NodeAwareTransport = (*GossipTransport)(nil)
@@ -217,7 +215,6 @@ func (t *GossipTransport) Shutdown() error {
 			delete(t.g.nodes, t.addr)
 		}
 		t.g.mu.Unlock()
-		close(t.done)
 		for {
 			select {
 			case c := <-t.streams:
