@@ -87,8 +87,14 @@ type Config struct {
 	// JoinRetry is how often Start's background join retries while no seed
 	// has answered. Default 1 s.
 	JoinRetry time.Duration
-	// DataDir is where the durable store lives. Required.
+	// DataDir is where the durable store lives. Required unless Store is
+	// set.
 	DataDir string
+	// Store, when set, is the node's durable store instead of the pebble
+	// store under DataDir (tests: writeback.MemStore, which survives a
+	// simulated crash and is handed to the restarted node). The node owns
+	// it from New on and closes it at Shutdown.
+	Store writeback.Store
 	// Security says how the node's ports are secured, for status output
 	// (it travels in gossip). GossipEncrypted is ignored: it is taken from
 	// the memberlist configuration (Keyring or SecretKey).
@@ -188,7 +194,7 @@ func (c *Config) Validate() error {
 		return errors.New("cluster: gRPC address is empty")
 	case len(c.GRPCAddr) > maxAddrLen:
 		return fmt.Errorf("cluster: gRPC address is %d bytes, more than %d", len(c.GRPCAddr), maxAddrLen)
-	case c.DataDir == "":
+	case c.DataDir == "" && c.Store == nil:
 		return errors.New("cluster: data dir is empty")
 	case c.ForwardTimeout <= 0:
 		return fmt.Errorf("cluster: forward timeout %v must be positive", c.ForwardTimeout)

@@ -87,11 +87,24 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	now := n.now().UnixNano()
 	start := time.Now()
 	batches := map[string][]bucket.Counter{}
+	var moves []*move
+	if ms := n.moves.Load(); ms != nil {
+		moves = *ms
+	}
 	n.cache.Range(now, func(r writeback.Record) bool {
 		h := keyHash(r.Key)
 		o, _ := old.Owner(h)
 		c, ok := cur.Owner(h)
 		if !ok || o.Name != n.name || c.Name == n.name {
+			return true
+		}
+		if needsSettle(h, r.Key, moves, n.name, now) {
+			// An earlier change gave this node the key and it never
+			// touched it since, so never pulled it: what it holds may be
+			// stale (a count from before it last handed the key on). A
+			// handoff would make the new owner take it as settled and
+			// skip its pulls, among them the key's replicas, which hold
+			// the newer count. The new owner pulls it on first touch.
 			return true
 		}
 		rec, held, err := n.cache.Release(h, r.Key, now, n.cfg.MoveWindow)

@@ -27,6 +27,7 @@ type MemNetwork struct {
 	mu     sync.Mutex
 	nodes  map[string]ForwardHandler // by gRPC address
 	faults map[[2]string]Fault       // by (from, to) address
+	gen    map[string]int            // by address: bumped by Crash; a Peers of an older one is dead
 	delay  time.Duration
 	calls  int
 	pulls  map[string]int // Pull calls by sender address
@@ -48,7 +49,8 @@ var ErrUnreachable = errors.New("memnet: peer unreachable")
 
 // NewMemNetwork returns an empty network.
 func NewMemNetwork() *MemNetwork {
-	return &MemNetwork{nodes: make(map[string]ForwardHandler), faults: make(map[[2]string]Fault), pulls: make(map[string]int)}
+	return &MemNetwork{nodes: make(map[string]ForwardHandler), faults: make(map[[2]string]Fault),
+		gen: make(map[string]int), pulls: make(map[string]int)}
 }
 
 // Register makes h reachable at addr.
@@ -62,6 +64,19 @@ func (m *MemNetwork) Register(addr string, h ForwardHandler) {
 func (m *MemNetwork) Unregister(addr string) {
 	m.mu.Lock()
 	delete(m.nodes, addr)
+	m.mu.Unlock()
+}
+
+// Crash takes the node at addr off the network as its process dies: calls
+// to addr fail at once (a closed port) until a node registers there again,
+// and every call made through a Peers that Peers(addr) returned before the
+// crash fails too, even once a restarted node holds the address: the
+// crashed node's goroutines may run on until the test stops them, and
+// nothing they send must arrive.
+func (m *MemNetwork) Crash(addr string) {
+	m.mu.Lock()
+	delete(m.nodes, addr)
+	m.gen[addr]++
 	m.mu.Unlock()
 }
 
@@ -122,11 +137,16 @@ func (m *MemNetwork) Pulls(from string) int {
 }
 
 // Peers returns the Peers of the node at address from.
-func (m *MemNetwork) Peers(from string) Peers { return memPeers{m: m, from: from} }
+func (m *MemNetwork) Peers(from string) Peers {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return memPeers{m: m, from: from, gen: m.gen[from]}
+}
 
 type memPeers struct {
 	m    *MemNetwork
 	from string
+	gen  int // m.gen[from] when made: the sender crashed once it differs
 }
 
 var _ Peers = memPeers{}
@@ -181,8 +201,12 @@ func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error
 	p.m.mu.Lock()
 	h, ok := p.m.nodes[addr]
 	fault := p.m.faults[[2]string{p.from, addr}]
+	crashed := p.m.gen[p.from] != p.gen
 	delay := p.m.delay
 	p.m.mu.Unlock()
+	if crashed {
+		return nil, fmt.Errorf("%w: %s → %s (crashed)", ErrUnreachable, p.from, addr)
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {

@@ -97,8 +97,9 @@ type Node struct {
 	unreachable sync.Map
 }
 
-// New validates cfg, opens the durable store under cfg.DataDir and builds a
-// node whose ring holds only itself. It starts nothing.
+// New validates cfg, opens the durable store under cfg.DataDir (or takes
+// cfg.Store) and builds a node whose ring holds only itself. It starts
+// nothing.
 func New(cfg Config, peers Peers) (*Node, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -123,9 +124,11 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	if err := r.SetMembers([]ring.Member{{Name: cfg.Name, Addr: cfg.GRPCAddr}}); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	store, err := writeback.OpenStore(cfg.DataDir, lg)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+	store := cfg.Store
+	if store == nil {
+		if store, err = writeback.OpenStore(cfg.DataDir, lg); err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
 	}
 	n := &Node{
 		cfg:       cfg,

@@ -24,6 +24,9 @@ var layers = []layer{
 	{pkg: "writeback", may: []string{"bucket", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
 	{pkg: "cluster", may: []string{"ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
+	// The in-process cluster of the tests: nodes over memory networks.
+	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	{pkg: "cluster/rules", may: []string{"bucket", "go.yaml.in/yaml/v3"},
 		mustNot: []string{"transport", "proto/sluice/v1", "cluster"}},
 	{pkg: "transport", may: []string{"bucket", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",

@@ -1,0 +1,469 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// Window is the window of every check's limit: a fixed window of one hour,
+// so that a run, which lasts a few minutes of the bubble's clock (it starts
+// at midnight UTC, on a window edge), stays in one window unless it
+// advances time on purpose.
+const Window = time.Hour
+
+// Limit names the counters of every check.
+const LimitName = "clustertest"
+
+// CheckTimeout bounds every Check: a check not answered by then is an
+// error (the cluster must answer every check).
+const CheckTimeout = 30 * time.Second
+
+// SettleTimeout bounds Settle, in the bubble's time.
+const SettleTimeout = 2 * time.Minute
+
+// settleStep is how far Settle lets time run between two looks.
+const settleStep = 50 * time.Millisecond
+
+// The ring of every node (see config).
+const (
+	Partitions   = 127
+	VirtualNodes = 20
+)
+
+// Options configures a Cluster.
+type Options struct {
+	// Configure, when set, is called on every node's config before the
+	// node is built (defaults: cluster.DefaultConfig with the fast failure
+	// detection, a memory store, the cluster's networks, quiet logs).
+	Configure func(*cluster.Config)
+	// Log receives the nodes' logs; nil discards them.
+	Log *slog.Logger
+}
+
+// State is where a member is.
+type State uint8
+
+// The states of a member.
+const (
+	Up      State = iota + 1 // started, not left or crashed
+	Left                     // left gracefully (Leave)
+	Crashed                  // killed (Crash)
+)
+
+// Member is one node of the cluster under its name, across restarts.
+type Member struct {
+	Name       string
+	GossipAddr string
+	PeerAddr   string
+	State      State
+	// Node is the running node (nil unless Up).
+	Node *cluster.Node
+	// Store is the node's store; after a crash, what its disk held.
+	Store *writeback.MemStore
+}
+
+// Cluster is N nodes in one process, over a GossipNetwork and a
+// cluster.MemNetwork, with memory stores. Build it inside a
+// testing/synctest bubble (synctest.Test) with the bubble's t: its clock is
+// the bubble's, which advances only when every goroutine of the bubble is
+// blocked, so timers are realistic and cost no wall-clock time. Its
+// methods are called from the bubble's main goroutine, one at a time.
+type Cluster struct {
+	t        testing.TB
+	opts     Options
+	Gossip   *GossipNetwork
+	Peers    *cluster.MemNetwork
+	members  map[string]*Member
+	order    []string // names in the order of their first Add
+	groups   map[string]int
+	drops    bool
+	zombies  sync.WaitGroup
+	failedMu sync.Mutex
+	failed   map[string]int64 // by key: items of forwards that failed
+}
+
+// New returns an empty cluster whose nodes all stop when the test ends.
+func New(t testing.TB, opts Options) *Cluster {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
+		failed: map[string]int64{}}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Member returns the member named name, or nil.
+func (c *Cluster) Member(name string) *Member { return c.members[name] }
+
+// Up returns the names of the members that are up, in the order of their
+// first Add.
+func (c *Cluster) Up() []string {
+	var up []string
+	for _, name := range c.order {
+		if c.members[name].State == Up {
+			up = append(up, name)
+		}
+	}
+	return up
+}
+
+// Add starts a new node named name that joins the members that are up (it
+// is the first node when none is). It does not wait for the join: Settle
+// does.
+func (c *Cluster) Add(name string) error {
+	if _, ok := c.members[name]; ok {
+		return fmt.Errorf("add %s: a member of that name exists (restart it)", name)
+	}
+	if name == "" || strings.ContainsAny(name, " ,/") {
+		return fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
+	}
+	m := &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore()}
+	if err := c.start(m); err != nil {
+		return err
+	}
+	c.members[name] = m
+	c.order = append(c.order, name)
+	return nil
+}
+
+// Restart starts again a member that left or crashed, at the same
+// addresses, on a copy of its store (for a crash, what was flushed before
+// it), joining the members that are up.
+func (c *Cluster) Restart(name string) error {
+	m := c.members[name]
+	switch {
+	case m == nil:
+		return fmt.Errorf("restart %s: no such member", name)
+	case m.State == Up:
+		return fmt.Errorf("restart %s: it is up", name)
+	}
+	m.Store = m.Store.Clone()
+	return c.start(m)
+}
+
+func (c *Cluster) start(m *Member) error {
+	cfg := c.config(m)
+	n, err := cluster.New(cfg, countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c})
+	if err != nil {
+		return fmt.Errorf("start %s: %w", m.Name, err)
+	}
+	c.Peers.Register(m.PeerAddr, n)
+	if err := n.Start(context.Background()); err != nil {
+		c.Peers.Crash(m.PeerAddr)
+		n.Shutdown(context.Background())
+		return fmt.Errorf("start %s: %w", m.Name, err)
+	}
+	m.Node, m.State = n, Up
+	return nil
+}
+
+// config is the node config of m.
+func (c *Cluster) config(m *Member) cluster.Config {
+	cfg := cluster.DefaultConfig()
+	ml := memberlist.DefaultLANConfig()
+	cluster.FastFailureDetection(ml)
+	ml.Name = m.Name
+	ml.Transport = c.Gossip.Transport(m.GossipAddr)
+	ml.LogOutput = io.Discard
+	// Compression costs a fifth of a run's CPU (an LZW writer per
+	// message) and changes nothing the nodes see.
+	ml.EnableCompression = false
+	cfg.Config = ml
+	// Fewer partitions and points than the defaults: a rebuild of the
+	// default ring (7919 partitions) costs milliseconds, and a run
+	// rebuilds hundreds of times. Keys still move on every change.
+	cfg.Ring.Partitions = Partitions
+	cfg.Ring.VirtualNodes = VirtualNodes
+	cfg.ClusterName = "clustertest"
+	cfg.GRPCAddr = m.PeerAddr
+	cfg.Store = m.Store
+	cfg.JoinRetry = 100 * time.Millisecond
+	cfg.Log = c.opts.Log
+	cfg.Resolve = func(host string) ([]string, error) {
+		return nil, fmt.Errorf("clustertest: no resolver (%s)", host)
+	}
+	for _, name := range c.order {
+		if o := c.members[name]; o != m && o.State == Up {
+			cfg.Join = append(cfg.Join, o.GossipAddr)
+		}
+	}
+	if c.opts.Configure != nil {
+		c.opts.Configure(&cfg)
+	}
+	return cfg
+}
+
+// up returns the member named name when it is up.
+func (c *Cluster) up(op, name string) (*Member, error) {
+	m := c.members[name]
+	switch {
+	case m == nil:
+		return nil, fmt.Errorf("%s %s: no such member", op, name)
+	case m.State != Up:
+		return nil, fmt.Errorf("%s %s: it is not up", op, name)
+	}
+	return m, nil
+}
+
+// Leave makes the member leave gracefully (cluster.Node.Leave, then
+// Shutdown) and returns Leave's error (counters not handed off).
+func (c *Cluster) Leave(name string) error {
+	m, err := c.up("leave", name)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lerr := m.Node.Leave(ctx)
+	serr := m.Node.Shutdown(ctx)
+	m.Node, m.State = nil, Left
+	c.Peers.Unregister(m.PeerAddr)
+	if lerr != nil {
+		return fmt.Errorf("leave %s: %w", name, lerr)
+	}
+	if serr != nil {
+		return fmt.Errorf("leave %s: shutdown: %w", name, serr)
+	}
+	return nil
+}
+
+// Crash kills the member: from now on nothing it sends arrives and nothing
+// reaches it, and its store is what it flushed until now. Its goroutines
+// are stopped in the background (their effects reach nobody).
+func (c *Cluster) Crash(name string) error {
+	m, err := c.up("crash", name)
+	if err != nil {
+		return err
+	}
+	disk := m.Store.Clone()
+	c.Gossip.Crash(m.GossipAddr)
+	c.Peers.Crash(m.PeerAddr)
+	zombie := m.Node
+	c.zombies.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		zombie.Shutdown(ctx)
+	})
+	m.Node, m.State, m.Store = nil, Crashed, disk
+	return nil
+}
+
+// Partition cuts gossip and peer calls between the groups, both ways;
+// every member that is up must be in exactly one group. Members added
+// later reach everyone. Heal undoes it.
+func (c *Cluster) Partition(groups ...[]string) error {
+	in := map[string]int{}
+	for i, g := range groups {
+		for _, name := range g {
+			if _, err := c.up("partition", name); err != nil {
+				return err
+			}
+			if _, dup := in[name]; dup {
+				return fmt.Errorf("partition: %s is in two groups", name)
+			}
+			in[name] = i
+		}
+	}
+	for _, name := range c.Up() {
+		if _, ok := in[name]; !ok {
+			return fmt.Errorf("partition: %s is up but in no group", name)
+		}
+	}
+	var peerGroups [][]string
+	for _, g := range groups {
+		var pg []string
+		for _, a := range g {
+			pg = append(pg, c.members[a].PeerAddr)
+			for _, b := range c.Up() {
+				if in[b] != in[a] {
+					c.Gossip.Cut(c.members[a].GossipAddr, c.members[b].GossipAddr)
+				}
+			}
+		}
+		peerGroups = append(peerGroups, pg)
+	}
+	c.Peers.Partition(cluster.Blackhole, peerGroups...)
+	c.groups = in
+	return nil
+}
+
+// Heal removes every partition, drop and delay.
+func (c *Cluster) Heal() {
+	c.Gossip.Heal()
+	c.Peers.Heal()
+	c.Peers.SetDelay(0)
+	c.groups, c.drops = nil, false
+}
+
+// Drop loses everything from sends to: gossip packets vanish and peer
+// calls hang until their deadline.
+func (c *Cluster) Drop(from, to string) error {
+	a, err := c.up("drop", from)
+	if err != nil {
+		return err
+	}
+	b, err := c.up("drop", to)
+	if err != nil {
+		return err
+	}
+	c.Gossip.Cut(a.GossipAddr, b.GossipAddr)
+	c.Peers.Cut(a.PeerAddr, b.PeerAddr, cluster.Blackhole)
+	c.drops = true
+	return nil
+}
+
+// Delay delays every peer call by d (0: none).
+func (c *Cluster) Delay(d time.Duration) { c.Peers.SetDelay(d) }
+
+// Request is the request Check sends.
+func Request(key string, limit, hits int64) bucket.Request {
+	return bucket.Request{Name: LimitName, Key: key, Hits: hits,
+		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: limit, WindowMS: Window.Milliseconds()}}
+}
+
+// Check sends hits against key (limit per Window) through the member via
+// and returns the answer; an answer with Err, or none within CheckTimeout,
+// is an error.
+func (c *Cluster) Check(via, key string, limit, hits int64) (bucket.Outcome, error) {
+	m, err := c.up("check via", via)
+	if err != nil {
+		return bucket.Outcome{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
+	defer cancel()
+	reqs := []bucket.Request{Request(key, limit, hits)}
+	out := make([]bucket.Outcome, 1)
+	m.Node.Check(ctx, reqs, out)
+	if out[0].Err != "" {
+		return out[0], fmt.Errorf("check %s via %s: %s", key, via, out[0].Err)
+	}
+	if ctx.Err() != nil {
+		return out[0], fmt.Errorf("check %s via %s: not answered within %v", key, via, CheckTimeout)
+	}
+	return out[0], nil
+}
+
+// FailedForwards returns how many forwarded items of key failed or timed
+// out (Forward and ForwardStandIn calls that returned an error), over every
+// node: each may have been decided again by a stand-in.
+func (c *Cluster) FailedForwards(key string) int64 {
+	c.failedMu.Lock()
+	defer c.failedMu.Unlock()
+	return c.failed[key]
+}
+
+// countingPeers counts, per key, the items of forwards that failed.
+type countingPeers struct {
+	cluster.Peers
+	c *Cluster
+}
+
+func (p countingPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out))
+}
+
+func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, out))
+}
+
+func (p countingPeers) count(reqs []bucket.Request, err error) error {
+	if err != nil {
+		p.c.failedMu.Lock()
+		for _, r := range reqs {
+			p.c.failed[r.Key]++
+		}
+		p.c.failedMu.Unlock()
+	}
+	return err
+}
+
+// Settle lets the bubble's time run until every member that is up is
+// ready and its ring holds exactly the members that are up and on its side
+// of a partition; it fails after SettleTimeout. It must be called from the
+// bubble's main goroutine; it cannot settle one-way drops.
+func (c *Cluster) Settle() error {
+	if c.drops {
+		return fmt.Errorf("settle: one-way drops have no settled state (heal first)")
+	}
+	deadline := time.Now().Add(SettleTimeout)
+	for {
+		synctest.Wait()
+		if c.settled() == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("settle: not settled after %v: %s", SettleTimeout, c.settled())
+		}
+		time.Sleep(settleStep)
+	}
+}
+
+// settled returns "" when every member is settled, else the first that is
+// not and what it sees.
+func (c *Cluster) settled() string {
+	up := c.Up()
+	for _, name := range up {
+		n := c.members[name].Node
+		if !n.Ready() {
+			return name + " is not ready"
+		}
+		var want []string
+		for _, o := range up {
+			if c.groups == nil || c.groups[o] == c.groups[name] {
+				want = append(want, o)
+			}
+		}
+		var have []string
+		for _, rm := range n.Ring().Table().Members() {
+			have = append(have, rm.Name)
+		}
+		sort.Strings(want)
+		sort.Strings(have)
+		if !slices.Equal(want, have) {
+			return fmt.Sprintf("%s's ring holds %v, want %v", name, have, want)
+		}
+	}
+	return ""
+}
+
+// Close stops every node (gracefully for those up) and waits for the
+// crashed ones to stop. New registers it with t.Cleanup.
+func (c *Cluster) Close() {
+	c.Heal()
+	var wg sync.WaitGroup
+	for _, name := range c.Up() {
+		m := c.members[name]
+		n := m.Node
+		m.Node, m.State = nil, Left
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			n.Shutdown(ctx)
+		})
+	}
+	wg.Wait()
+	c.zombies.Wait()
+	// memberlist's Shutdown does not wait for a probe in progress: let
+	// the bubble's time run past the longest (the probe interval and
+	// timeouts), or the bubble would end with it still blocked.
+	time.Sleep(closeGrace)
+}
+
+// closeGrace is how long Close lets time run once every node stopped.
+const closeGrace = 10 * time.Second

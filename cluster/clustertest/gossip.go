@@ -1,0 +1,242 @@
+package clustertest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// GossipNetwork connects memberlist transports in one process, without
+// sockets, with the faults of a real network: a link can drop everything
+// sent over it (one way or both), and a crashed transport neither sends nor
+// receives. Sends never block: a packet goes into the receiver's buffered
+// queue or is lost (as UDP loses it), and a stream dial is handed over or
+// fails at once. It works inside a testing/synctest bubble (no real time,
+// no file descriptors). Safe for concurrent use.
+type GossipNetwork struct {
+	mu    sync.Mutex
+	nodes map[string]*GossipTransport // by host:port
+	cut   map[[2]string]bool          // (from, to) host:port: dropped
+	next  int
+}
+
+// packetQueue is how many packets a transport holds before it drops; far
+// more than a gossip round sends to one node.
+const packetQueue = 1024
+
+// streamQueue is how many stream dials a transport holds before it refuses.
+const streamQueue = 64
+
+// errGossipUnreachable is returned by dials over a cut link or to an
+// address that is not (or no longer) on the network.
+var errGossipUnreachable = errors.New("clustertest: gossip address unreachable")
+
+// NewGossipNetwork returns an empty network.
+func NewGossipNetwork() *GossipNetwork {
+	return &GossipNetwork{nodes: make(map[string]*GossipTransport), cut: make(map[[2]string]bool)}
+}
+
+// NewAddr returns a fresh address (10.0.x.y:7946) for a transport.
+func (g *GossipNetwork) NewAddr() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.next++
+	return net.JoinHostPort(fmt.Sprintf("10.0.%d.%d", g.next/250, g.next%250+1), "7946")
+}
+
+// Transport returns a transport reachable at addr, replacing the one that
+// was there (a process restarted at the same address).
+func (g *GossipNetwork) Transport(addr string) *GossipTransport {
+	host, port, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(port)
+	t := &GossipTransport{
+		g: g, addr: addr, ip: net.ParseIP(host), port: p,
+		packets: make(chan *memberlist.Packet, packetQueue),
+		streams: make(chan net.Conn, streamQueue),
+	}
+	g.mu.Lock()
+	g.nodes[addr] = t
+	g.mu.Unlock()
+	return t
+}
+
+// Crash takes the transport at addr off the network at once: nothing it
+// sends arrives and nothing reaches it, while its memberlist still runs.
+func (g *GossipNetwork) Crash(addr string) {
+	g.mu.Lock()
+	if t := g.nodes[addr]; t != nil {
+		t.crashed = true
+		delete(g.nodes, addr)
+	}
+	g.mu.Unlock()
+}
+
+// Cut drops everything sent from → to (one way) until Heal.
+func (g *GossipNetwork) Cut(from, to string) {
+	g.mu.Lock()
+	g.cut[[2]string{from, to}] = true
+	g.mu.Unlock()
+}
+
+// Heal removes every cut.
+func (g *GossipNetwork) Heal() {
+	g.mu.Lock()
+	clear(g.cut)
+	g.mu.Unlock()
+}
+
+// route returns the transport a send from → to reaches, or nil.
+func (g *GossipNetwork) route(from *GossipTransport, to string) *GossipTransport {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if from.crashed || g.cut[[2]string{from.addr, to}] {
+		return nil
+	}
+	return g.nodes[to]
+}
+
+// GossipTransport is one node's memberlist.NodeAwareTransport on a
+// GossipNetwork.
+type GossipTransport struct {
+	g       *GossipNetwork
+	addr    string
+	ip      net.IP
+	port    int
+	crashed bool // guarded by g.mu
+	packets chan *memberlist.Packet
+	streams chan net.Conn
+	once    sync.Once
+}
+
+var _ memberlist.NodeAwareTransport = (*GossipTransport)(nil)
+
+// Addr returns the transport's host:port.
+func (t *GossipTransport) Addr() string { return t.addr }
+
+// FinalAdvertiseAddr returns the transport's own address whatever is asked.
+func (t *GossipTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
+	return t.ip, t.port, nil
+}
+
+// WriteTo sends a packet to addr, or loses it.
+func (t *GossipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	return t.WriteToAddress(b, memberlist.Address{Addr: addr})
+}
+
+// WriteToAddress sends a packet to a.Addr, or loses it: over a cut link, to
+// an address nobody holds, or when the receiver's queue is full.
+func (t *GossipTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	now := time.Now()
+	dest := t.g.route(t, a.Addr)
+	if dest == nil {
+		return now, nil
+	}
+	p := &memberlist.Packet{Buf: bytes.Clone(b), From: gossipAddr(t.addr), Timestamp: now}
+	select {
+	case dest.packets <- p:
+	default:
+	}
+	return now, nil
+}
+
+// PacketCh returns the packets received.
+func (t *GossipTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+
+// DialTimeout opens a stream to addr.
+func (t *GossipTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
+}
+
+// DialAddressTimeout opens a stream to a.Addr, failing at once when it
+// cannot be handed over (cut link, nobody there, queue full).
+func (t *GossipTransport) DialAddressTimeout(a memberlist.Address, _ time.Duration) (net.Conn, error) {
+	dest := t.g.route(t, a.Addr)
+	if dest == nil {
+		return nil, fmt.Errorf("%w: %s → %s", errGossipUnreachable, t.addr, a.Addr)
+	}
+	mine, theirs := net.Pipe()
+	select {
+	case dest.streams <- &gossipConn{Conn: theirs, remote: gossipAddr(t.addr)}:
+		return &gossipConn{Conn: mine, remote: gossipAddr(a.Addr)}, nil
+	default:
+		mine.Close()
+		theirs.Close()
+		return nil, fmt.Errorf("%w: %s → %s (busy)", errGossipUnreachable, t.addr, a.Addr)
+	}
+}
+
+// StreamCh returns the streams opened to this transport.
+func (t *GossipTransport) StreamCh() <-chan net.Conn { return t.streams }
+
+// IngestPacket reads one packet from conn into the packet queue.
+func (t *GossipTransport) IngestPacket(conn net.Conn, addr net.Addr, now time.Time, shouldClose bool) error {
+	if shouldClose {
+		defer conn.Close()
+	}
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		return fmt.Errorf("clustertest: read packet: %w", err)
+	}
+	if len(b) == 0 {
+		return errors.New("clustertest: empty packet")
+	}
+	select {
+	case t.packets <- &memberlist.Packet{Buf: b, From: addr, Timestamp: now}:
+	default:
+	}
+	return nil
+}
+
+// IngestStream queues conn as a stream opened to this transport.
+func (t *GossipTransport) IngestStream(conn net.Conn) error {
+	select {
+	case t.streams <- conn:
+		return nil
+	default:
+		conn.Close()
+		return errors.New("clustertest: stream queue full")
+	}
+}
+
+// Shutdown takes the transport off the network (unless another took its
+// address since) and closes the streams nobody accepted.
+func (t *GossipTransport) Shutdown() error {
+	t.once.Do(func() {
+		t.g.mu.Lock()
+		t.crashed = true
+		if t.g.nodes[t.addr] == t {
+			delete(t.g.nodes, t.addr)
+		}
+		t.g.mu.Unlock()
+		for {
+			select {
+			case c := <-t.streams:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// gossipAddr is a host:port as a net.Addr.
+type gossipAddr string
+
+func (a gossipAddr) Network() string { return "mem" }
+func (a gossipAddr) String() string  { return string(a) }
+
+// gossipConn is a pipe end that names its peer.
+type gossipConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c *gossipConn) RemoteAddr() net.Addr { return c.remote }
