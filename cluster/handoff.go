@@ -65,7 +65,15 @@ func hasMember(t *ring.Table, name string) bool {
 	return ok
 }
 
-type handoffJob struct{ old, cur *ring.Table }
+// handoffJob is a table change for the handoff loop: lost, partitions
+// moved away (handOffMoved); gained marks the partitions this node owns
+// that got a new replica (replicasGained), whose keys go to the next
+// replication round.
+type handoffJob struct {
+	old, cur *ring.Table
+	lost     bool
+	gained   []bool
+}
 
 func (n *Node) handoffLoop() {
 	defer n.wg.Done()
@@ -74,9 +82,15 @@ func (n *Node) handoffLoop() {
 		case <-n.stop:
 			return
 		case job := <-n.handoffs:
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
-			n.handOffMoved(ctx, job.old, job.cur)
-			cancel()
+			if job.gained != nil {
+				marked := n.resendToNewReplicas(job.cur, job.gained, n.now().UnixNano())
+				n.log.Debug("new replicas: their keys go to the next replication round", "keys", marked)
+			}
+			if job.lost {
+				ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
+				n.handOffMoved(ctx, job.old, job.cur)
+				cancel()
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -30,7 +31,8 @@ const (
 const maxAddrLen = 255
 
 // metaVersion is the first byte of this node's memberlist metadata.
-const metaVersion = 1
+// Version 2 added the boot id.
+const metaVersion = 2
 
 // metaLeaving is the flag a node sets in its metadata just before it leaves
 // gracefully, so that the others can tell "left" from "dead": memberlist's
@@ -70,12 +72,17 @@ type meta struct {
 	leaving  bool
 	ready    bool
 	sec      Security
+	// boot is drawn at random when the process builds its node: a
+	// member whose boot changes has restarted, and lost what it had not
+	// flushed, even when nobody saw it die (rereplicate.go).
+	boot uint64
 }
 
-// encodeMeta returns the metadata a node gossips: version, flags, then its
-// gRPC address as a length-prefixed string.
+// encodeMeta returns the metadata a node gossips: version, flags, its
+// gRPC address as a length-prefixed string, then its boot id (8 bytes,
+// big-endian).
 func encodeMeta(m meta) []byte {
-	b := make([]byte, 0, 3+len(m.grpcAddr))
+	b := make([]byte, 0, 3+len(m.grpcAddr)+8)
 	var flags byte
 	if m.leaving {
 		flags |= metaLeaving
@@ -93,26 +100,28 @@ func encodeMeta(m meta) []byte {
 		flags |= metaGossipEncrypted
 	}
 	b = append(b, metaVersion, flags, byte(len(m.grpcAddr)))
-	return append(b, m.grpcAddr...)
+	b = append(b, m.grpcAddr...)
+	return binary.BigEndian.AppendUint64(b, m.boot)
 }
 
 // decodeMeta decodes a peer's metadata, refusing anything else.
 func decodeMeta(b []byte) (meta, error) {
 	switch {
-	case len(b) < 3:
-		return meta{}, fmt.Errorf("metadata is %d bytes, want at least 3", len(b))
+	case len(b) < 3+8:
+		return meta{}, fmt.Errorf("metadata is %d bytes, want at least 11", len(b))
 	case b[0] != metaVersion:
-		return meta{}, fmt.Errorf("metadata version %d, want %d", b[0], metaVersion)
+		return meta{}, fmt.Errorf("metadata version %d, want %d (nodes of one cluster run one release)", b[0], metaVersion)
 	case b[1]&^metaFlags != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
-	case int(b[2]) != len(b)-3:
-		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow", b[2], len(b)-3)
+	case int(b[2]) != len(b)-3-8:
+		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow before the boot id", b[2], len(b)-3-8)
 	case b[2] == 0:
 		return meta{}, errors.New("metadata has an empty gRPC address")
 	}
-	f := b[1]
-	return meta{grpcAddr: string(b[3:]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
-		sec: Security{TLS: f&metaTLS != 0, ClientAuth: f&metaClientAuth != 0, GossipEncrypted: f&metaGossipEncrypted != 0}}, nil
+	f, end := b[1], len(b)-8
+	return meta{grpcAddr: string(b[3:end]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
+		sec:  Security{TLS: f&metaTLS != 0, ClientAuth: f&metaClientAuth != 0, GossipEncrypted: f&metaGossipEncrypted != 0},
+		boot: binary.BigEndian.Uint64(b[end:])}, nil
 }
 
 // MemberStatus is one member as this node sees it.
@@ -211,32 +220,43 @@ func infoOf(n *memberlist.Node, state string) memberInfo {
 // joined records n as alive and returns the state it had before ("" for
 // a member never seen): StateDead means a partition healed or the node
 // restarted after a crash, StateLeft that it came back after leaving.
-func (r *roster) joined(n *memberlist.Node) (before string) {
+func (r *roster) joined(n *memberlist.Node) (before string, restarted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
 		r.m = make(map[string]memberInfo)
 	}
-	before = r.m[n.Name].state
+	prev := r.m[n.Name]
+	before = prev.state
 	r.m[n.Name] = infoOf(n, StateAlive)
+	restarted = rebooted(prev, r.m[n.Name])
 	r.events.Joins++
 	if before == StateDead {
 		r.recordLocked(n.Name, EventRejoined)
 	} else {
 		r.recordLocked(n.Name, EventJoined)
 	}
-	return before
+	return before, restarted
 }
 
-// updated records n's new metadata.
-func (r *roster) updated(n *memberlist.Node) {
+// updated records n's new metadata and reports whether it shows that the
+// member restarted (a new boot id).
+func (r *roster) updated(n *memberlist.Node) (restarted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
 		r.m = make(map[string]memberInfo)
 	}
+	prev := r.m[n.Name]
 	r.m[n.Name] = infoOf(n, StateAlive)
 	r.events.Updates++
+	return rebooted(prev, r.m[n.Name])
+}
+
+// rebooted reports whether cur, a member's new record, comes from another
+// process than prev, its last one: both decoded and their boot ids differ.
+func rebooted(prev, cur memberInfo) bool {
+	return prev.name != "" && prev.metaErr == nil && cur.metaErr == nil && prev.meta.boot != cur.meta.boot
 }
 
 // suspected marks the alive member name as suspect.
@@ -312,6 +332,7 @@ type delegate struct {
 	changed   chan struct{}         // capacity 1: a pending rebuild
 	onRejoin  func(name string)     // a member declared dead is alive again
 	onReturn  func(info memberInfo) // a member that was dead or had left is back
+	onRestart func(name string)     // a member's boot id changed: another process runs under its name
 }
 
 var (
@@ -361,7 +382,10 @@ func (d *delegate) LocalState(join bool) []byte                { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
 
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
-	before := d.roster.joined(n)
+	before, restarted := d.roster.joined(n)
+	if restarted && d.onRestart != nil {
+		d.onRestart(n.Name)
+	}
 	if before == StateDead && d.onRejoin != nil {
 		d.onRejoin(n.Name)
 	}
@@ -377,7 +401,9 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 }
 
 func (d *delegate) NotifyUpdate(n *memberlist.Node) {
-	d.roster.updated(n)
+	if d.roster.updated(n) && d.onRestart != nil {
+		d.onRestart(n.Name)
+	}
 	d.signal()
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,8 @@ type Node struct {
 	beatWake      chan struct{} // wakes the stopped heartbeat (capacity 1)
 	idleResumes   atomic.Uint64 // decisions that found the heartbeat stopped (counted apart from pauses)
 	answered      atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
+	boot          uint64        // this process's boot id, in the gossiped metadata
+	restarts      chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
 	pauseMu       sync.Mutex    // held while a pause is noticed
 	rate          atomic.Uint64 // math.Float64bits of checks per second
 	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
@@ -139,6 +142,8 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		peers:     peers,
 		stop:      make(chan struct{}),
 		beatWake:  make(chan struct{}, 1),
+		restarts:  make(chan string, 16),
+		boot:      rand.Uint64() | 1, // never 0
 		handoffs:  make(chan handoffJob, 16),
 		replRound: make(chan struct{}, 1),
 		fatal:     make(chan error, 1),
@@ -162,7 +167,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
-	}}
+	}, onRestart: n.memberRestarted}
 	n.deleg.setMeta(n.meta(false, false))
 	n.beat.Store(n.now().UnixNano())
 	return n, nil
@@ -191,6 +196,8 @@ func (n *Node) rebuildLoop() {
 			return
 		case <-n.deleg.changed:
 			n.rebuild()
+		case name := <-n.restarts:
+			n.resendForRestart(name)
 		}
 	}
 }
@@ -252,14 +259,18 @@ func (n *Node) rebuild() {
 	if h := n.published.Load(); h != nil {
 		(*h)(cur)
 	}
-	if lost {
+	var gained []bool
+	if !n.draining() {
+		gained = replicasGained(old, cur, n.name)
+	}
+	if lost || gained != nil {
 		// After the table is current: the handoff releases the keys that
 		// moved away, and checks must by then be routed to their new
 		// owners.
 		select {
-		case n.handoffs <- handoffJob{old: old, cur: cur}:
+		case n.handoffs <- handoffJob{old: old, cur: cur, lost: lost, gained: gained}:
 		default:
-			n.log.Warn("handoff queue full; new owners will pull on first touch")
+			n.log.Warn("handoff queue full; new owners will pull on first touch, and new replicas get only the keys that change")
 		}
 	}
 }

@@ -102,7 +102,7 @@ func (n *Node) Status() Status {
 
 // meta is what this node gossips about itself.
 func (n *Node) meta(ready, leaving bool) meta {
-	return meta{grpcAddr: n.cfg.GRPCAddr, ready: ready, leaving: leaving, sec: n.security()}
+	return meta{grpcAddr: n.cfg.GRPCAddr, ready: ready, leaving: leaving, sec: n.security(), boot: n.boot}
 }
 
 // security is how this node is secured: Config.Security, with

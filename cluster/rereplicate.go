@@ -1,0 +1,109 @@
+package cluster
+
+import (
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// A replication round sends only the keys changed since the last round.
+// A replica that has no copy of a key the round skips — a member new to
+// the key's row, or one back in the ring after a restart that lost the
+// copies it had not flushed (a node is out of the ring from its restart
+// until it announces itself ready) — would never get one, and a later
+// crash of the owner would lose the key's whole count, not only its last
+// replication interval's. So when a table change gives a partition this
+// node owns a replica that was not in its row before, every key of that
+// partition in memory is marked changed, and the next round sends it to
+// all its replicas (those that had it keep the newer version). A member
+// that restarts so fast that nobody saw it leave the ring is known by its
+// boot id, which changes with every process (meta.boot): the keys of the
+// partitions it replicates for this node are marked the same way.
+
+// replicasGained returns, indexed by partition, whether this node (self)
+// owns the partition in cur and cur's row for it (owner and replicas) has
+// a member that old's row did not; nil when no partition has one.
+func replicasGained(old, cur *ring.Table, self string) []bool {
+	if old == nil || cur == nil || old.Partitions() != cur.Partitions() {
+		return nil
+	}
+	var gained []bool
+	var oldRow, curRow []ring.Member
+	for p := range cur.Partitions() {
+		if o, ok := cur.PartitionOwner(p); !ok || o.Name != self {
+			continue
+		}
+		oldRow = old.PartitionReplicas(p, oldRow[:0])
+		curRow = cur.PartitionReplicas(p, curRow[:0])
+		for _, m := range curRow[1:] {
+			if !rowHas(oldRow, m.Name) {
+				if gained == nil {
+					gained = make([]bool, cur.Partitions())
+				}
+				gained[p] = true
+				break
+			}
+		}
+	}
+	return gained
+}
+
+func rowHas(row []ring.Member, name string) bool {
+	for _, m := range row {
+		if m.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// resendToNewReplicas marks changed every key in memory whose partition
+// (in tbl) is marked in gained, for the next replication round, and
+// returns how many it marked.
+func (n *Node) resendToNewReplicas(tbl *ring.Table, gained []bool, now int64) (marked int) {
+	n.cache.Range(now, func(r writeback.Record) bool {
+		h := keyHash(r.Key)
+		if p := tbl.Partition(h); p < len(gained) && gained[p] {
+			n.cache.MarkChanged(h, r.Key)
+			marked++
+		}
+		return true
+	})
+	return marked
+}
+
+// memberRestarted is the delegate's onRestart, on memberlist's goroutine:
+// it only queues the name for the rebuild loop.
+func (n *Node) memberRestarted(name string) {
+	select {
+	case n.restarts <- name:
+	default:
+		n.log.Warn("restart queue full: a restarted member gets only the keys that change", "member", name)
+	}
+}
+
+// resendForRestart marks for the next replication round the keys of the
+// partitions this node owns and the restarted member replicates.
+func (n *Node) resendForRestart(name string) {
+	tbl := n.ring.Table()
+	var gained []bool
+	var row []ring.Member
+	for p := range tbl.Partitions() {
+		row = tbl.PartitionReplicas(p, row[:0])
+		if len(row) < 2 || row[0].Name != n.name || !rowHas(row[1:], name) {
+			continue
+		}
+		if gained == nil {
+			gained = make([]bool, tbl.Partitions())
+		}
+		gained[p] = true
+	}
+	if gained == nil {
+		return
+	}
+	n.log.Info("member restarted: the keys it replicates for this node go to it again", "member", name)
+	select {
+	case n.handoffs <- handoffJob{cur: tbl, gained: gained}:
+	default:
+		n.log.Warn("handoff queue full: a restarted member gets only the keys that change", "member", name)
+	}
+}
