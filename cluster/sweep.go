@@ -2,7 +2,7 @@ package cluster
 
 // Forgetting what a membership change left behind once its window is over:
 // the moves (with the set of keys each settled), the releases of keys
-// pulled from this node and where they went. Each is kept for one
+// pulled from this node and where they went. Each is needed for one
 // MoveWindow after the change; without a sweep they stay until the next
 // change, one entry per key touched in the window, on every node.
 
@@ -12,10 +12,10 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// sweepLoop sweeps every MoveWindow, so what a change left behind is gone
-// at most two windows after the change.
+// sweepLoop sweeps every quarter of MoveWindow, so what a change left
+// behind is gone at most 1.25 windows after the change.
 func (n *Node) sweepLoop() {
-	n.every(n.cfg.MoveWindow, func(time.Time) bool {
+	n.every(max(n.cfg.MoveWindow/4, time.Millisecond), func(time.Time) bool {
 		n.sweep(n.now().UnixNano())
 		return true
 	})
