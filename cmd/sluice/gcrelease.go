@@ -11,7 +11,8 @@ import "time"
 // heap each a minute after the load (docs/performance.md): a third of
 // their RSS. So when a quiet node holds much more free heap than its floor
 // keeps as headroom, the floor asks the runtime to return it
-// (debug.FreeOSMemory: one collection, then every free page).
+// (debug.FreeOSMemory: one collection, then every free page). Like the
+// floor, it is off with --gc-min-heap 0 or GOGC=off.
 
 // gcReleaseMin is the least free heap worth returning.
 const gcReleaseMin = 16 << 20
