@@ -176,13 +176,14 @@ func (n *Node) Start(ctx context.Context) error {
 	n.rebuild()
 	n.cache.Start(ctx)
 	n.beat.Store(n.now().UnixNano())
-	n.wg.Add(6)
+	n.wg.Add(7)
 	go n.heartbeatLoop()
 	go n.rebuildLoop()
 	go n.rateLoop()
 	go n.replicateLoop()
 	go n.handoffLoop()
 	go n.reconnectLoop()
+	go n.sweepLoop()
 	if len(n.cfg.Join) == 0 {
 		n.enterRing()
 		return nil

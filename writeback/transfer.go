@@ -77,7 +77,7 @@ func (c *Cache) Reclaim(hash uint64, k Key) {
 // installs rec when it is newer than what is held, like Merge, reporting
 // whether it did. An installed record counts as a change (TakeChanged).
 func (c *Cache) Adopt(hash uint64, rec Record) bool {
-	return c.install(hash, rec, true, math.MaxInt64)
+	return c.install(hash, rec, math.MaxInt64)
 }
 
 // AdoptUnlessReleasedSince is Adopt, except that when this cache released
@@ -86,7 +86,7 @@ func (c *Cache) Adopt(hash uint64, rec Record) bool {
 // a release that happened meanwhile: the node the key went to took this
 // cache's state, and it decides the key now.
 func (c *Cache) AdoptUnlessReleasedSince(hash uint64, rec Record, since int64) bool {
-	return c.install(hash, rec, true, since)
+	return c.install(hash, rec, since)
 }
 
 // Range calls fn with the record of every live key in memory (including
@@ -151,18 +151,20 @@ func (c *Cache) Get(hash uint64, k Key, now int64) (Record, bool, error) {
 }
 
 // Merge installs rec when its Version is newer than the one held in memory
-// or in the store, and marks it dirty. It reports whether it installed rec;
+// or in the store, and marks it dirty: a copy of a key this node does not
+// decide (a replica's). A key not in memory stays out of the LRU: the copy
+// waits in memory only for the next flush (see replica.go). It reports whether it installed rec;
 // a store read failure is logged and reported as false. For the algorithms
 // bucket.Merge has a rule for (fixed window, GCRA, leaky bucket, sliding
 // log), it installs the merge of both copies instead, whatever their
 // versions: the counter never becomes less strict than either copy, and
 // the version becomes at least rec's.
 func (c *Cache) Merge(hash uint64, rec Record) bool {
-	return c.install(hash, rec, false, math.MaxInt64)
+	return c.mergeCopy(hash, rec)
 }
 
-// install is Merge, and with adopt AdoptUnlessReleasedSince.
-func (c *Cache) install(hash uint64, rec Record, adopt bool, since int64) bool {
+// install is AdoptUnlessReleasedSince. (Merge keeps copies apart: mergeCopy.)
+func (c *Cache) install(hash uint64, rec Record, since int64) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
@@ -174,36 +176,36 @@ func (c *Cache) install(hash uint64, rec Record, adopt bool, since int64) bool {
 		}
 		return false
 	}
-	if adopt {
-		if r, ok := s.moved[rec.Key]; ok && r.at >= since {
-			return false
-		}
-		delete(s.moved, rec.Key)
+	if r, ok := s.moved[rec.Key]; ok && r.at >= since {
+		return false
 	}
-	held := e.state()
+	delete(s.moved, rec.Key)
+	if !s.installIn(e, rec) {
+		return false
+	}
+	s.markChanged(hash, e)
+	return true
+}
+
+// installed returns the state and version a key holding (held, version)
+// has once rec is installed, and false when rec changes nothing.
+func installed(held bucket.State, version uint64, rec Record) (bucket.State, uint64, bool) {
 	st, merged := bucket.Merge(held, rec.State)
 	switch {
-	case !merged && rec.Version <= e.version:
-		return false
+	case !merged && rec.Version <= version:
+		return held, version, false
 	case !merged:
 		st = rec.State
-	case st == held && rec.Version <= e.version:
-		return false // nothing the held copy has not seen
+	case st == held && rec.Version <= version:
+		return held, version, false // nothing the held copy has not seen
 	}
 	// A merge is never less strict than either copy (bucket.Merge): the
 	// other copy may be newer by the clock and still have seen fewer hits
 	// (the other side of a healed partition). The version grows with any
 	// change of state and reaches the installed one, so that replicas
 	// holding either copy take the merge.
-	v := max(e.version, rec.Version)
 	if st != held {
-		v = max(e.version+1, rec.Version)
-		e.setState(st)
+		return st, max(version+1, rec.Version), true
 	}
-	e.version = v
-	s.queue(e)
-	if adopt {
-		s.markChanged(hash, e)
-	}
-	return true
+	return st, max(version, rec.Version), true
 }

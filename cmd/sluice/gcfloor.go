@@ -85,12 +85,17 @@ type gcFloor struct {
 	set    func(percent int) // debug.SetGCPercent
 	cur    int               // the GOGC set last
 	last   heapSample        // at the previous adjustment
+	// release returns the free heap to the system (debug.FreeOSMemory;
+	// nil: never), when shouldRelease says so; released is when it last did.
+	release  func()
+	released time.Time
 }
 
 // heapSample is what the floor reads of the heap.
 type heapSample struct {
 	live   uint64    // live heap after the last collection, bytes
 	allocs uint64    // bytes allocated since the process started
+	free   uint64    // heap memory held from the system with nothing in it, bytes
 	at     time.Time // when read
 }
 
@@ -101,7 +106,7 @@ func newGCFloor(floor uint64) *gcFloor {
 	if v, ok := os.LookupEnv("GOGC"); ok {
 		base = parseGOGC(v)
 	}
-	ms := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}}
+	ms := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
 	return &gcFloor{
 		floor: floor,
 		base:  base,
@@ -114,9 +119,13 @@ func newGCFloor(floor uint64) *gcFloor {
 			if ms[0].Value.Kind() == metrics.KindUint64 && ms[1].Value.Kind() == metrics.KindUint64 {
 				s.live, s.allocs = ms[0].Value.Uint64(), ms[1].Value.Uint64()
 			}
+			if ms[2].Value.Kind() == metrics.KindUint64 {
+				s.free = ms[2].Value.Uint64()
+			}
 			return s
 		},
-		set: func(p int) { debug.SetGCPercent(p) },
+		set:     func(p int) { debug.SetGCPercent(p) },
+		release: debug.FreeOSMemory,
 	}
 }
 
@@ -181,6 +190,10 @@ func (g *gcFloor) adjust() {
 	p := gcPercentFor(s.live, g.floorFor(s), g.base)
 	if s.live >= g.floor {
 		p = g.percentAbove(s)
+	}
+	if g.shouldRelease(s) {
+		g.release() // a collection: the next adjustment follows it
+		g.released = s.at
 	}
 	g.last = s
 	if p == g.cur {

@@ -1,0 +1,59 @@
+package cluster
+
+// Forgetting what a membership change left behind once its window is over:
+// the moves (with the set of keys each settled), the releases of keys
+// pulled from this node and where they went. Each is needed for one
+// MoveWindow after the change; without a sweep they stay until the next
+// change, one entry per key touched in the window, on every node.
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// sweepLoop sweeps every quarter of MoveWindow, so what a change left
+// behind is gone at most 1.25 windows after the change.
+func (n *Node) sweepLoop() {
+	n.every(max(n.cfg.MoveWindow/4, time.Millisecond), func(time.Time) bool {
+		n.sweep(n.now().UnixNano())
+		return true
+	})
+}
+
+// sweep drops the moves whose window ended before now, the cache's
+// expired releases and the records of where keys no longer released went.
+func (n *Node) sweep(now int64) {
+	n.movesMu.Lock()
+	if cur := n.moves.Load(); cur != nil {
+		var ms []*move
+		for _, m := range *cur {
+			if m.until >= now {
+				ms = append(ms, m)
+			}
+		}
+		if len(ms) < len(*cur) {
+			if len(ms) == 0 {
+				n.moves.Store(nil)
+			} else {
+				n.moves.Store(&ms)
+			}
+		}
+	}
+	n.movesMu.Unlock()
+	n.cache.DropExpiredReleases(now)
+	n.releasedSweep.Lock()
+	defer n.releasedSweep.Unlock()
+	var kept int64
+	n.releasedTo.Range(func(key, _ any) bool {
+		rk := key.(writeback.Key)
+		if n.cache.Released(keyHash(rk), rk, now) {
+			kept++
+		} else {
+			n.releasedTo.Delete(key)
+		}
+		return true
+	})
+	n.releasedStores.Store(0)
+	n.releasedSweepAt.Store(2 * kept)
+}

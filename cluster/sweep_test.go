@@ -1,0 +1,67 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// After a membership change's window, the sweeper forgets what the change
+// left behind: the moves (with their settled keys) and the records of
+// released keys, though no further change or release comes to trigger it;
+// a release still in force is kept.
+func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(t0.UnixNano())
+	const window = 100 * time.Millisecond
+	nodes, _ := memCluster(t, 2, func(c *Config) {
+		c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+		c.MoveWindow = window
+	})
+	n := nodes[0]
+	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
+	n.Pull(context.Background(), nodes[1].Name(), live, true, 24*time.Hour)
+	const keys = 100 // fewer than minReleasedSweep: noteReleased never sweeps
+	for i := range keys {
+		n.Pull(context.Background(), nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window)
+	}
+	records := func() int {
+		r := 0
+		n.releasedTo.Range(func(_, _ any) bool { r++; return true })
+		return r
+	}
+	if got := records(); got != keys+1 {
+		t.Fatalf("%d records of released keys, want %d", got, keys+1)
+	}
+	joined := 0
+	for _, nd := range nodes {
+		if ms := nd.moves.Load(); ms != nil {
+			joined += len(*ms)
+		}
+	}
+	if joined == 0 {
+		t.Fatal("the join left no move: nothing to sweep")
+	}
+	clock.Add(int64(time.Hour)) // every window and release above ended, but the one of 24 h
+	WaitFor(t, 10*time.Second, "the sweeper drops the moves and the ended releases", func() bool {
+		for _, nd := range nodes {
+			if ms := nd.moves.Load(); ms != nil && len(*ms) > 0 {
+				return false
+			}
+		}
+		return records() == 1
+	})
+	k := writeback.Key{Name: "api", Key: "still-moving"}
+	if to := n.movedTo(keyHash(k), k); to != nodes[1].cfg.GRPCAddr {
+		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
+	}
+	if !n.Cache().Released(keyHash(k), k, clock.Load()) {
+		t.Error("the release still in force was dropped")
+	}
+}
