@@ -362,6 +362,13 @@ func (n *Node) noteReleased(k writeback.Key, addr string, now int64) {
 		return
 	}
 	defer n.releasedSweep.Unlock()
+	n.pruneReleasedTo(now)
+}
+
+// pruneReleasedTo drops the releasedTo records of keys no longer released
+// at now and sets the next sweep at twice the records kept. The caller
+// holds releasedSweep.
+func (n *Node) pruneReleasedTo(now int64) {
 	n.releasedStores.Store(0)
 	var kept int64
 	n.releasedTo.Range(func(key, _ any) bool {

@@ -1,13 +1,10 @@
 package cluster
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/sluicehq/sluice/bucket"
 )
 
 // TestBeatLoopStopsWhenIdle runs beatLoop on synctest's clock: it beats
@@ -116,48 +113,22 @@ func TestIdleOwnerPullsBeforeDeciding(t *testing.T) {
 		}
 	})
 	x := nodes[0]
-	key := keysOwnedBy(x, "n0", 1)[0]
 	const limit, before, during = 10, 4, 6
-	admitted := 0
-	check := func(n *Node) bucket.Outcome {
-		t.Helper()
-		o := check1(n, bucket.Request{Name: "api", Key: key, Hits: 1,
-			Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: limit, WindowMS: 3_600_000}})
-		if o.Err != "" {
-			t.Fatalf("check at %s: %+v", n.Name(), o)
-		}
-		if o.Allowed() {
-			admitted++
-		}
-		return o
-	}
-	for i := range before {
-		check(nodes[1+i%2])
-	}
-	if err := x.ReplicateNow(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// Cut off, the owner is asked nothing: the replica stands in.
-	net.Cut(memAddr(1), memAddr(0), Blackhole)
-	net.Cut(memAddr(2), memAddr(0), Blackhole)
-	for i := range during {
-		if o := check(nodes[1+i%2]); o.Owner == x.Name() {
-			t.Fatalf("the cut-off owner decided: %+v", o)
-		}
-	}
+	k := &limitedKey{t: t, key: keysOwnedBy(x, "n0", 1)[0], limit: limit}
+	cutOffOwner(t, nodes, net, k, before, during)
 	WaitFor(t, 10*time.Second, "the owner's heartbeat stops for idleness", func() bool { return x.Status().HeartbeatIdle })
 	net.Heal()
 	pulls := x.Status().Pulls
 	for i := range limit {
-		if o := check(nodes[i%3]); o.Owner != x.Name() {
+		if o := k.check(nodes[i%3]); o.Owner != x.Name() {
 			t.Fatalf("after the heal %s decided, want the owner %s", o.Owner, x.Name())
 		}
 	}
 	st := x.Status()
 	t.Logf("limit %d: %d admitted before, %d by the stand-in, %d in all; owner: %d idle resumes, %d pauses, %d pulls",
-		limit, before, during, admitted, st.IdleResumes, st.Pauses, st.Pulls-pulls)
-	if admitted > limit {
-		t.Fatalf("%d admitted for a limit of %d: the idle owner decided from its stale count", admitted, limit)
+		limit, before, during, k.admitted, st.IdleResumes, st.Pauses, st.Pulls-pulls)
+	if k.admitted > limit {
+		t.Fatalf("%d admitted for a limit of %d: the idle owner decided from its stale count", k.admitted, limit)
 	}
 	if st.IdleResumes != 1 || st.Pauses != 0 || st.Pulls == pulls {
 		t.Fatalf("owner: %d idle resumes (want 1), %d pauses (want 0), %d pulls (want some)", st.IdleResumes, st.Pauses, st.Pulls-pulls)

@@ -27,51 +27,66 @@ func TestPausedOwnerPullsBeforeDeciding(t *testing.T) {
 		}
 	})
 	x := nodes[0]
-	key := keysOwnedBy(x, "n0", 1)[0]
 	const limit, before, during = 10, 4, 6
-	admitted := 0
-	check := func(n *Node) bucket.Outcome {
-		t.Helper()
-		o := check1(n, bucket.Request{Name: "api", Key: key, Hits: 1,
-			Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: limit, WindowMS: 3_600_000}})
-		if o.Err != "" {
-			t.Fatalf("check at %s: %+v", n.Name(), o)
-		}
-		if o.Allowed() {
-			admitted++
-		}
-		return o
-	}
-	for i := range before {
-		check(nodes[1+i%2])
-	}
-	if err := x.ReplicateNow(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-
-	// The pause: nobody reaches n0, so the replica stands in.
-	net.Cut(memAddr(1), memAddr(0), Blackhole)
-	net.Cut(memAddr(2), memAddr(0), Blackhole)
-	for i := range during {
-		if o := check(nodes[1+i%2]); o.Owner == x.Name() {
-			t.Fatalf("the paused owner decided: %+v", o)
-		}
-	}
+	k := &limitedKey{t: t, key: keysOwnedBy(x, "n0", 1)[0], limit: limit}
+	cutOffOwner(t, nodes, net, k, before, during) // a pause, as its peers see it
 	// The resume: n0 runs again, its clock past its last heartbeat by more
 	// than the forward timeout.
 	ahead.Store(int64(3 * forwardTimeout))
 	net.Heal()
 	for i := range limit {
-		if o := check(nodes[i%3]); o.Owner != x.Name() {
+		if o := k.check(nodes[i%3]); o.Owner != x.Name() {
 			t.Fatalf("after the resume %s decided, want the owner %s", o.Owner, x.Name())
 		}
 	}
 	t.Logf("limit %d: %d admitted before the pause, %d during (stand-in), %d in all after %d more checks; pauses noticed by %s: %d",
-		limit, before, during, admitted, limit, x.Name(), x.Status().Pauses)
-	if admitted > limit {
-		t.Fatalf("%d admitted for a limit of %d: the owner decided from its count of before the pause", admitted, limit)
+		limit, before, during, k.admitted, limit, x.Name(), x.Status().Pauses)
+	if k.admitted > limit {
+		t.Fatalf("%d admitted for a limit of %d: the owner decided from its count of before the pause", k.admitted, limit)
 	}
 	if x.Status().Pauses != 1 {
 		t.Fatalf("%s noticed %d pauses, want 1", x.Name(), x.Status().Pauses)
+	}
+}
+
+// limitedKey checks one key of an exact limit (a fixed window of an hour)
+// and counts what was admitted; a check that errs fails the test.
+type limitedKey struct {
+	t        *testing.T
+	key      string
+	limit    int64
+	admitted int
+}
+
+func (k *limitedKey) check(n *Node) bucket.Outcome {
+	k.t.Helper()
+	o := check1(n, bucket.Request{Name: "api", Key: k.key, Hits: 1,
+		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: k.limit, WindowMS: 3_600_000}})
+	if o.Err != "" {
+		k.t.Fatalf("check at %s: %+v", n.Name(), o)
+	}
+	if o.Allowed() {
+		k.admitted++
+	}
+	return o
+}
+
+// cutOffOwner checks k before times through nodes[1] and nodes[2], has
+// k's owner nodes[0] replicate, then blackholes both links to it and
+// checks k during times more, which the replica decides as a stand-in.
+func cutOffOwner(t *testing.T, nodes []*Node, net *MemNetwork, k *limitedKey, before, during int) {
+	t.Helper()
+	for i := range before {
+		k.check(nodes[1+i%2])
+	}
+	if err := nodes[0].ReplicateNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	net.Cut(memAddr(1), memAddr(0), Blackhole)
+	net.Cut(memAddr(2), memAddr(0), Blackhole)
+	for i := range during {
+		if o := k.check(nodes[1+i%2]); o.Owner == nodes[0].Name() {
+			t.Fatalf("the cut-off owner decided: %+v", o)
+		}
 	}
 }

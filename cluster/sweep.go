@@ -8,8 +8,6 @@ package cluster
 
 import (
 	"time"
-
-	"github.com/sluicehq/sluice/writeback"
 )
 
 // sweepLoop sweeps every quarter of MoveWindow, so what a change left
@@ -44,16 +42,5 @@ func (n *Node) sweep(now int64) {
 	n.cache.DropExpiredReleases(now)
 	n.releasedSweep.Lock()
 	defer n.releasedSweep.Unlock()
-	var kept int64
-	n.releasedTo.Range(func(key, _ any) bool {
-		rk := key.(writeback.Key)
-		if n.cache.Released(keyHash(rk), rk, now) {
-			kept++
-		} else {
-			n.releasedTo.Delete(key)
-		}
-		return true
-	})
-	n.releasedStores.Store(0)
-	n.releasedSweepAt.Store(2 * kept)
+	n.pruneReleasedTo(now)
 }
