@@ -109,7 +109,13 @@ func grow(t *testing.T, path string, n int64) {
 // Before the fix the node died: pebble panicked on ENOSPC.
 func TestFullDiskKeepsNodeServing(t *testing.T) {
 	t.Parallel()
-	dir := mountTmpfs(t, "48m")
+	// The store refuses a batch while free space < batch + reserve (16 MiB)
+	// + its tables. Catching up after the disk frees writes the whole
+	// backlog at once: the WAL, the tables and the compactions' copies not
+	// yet deleted held up to 28 MiB under two CPU hogs, so a disk under
+	// reserve + 2 × 28 MiB stays "full" for the store after the filler is
+	// gone, until compactions end. 96 MiB leaves room for every later flush.
+	dir := mountTmpfs(t, "96m")
 	p := newProc(t, 0, "127.0.0.70")
 	p.dataDir = filepath.Join(dir, "data")
 	p.extra = []string{"--flush-interval", "200ms", "--log-level", "info"}
@@ -183,9 +189,13 @@ func TestFullDiskKeepsNodeServing(t *testing.T) {
 	failures = metric(t, p, "sluice_store_flush_failures_total")
 	checkKeys(t, c, keyRange("k", n, 1000), 1, 9) // more flushes, which succeed
 	n += 1000
-	waitFor(t, 10*time.Second, "the newest keys are flushed", func() bool {
-		return metric(t, p, "sluice_unflushed_keys") == 0
-	})
+	flushed := func() bool { return metric(t, p, "sluice_unflushed_keys") == 0 }
+	if !waitUntil(10*time.Second, flushed) {
+		t.Fatalf("timed out after 10s waiting until the newest keys are flushed: sluice_unflushed_keys %v, "+
+			"sluice_store_writable %v, flush failures %v → %v, %d bytes free",
+			metric(t, p, "sluice_unflushed_keys"), metric(t, p, "sluice_store_writable"), failures,
+			metric(t, p, "sluice_store_flush_failures_total"), freeBytes(t, dir))
+	}
 	if got := metric(t, p, "sluice_store_flush_failures_total"); got != failures {
 		t.Fatalf("flush failures grew after the recovery: %v → %v", failures, got)
 	}

@@ -181,6 +181,21 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// waitUntil polls cond until it holds or d has passed, and reports whether
+// it held: for a caller that says more than waitFor when it did not.
+func waitUntil(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
 // waitMembers waits until every process sees exactly the given processes
 // alive and in the ring (a joining node owns nothing until it has joined).
 func waitMembers(t *testing.T, ps []*proc, opts ...grpc.DialOption) {
