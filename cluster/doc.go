@@ -12,7 +12,9 @@
 // or has handed the key on, answers MovedTo. The sender follows one such
 // redirect; pointed on again, it sends the request there as a stand-in
 // (Peers.ForwardStandIn, with PullFrom the first receiver), which decides
-// it. docs/ownership.md has the key-ownership protocol as a state machine.
+// it. docs/ownership.md has the key-ownership protocol as a state machine;
+// package cluster/ownership holds its records and its step function, whose
+// effects the node carries out.
 // When an owner cannot be reached before the forward deadline, the node
 // serves the request from its own cache (OwnerUnavailableServe, the default)
 // or denies it (OwnerUnavailableDeny); a check never hangs.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -143,7 +144,7 @@ func mix64(x uint64) uint64 {
 func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
 	r := reqs[rt.i]
 	out[rt.i] = bucket.Outcome{}
-	n.decide(ctx, rt.hash, &r, rt.lims, now, &out[rt.i])
+	n.decide(ctx, rt.hash, &r, rt.lims, ownership.Event{Kind: ownership.Failover}, now, &out[rt.i])
 	if out[rt.i].MovedTo != "" {
 		n.unavailable(ctx, reqs, out, rt, now)
 	}
@@ -163,9 +164,13 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	out[rt.i] = bucket.Outcome{}
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	o := &out[rt.i]
+	// The policy decides from what this node holds, whatever its records
+	// say (ownership.Serve): a key it had released is taken back.
 	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrMoved) {
-		n.reclaim(rt.hash, k, rt.lims)
+		if eff := ownership.Step(n.released(ownership.Facts{}, k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
+			n.reclaim(rt.hash, k, rt.lims)
+		}
 		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	}
 	o.Owner = n.name

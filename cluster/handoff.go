@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -32,42 +33,20 @@ import (
 //     gossip pool.
 
 // tableChanged registers what a ring change from old to cur moved to this
-// node, before cur becomes current, and reports whether partitions moved
-// away from it (to hand off once cur is current). A joining node enters its
-// own ring only once it knows every member (see metaReady), so its old
-// table is the cluster's table without it.
+// node, before cur becomes current (ownership.Book.TableChanged), and
+// reports whether partitions moved away from it (to hand off once cur is
+// current).
 func (n *Node) tableChanged(old, cur *ring.Table) (lost bool) {
-	if cur.Len() <= 1 && old.Len() <= 1 {
-		return false
-	}
-	now := n.now().UnixNano()
-	gained := false
-	for p := range cur.Partitions() {
-		o, _ := old.PartitionOwner(p)
-		c, _ := cur.PartitionOwner(p)
-		gained = gained || (c.Name == n.name && o.Name != n.name && o.Name != "")
-		lost = lost || (o.Name == n.name && c.Name != n.name && c.Name != "")
-	}
+	gained, lost := n.book.TableChanged(old, cur, n.now().UnixNano())
 	if gained {
-		m := &move{prev: old, until: now + int64(n.cfg.MoveWindow)}
-		if !hasMember(old, n.name) && hasMember(cur, n.name) {
-			m.cur = cur
-		}
-		n.addMove(m, now)
 		n.log.Info("partitions moved here; pulling moved keys on first touch", "window", n.cfg.MoveWindow)
 	}
 	return lost
 }
 
-// hasMember reports whether name is a member of t.
-func hasMember(t *ring.Table, name string) bool {
-	_, ok := t.Shares()[name]
-	return ok
-}
-
 // handoffJob is a table change for the handoff loop: lost, partitions
 // moved away (handOffMoved); gained marks the partitions this node owns
-// that got a new replica (replicasGained), whose keys go to the next
+// that got a new replica (ownership.ReplicasGained), whose keys go to the next
 // replication round.
 type handoffJob struct {
 	old, cur *ring.Table
@@ -101,10 +80,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	now := n.now().UnixNano()
 	start := time.Now()
 	batches := map[string][]bucket.Counter{}
-	var moves []*move
-	if ms := n.moves.Load(); ms != nil {
-		moves = *ms
-	}
+	moves := n.book.Moves()
 	n.cache.Range(now, func(r writeback.Record) bool {
 		h := keyHash(r.Key)
 		o, _ := old.Owner(h)
@@ -112,21 +88,16 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if !ok || o.Name != n.name || c.Name == n.name {
 			return true
 		}
-		if needsSettle(h, r.Key, moves, n.name, now) {
-			// An earlier change gave this node the key and it never
-			// touched it since, so never pulled it: what it holds may be
-			// stale (a count from before it last handed the key on). A
-			// handoff would make the new owner take it as settled and
-			// skip its pulls, among them the key's replicas, which hold
-			// the newer count. The new owner pulls it on first touch.
-			return true
+		eff := ownership.Step(ownership.Facts{OwnerAddr: c.Addr, Unsettled: moves.Unsettled(h, r.Key, n.name, now)}, ownership.Event{Kind: ownership.Lost})
+		if !eff.Release {
+			return true // unsettled: the new owner pulls it on first touch
 		}
 		rec, held, err := n.cache.Release(h, r.Key, now, n.cfg.MoveWindow)
 		if err != nil || !held {
 			return true
 		}
-		n.noteReleased(r.Key, c.Addr, now)
-		batches[c.Addr] = append(batches[c.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: rec.State, Version: rec.Version})
+		n.book.NoteReleased(r.Key, eff.NoteTo, now)
+		batches[eff.NoteTo] = append(batches[eff.NoteTo], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: rec.State, Version: rec.Version})
 		return true
 	})
 	sent, err := n.push(ctx, batches)
@@ -269,23 +240,30 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 		return 0, len(counters)
 	}
 	tbl := n.ring.Table()
+	ev := ownership.Event{Kind: ownership.Replicate}
+	if handoff {
+		ev.Kind = ownership.Push
+	}
+	phase := n.ownershipPhase()
 	for _, c := range counters {
 		rec := writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version}
 		h := keyHash(rec.Key)
-		if o, _ := tbl.Owner(h); !handoff && o.Name == n.name && !n.draining() {
-			// A copy from a node that still believes it owns this key: the
-			// owner's own state is authoritative; a copy never replaces it.
-			stale++
-			continue
+		o, ok := tbl.Owner(h)
+		eff := ownership.Step(ownership.Facts{Phase: phase, Owns: !ok || o.Name == n.name}, ev)
+		// A copy from a node that still believes it owns this key is
+		// refused (Stale): the owner's own state is authoritative; a copy
+		// never replaces it.
+		var installed1 bool
+		switch {
+		case eff.Adopt:
+			installed1 = n.cache.Adopt(h, rec)
+		case eff.Merge:
+			installed1 = n.cache.Merge(h, rec)
 		}
-		var ok bool
-		if handoff {
-			ok = n.cache.Adopt(h, rec)
-			n.markSettled(rec.Key)
-		} else {
-			ok = n.cache.Merge(h, rec)
+		if eff.MarkSettled {
+			n.book.MarkSettled(rec.Key)
 		}
-		if ok {
+		if installed1 {
 			installed++
 		} else {
 			stale++
@@ -304,23 +282,27 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 	if release {
 		addr = n.addrOf(from)
 	}
+	phase := n.ownershipPhase()
 	for i := range keys {
 		k := writeback.Key{Name: keys[i].Name, Key: keys[i].Key}
 		h := keyHash(k)
 		var rec writeback.Record
 		var ok bool
 		var err error
-		keys[i].MovedTo = ""
-		if release && !n.draining() {
+		f := ownership.Facts{Phase: phase}
+		if to, ok := n.book.ReleasedTo(k); ok && release && to != addr {
 			// A key already released to another node: that node has the
-			// newer state; say so, so that the puller asks it too.
-			if to, ok := n.releasedTo.Load(k); ok && to.(string) != addr && n.cache.Released(h, k, now) {
-				keys[i].MovedTo = to.(string)
-			}
+			// newer state; the answer says so, so that the puller asks it
+			// too.
+			f.ReleasedTo, f.Released = to, n.cache.Released(h, k, now)
+		}
+		eff := ownership.Step(f, ownership.Event{Kind: ownership.Pull, From: addr, Release: release})
+		keys[i].MovedTo = eff.MovedTo
+		if eff.Release {
 			// Released keys are redirected to the puller from now on.
 			rec, ok, err = n.cache.Release(h, k, now, ttl)
-			if addr != "" {
-				n.noteReleased(k, addr, now)
+			if eff.NoteTo != "" {
+				n.book.NoteReleased(k, eff.NoteTo, now)
 			}
 		} else {
 			rec, ok, err = n.cache.Get(h, k, now)
@@ -341,57 +323,6 @@ func (n *Node) addrOf(id string) string {
 		if m.metaErr == nil && (m.name == id || m.meta.grpcAddr == id) {
 			return m.meta.grpcAddr
 		}
-	}
-	return ""
-}
-
-// minReleasedSweep is the fewest noteReleased calls between two sweeps of
-// releasedTo.
-const minReleasedSweep = 1024
-
-// noteReleased records that this node released k (at now) to the node at
-// addr. The record matters only while the cache holds the release (Pull
-// and decideGated consult it then), so every max(minReleasedSweep, twice
-// the records kept by the last sweep) calls it drops the records of keys
-// no longer released: the map stays within about twice the releases in
-// force instead of growing with every key ever moved, at O(1) per call,
-// amortised.
-func (n *Node) noteReleased(k writeback.Key, addr string, now int64) {
-	n.releasedTo.Store(cloneKey(k), addr)
-	if n.releasedStores.Add(1) < max(n.releasedSweepAt.Load(), minReleasedSweep) || !n.releasedSweep.TryLock() {
-		return
-	}
-	defer n.releasedSweep.Unlock()
-	n.pruneReleasedTo(now)
-}
-
-// pruneReleasedTo drops the releasedTo records of keys no longer released
-// at now and sets the next sweep at twice the records kept. The caller
-// holds releasedSweep.
-func (n *Node) pruneReleasedTo(now int64) {
-	n.releasedStores.Store(0)
-	var kept int64
-	n.releasedTo.Range(func(key, _ any) bool {
-		rk := key.(writeback.Key)
-		if n.cache.Released(keyHash(rk), rk, now) {
-			kept++
-		} else {
-			n.releasedTo.Delete(key)
-		}
-		return true
-	})
-	n.releasedSweepAt.Store(2 * kept)
-}
-
-// movedTo returns where a key this node released now lives: the node that
-// pulled it, or the key's owner in the current ring when that is another
-// node. It returns "" when neither is known.
-func (n *Node) movedTo(h uint64, k writeback.Key) string {
-	if v, ok := n.releasedTo.Load(k); ok {
-		return v.(string)
-	}
-	if o, ok := n.ring.Table().Owner(h); ok && o.Name != n.name {
-		return o.Addr
 	}
 	return ""
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -544,7 +545,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 	got := make(chan seen, 64)
 	for _, n := range nodes[1:] {
 		hook := func(tbl *ring.Table) {
-			if hasMember(tbl, "n0") {
+			if ownership.HasMember(tbl, "n0") {
 				return
 			}
 			for _, k := range keys {
@@ -726,7 +727,7 @@ func TestMergeCopiesOfAPull(t *testing.T) {
 }
 
 // TestReleasedToIsPruned: every key another node pulls with release is
-// recorded with where it went (releasedTo), but the record matters only
+// recorded with where it went (ownership.Book.NoteReleased), but the record matters only
 // while the release is in force. Releasing many keys one after another,
 // each release over before the next, must keep the records within the
 // sweep threshold plus twice the releases in force, not one per key ever
@@ -742,20 +743,19 @@ func TestReleasedToIsPruned(t *testing.T) {
 	ctx := context.Background()
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
 	n.Pull(ctx, nodes[1].Name(), live, true, time.Hour)
-	const keys = 5 * minReleasedSweep
+	const keys = 5 * ownership.MinReleasedSweep
 	for i := range keys {
 		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
 		n.Pull(ctx, nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond)
 	}
-	records := 0
-	n.releasedTo.Range(func(_, _ any) bool { records++; return true })
-	bound := minReleasedSweep + 2*2 // the threshold, and twice the two releases in force
+	records := n.book.ReleasedRecords()
+	bound := ownership.MinReleasedSweep + 2*2 // the threshold, and twice the two releases in force
 	t.Logf("%d keys released one after another: %d records kept (bound %d)", keys, records, bound)
 	if records > bound {
 		t.Errorf("%d records of released keys kept, want at most %d", records, bound)
 	}
 	k := writeback.Key{Name: "api", Key: "still-moving"}
-	if to := n.movedTo(keyHash(k), k); to != nodes[1].cfg.GRPCAddr {
+	if to, _ := n.book.ReleasedTo(k); to != nodes[1].cfg.GRPCAddr {
 		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -54,18 +55,13 @@ type Node struct {
 	// inRing: this node takes partitions in its own ring (it announced
 	// metaReady, or has no seeds). A fact beside the phase, set once: see
 	// phase.
-	inRing     atomic.Bool
-	moves      atomic.Pointer[[]*move] // recent ring changes that moved partitions here
-	movesMu    sync.Mutex              // held by addMove, the only writer of moves
-	releasedTo sync.Map                // writeback.Key → gRPC address of the node that took it; see noteReleased
-	// releasedStores counts noteReleased calls since the last sweep of
-	// releasedTo, releasedSweepAt is the count that starts the next one,
-	// and releasedSweep lets one sweep run at a time.
-	releasedStores, releasedSweepAt atomic.Int64
-	releasedSweep                   sync.Mutex
-	handoffs                        chan handoffJob                   // ring changes that moved partitions away
-	gate                            sync.RWMutex                      // held shared by every local decision; drain takes it
-	published                       atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
+	inRing atomic.Bool
+	// book holds the ownership records: the moves that brought keys here
+	// and where released keys went (package ownership).
+	book      *ownership.Book
+	handoffs  chan handoffJob                   // ring changes that moved partitions away
+	gate      sync.RWMutex                      // held shared by every local decision; drain takes it
+	published atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -159,6 +155,10 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
+	cache := n.cache
+	n.book = ownership.NewBook(cfg.Name, cfg.MoveWindow, func(k writeback.Key, now int64) bool {
+		return cache.Released(keyHash(k), k, now)
+	})
 	// A node without seeds is a cluster of its own from the start; one with
 	// seeds decides nothing until it has joined (enterRing).
 	n.inRing.Store(len(cfg.Join) == 0)
@@ -261,7 +261,7 @@ func (n *Node) rebuild() {
 	}
 	var gained []bool
 	if !n.draining() {
-		gained = replicasGained(old, cur, n.name)
+		gained = ownership.ReplicasGained(old, cur, n.name)
 	}
 	if lost || gained != nil {
 		// After the table is current: the handoff releases the keys that

@@ -117,7 +117,7 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 		n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
 		return
 	}
-	n.addMove(&move{prev: prev, cur: cur, owned: true, until: now + int64(n.cfg.MoveWindow)}, now)
+	n.book.Paused(prev, cur, now)
 	if idle {
 		n.idleResumes.Add(1)
 		n.log.Info("first decision after an idle spell (the pause heartbeat had stopped): "+

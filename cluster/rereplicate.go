@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -18,43 +19,6 @@ import (
 // that restarts so fast that nobody saw it leave the ring is known by its
 // boot id, which changes with every process (meta.boot): the keys of the
 // partitions it replicates for this node are marked the same way.
-
-// replicasGained returns, indexed by partition, whether this node (self)
-// owns the partition in cur and cur's row for it (owner and replicas) has
-// a member that old's row did not; nil when no partition has one.
-func replicasGained(old, cur *ring.Table, self string) []bool {
-	if old == nil || cur == nil || old.Partitions() != cur.Partitions() {
-		return nil
-	}
-	var gained []bool
-	var oldRow, curRow []ring.Member
-	for p := range cur.Partitions() {
-		if o, ok := cur.PartitionOwner(p); !ok || o.Name != self {
-			continue
-		}
-		oldRow = old.PartitionReplicas(p, oldRow[:0])
-		curRow = cur.PartitionReplicas(p, curRow[:0])
-		for _, m := range curRow[1:] {
-			if !rowHas(oldRow, m.Name) {
-				if gained == nil {
-					gained = make([]bool, cur.Partitions())
-				}
-				gained[p] = true
-				break
-			}
-		}
-	}
-	return gained
-}
-
-func rowHas(row []ring.Member, name string) bool {
-	for _, m := range row {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
-}
 
 // resendToNewReplicas marks changed every key in memory whose partition
 // (in tbl) is marked in gained, for the next replication round, and
@@ -89,7 +53,7 @@ func (n *Node) resendForRestart(name string) {
 	var row []ring.Member
 	for p := range tbl.Partitions() {
 		row = tbl.PartitionReplicas(p, row[:0])
-		if len(row) < 2 || row[0].Name != n.name || !rowHas(row[1:], name) {
+		if len(row) < 2 || row[0].Name != n.name || !ownership.RowHas(row[1:], name) {
 			continue
 		}
 		if gained == nil {

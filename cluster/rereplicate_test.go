@@ -5,6 +5,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -38,7 +39,7 @@ func TestReplicasGained(t *testing.T) {
 		{"a replica gone for good", table(t, "a", "b", "c"), table(t, "a", "c"), true},
 		{"alone", table(t, "a"), table(t, "a"), false},
 	} {
-		g := replicasGained(c.old, c.cur, "a")
+		g := ownership.ReplicasGained(c.old, c.cur, "a")
 		if (g != nil) != c.want {
 			t.Errorf("%s: gained %v, want some: %v", c.name, g != nil, c.want)
 			continue
@@ -49,7 +50,7 @@ func TestReplicasGained(t *testing.T) {
 			want := false
 			if own.Name == "a" {
 				for _, m := range c.cur.PartitionReplicas(p, nil)[1:] {
-					want = want || !rowHas(oldRow, m.Name)
+					want = want || !ownership.RowHas(oldRow, m.Name)
 				}
 			}
 			if got := g != nil && g[p]; got != want {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -42,13 +43,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
-			if !n.inRing.Load() {
-				// Joining: what this node holds may be stale, and the
-				// cluster has not handed it anything yet.
-				out[i] = bucket.Outcome{Owner: n.name, Err: errJoining}
-				continue
-			}
-			n.decide(ctx, h, r, lims, now, &out[i])
+			n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
 			if out[i].MovedTo == "" {
 				continue
 			}
@@ -112,25 +107,11 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 		if !ok {
 			continue
 		}
-		h := ring.Hash(r.Name, r.Key)
-		if owner, ok := tbl.Owner(h); !standIn && ok && owner.Name != n.name {
-			out[i].MovedTo = owner.Addr
-			continue
+		ev := ownership.Event{Kind: ownership.Forwarded}
+		if standIn {
+			ev = ownership.Event{Kind: ownership.StandIn, From: r.PullFrom}
 		}
-		if standIn && r.PullFrom != "" && r.PullFrom != n.cfg.GRPCAddr {
-			n.pullKey(ctx, h, writeback.Key{Name: r.Name, Key: r.Key}, lims, r.PullFrom)
-		}
-		n.decide(ctx, h, r, lims, now, &out[i])
-		if standIn && out[i].MovedTo != "" && !n.leaving() {
-			// This node had handed the key on (to the owner its sender
-			// could not reach, most often). A redirect would leave the
-			// sender to its own policy, deciding from what it holds —
-			// nothing, for a key it does not replicate — so the stand-in
-			// takes the key back and decides from its copy.
-			out[i].MovedTo = ""
-			n.reclaim(h, writeback.Key{Name: r.Name, Key: r.Key}, lims)
-			n.decide(ctx, h, r, lims, now, &out[i])
-		}
+		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, ev, now, &out[i])
 	}
 }
 
@@ -138,8 +119,8 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 // node is about to decide (mine says which, by ring hash) and that a recent
 // ring change moved here; decide would otherwise settle them one by one.
 func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bool, now int64, mine func(h uint64) bool) {
-	ms := n.moves.Load()
-	if ms == nil || len(reqs) < 2 || !anyActive(*ms, now) {
+	ms := n.book.Moves()
+	if len(reqs) < 2 || !ms.Active(now) {
 		return
 	}
 	var items []settleItem
@@ -160,7 +141,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bo
 			if len(lims.more) > 0 {
 				sk = writeback.SubKey(k, j)
 			}
-			if needsSettle(h, sk, *ms, n.name, now) {
+			if ms.Unsettled(h, sk, n.name, now) {
 				items = append(items, settleItem{h: h, k: sk})
 			}
 		}
@@ -174,7 +155,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bo
 	// node that is leaving and has already handed its counters on.
 	n.gate.RLock()
 	if !n.draining() {
-		n.settleBatch(ctx, items, *ms, now)
+		n.settleBatch(ctx, items, ms, now)
 	}
 	n.gate.RUnlock()
 }
@@ -219,63 +200,65 @@ func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (lim
 	return limits{}, false
 }
 
-// decide answers r from the local cache. When this node no longer holds the
-// key (it is draining, or the key is released to another node) it sets
-// o.MovedTo instead. An unsettled key is settled (pulled) first.
-func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
+// decide answers r, an event ev about its key, from the local cache, as
+// ownership.Step says: it sets o.MovedTo instead when the key is to be
+// asked elsewhere (this node does not own it in its view, is draining, or
+// released it to another node), and settles (pulls) an unsettled key first.
+func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) {
 	n.gate.RLock()
-	n.decideGated(ctx, h, r, lims, now, o)
+	n.decideGated(ctx, h, r, lims, ev, now, o)
 	n.gate.RUnlock()
 }
 
-// decideGated is decide with n.gate read-locked.
-func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, now int64, o *bucket.Outcome) {
+// decideGated is decide with n.gate read-locked: the phase in the facts is
+// then the one the decision is made in (drain waits for the gate).
+func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
-	if n.draining() {
-		if owner, ok := n.ring.Table().Owner(h); ok && owner.Name != n.name {
-			o.MovedTo = owner.Addr
+	f := n.facts(n.ring.Table(), h, k, lims, now)
+	eff := ownership.Step(f, ev)
+	for {
+		switch {
+		case eff.Joining:
+			o.Owner, o.Err = n.name, errJoining
+			return
+		case eff.Forward:
+			o.MovedTo = f.OwnerAddr
+			return
+		case eff.Redirect != "":
+			o.MovedTo = eff.Redirect
 			return
 		}
-	}
-	if ms := n.moves.Load(); ms != nil {
-		if len(lims.more) == 0 {
-			n.settle(ctx, h, k, *ms, now)
-		} else {
-			for i := range 1 + len(lims.more) {
-				n.settle(ctx, h, writeback.SubKey(k, i), *ms, now)
-			}
+		if eff.PullFrom != "" {
+			n.pullKey(ctx, h, k, lims, eff.PullFrom)
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		// Nobody waits for the answer, and what this node holds may be
-		// stale (a forward that reached it after a pause, with its
-		// sender's cancellation right behind it; a settle cut short): a
-		// decision from it would only risk outranking a newer count.
-		o.Owner, o.Err = n.name, "check abandoned: "+err.Error()
+		if eff.Settle {
+			n.settleKey(ctx, h, k, lims, now)
+		}
+		if eff.Reclaim {
+			n.reclaim(h, k, lims)
+		}
+		if err := ctx.Err(); err != nil {
+			// Nobody waits for the answer, and what this node holds may be
+			// stale (a forward that reached it after a pause, with its
+			// sender's cancellation right behind it; a settle cut short): a
+			// decision from it would only risk outranking a newer count.
+			o.Owner, o.Err = n.name, "check abandoned: "+err.Error()
+			return
+		}
+		err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+		if errors.Is(err, writeback.ErrMoved) && !f.Released {
+			// This node had released the key: the step for a released key
+			// says where to point, or to take it back.
+			f = n.released(f, k)
+			eff = ownership.Step(f, ev)
+			continue
+		}
+		o.Owner = n.name
+		if err != nil {
+			o.Decision = bucket.Decision{}
+			o.Err = err.Error()
+		}
 		return
-	}
-	err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
-	if errors.Is(err, writeback.ErrMoved) {
-		// A leaving node still owns every key in its own view, but it
-		// never takes back a key another node pulled from it: it points
-		// there instead. Taking it back would let the puller, which owns
-		// the key in every other view, decide from the same count.
-		if owner, ok := n.ring.Table().Owner(h); !ok || owner.Name != n.name || n.leaving() {
-			if o.MovedTo = n.movedTo(h, k); o.MovedTo != "" {
-				return
-			}
-		} else if to := n.movedTo(h, k); to != "" && to != n.cfg.GRPCAddr {
-			// This node owns the key in its view but had handed it on
-			// (views differed): take it back from where it went.
-			n.pullKey(ctx, h, k, lims, to)
-		}
-		n.reclaim(h, k, lims)
-		err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
-	}
-	o.Owner = n.name
-	if err != nil {
-		o.Decision = bucket.Decision{}
-		o.Err = err.Error()
 	}
 }
 

@@ -22,25 +22,6 @@ func (n *Node) sweepLoop() {
 // sweep drops the moves whose window ended before now, the cache's
 // expired releases and the records of where keys no longer released went.
 func (n *Node) sweep(now int64) {
-	n.movesMu.Lock()
-	if cur := n.moves.Load(); cur != nil {
-		var ms []*move
-		for _, m := range *cur {
-			if m.until >= now {
-				ms = append(ms, m)
-			}
-		}
-		if len(ms) < len(*cur) {
-			if len(ms) == 0 {
-				n.moves.Store(nil)
-			} else {
-				n.moves.Store(&ms)
-			}
-		}
-	}
-	n.movesMu.Unlock()
 	n.cache.DropExpiredReleases(now)
-	n.releasedSweep.Lock()
-	defer n.releasedSweep.Unlock()
-	n.pruneReleasedTo(now)
+	n.book.Sweep(now)
 }

@@ -27,23 +27,17 @@ func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
 	n := nodes[0]
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
 	n.Pull(context.Background(), nodes[1].Name(), live, true, 24*time.Hour)
-	const keys = 100 // fewer than minReleasedSweep: noteReleased never sweeps
+	const keys = 100 // fewer than ownership.MinReleasedSweep: NoteReleased never prunes
 	for i := range keys {
 		n.Pull(context.Background(), nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window)
 	}
-	records := func() int {
-		r := 0
-		n.releasedTo.Range(func(_, _ any) bool { r++; return true })
-		return r
-	}
+	records := n.book.ReleasedRecords
 	if got := records(); got != keys+1 {
 		t.Fatalf("%d records of released keys, want %d", got, keys+1)
 	}
 	joined := 0
 	for _, nd := range nodes {
-		if ms := nd.moves.Load(); ms != nil {
-			joined += len(*ms)
-		}
+		joined += len(nd.book.Moves())
 	}
 	if joined == 0 {
 		t.Fatal("the join left no move: nothing to sweep")
@@ -51,14 +45,14 @@ func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
 	clock.Add(int64(time.Hour)) // every window and release above ended, but the one of 24 h
 	WaitFor(t, 10*time.Second, "the sweeper drops the moves and the ended releases", func() bool {
 		for _, nd := range nodes {
-			if ms := nd.moves.Load(); ms != nil && len(*ms) > 0 {
+			if len(nd.book.Moves()) > 0 {
 				return false
 			}
 		}
 		return records() == 1
 	})
 	k := writeback.Key{Name: "api", Key: "still-moving"}
-	if to := n.movedTo(keyHash(k), k); to != nodes[1].cfg.GRPCAddr {
+	if to, _ := n.book.ReleasedTo(k); to != nodes[1].cfg.GRPCAddr {
 		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
 	}
 	if !n.Cache().Released(keyHash(k), k, clock.Load()) {

@@ -22,8 +22,12 @@ var layers = []layer{
 	{pkg: "bucket"},
 	{pkg: "ring", may: []string{"github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"}},
 	{pkg: "writeback", may: []string{"bucket", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
-	{pkg: "cluster", may: []string{"ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+	{pkg: "cluster", may: []string{"cluster/ownership", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
+	// The key-ownership protocol: records and a pure step function, no
+	// I/O — no memberlist, no gRPC, nothing of the node.
+	{pkg: "cluster/ownership", may: []string{"ring", "writeback"},
+		mustNot: []string{"cluster", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// The in-process cluster of the tests: nodes over memory networks.
 	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},

@@ -1,0 +1,60 @@
+package cluster
+
+// The node's side of the ownership component (package ownership): reading
+// a key's facts off the node's phase, table, book and cache for
+// ownership.Step, whose effects the callers carry out.
+
+import (
+	"github.com/sluicehq/sluice/cluster/ownership"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// ownershipPhase is the node's phase as the ownership component sees it.
+func (n *Node) ownershipPhase() ownership.Phase {
+	switch {
+	case n.draining():
+		return ownership.Draining
+	case n.leaving():
+		return ownership.Leaving
+	}
+	return ownership.Ready
+}
+
+// facts reads what the step function needs about the key with ring hash h
+// at now, before a decision: the phase, whether this node owns it in tbl
+// (or tbl names nobody) and where its owner is, and whether a move still
+// has to settle it (k, or with more limits than one, any of their sub-keys).
+func (n *Node) facts(tbl *ring.Table, h uint64, k writeback.Key, lims limits, now int64) ownership.Facts {
+	f := ownership.Facts{Phase: n.ownershipPhase(), SelfAddr: n.cfg.GRPCAddr, InRing: n.inRing.Load()}
+	owner, ok := tbl.Owner(h)
+	f.Owns = !ok || owner.Name == n.name
+	if !f.Owns {
+		f.OwnerAddr = owner.Addr
+	}
+	if ms := n.book.Moves(); len(ms) > 0 {
+		if len(lims.more) == 0 {
+			f.Unsettled = ms.Unsettled(h, k, n.name, now)
+		}
+		for i := 0; i < 1+len(lims.more) && len(lims.more) > 0 && !f.Unsettled; i++ {
+			f.Unsettled = ms.Unsettled(h, writeback.SubKey(k, i), n.name, now)
+		}
+	}
+	return f
+}
+
+// released adds to f what this node knows of the release of key k (ring
+// hash h) once its cache refused a decision of it: where it went, if
+// recorded.
+func (n *Node) released(f ownership.Facts, k writeback.Key) ownership.Facts {
+	f.Released = true
+	f.ReleasedTo, _ = n.book.ReleasedTo(k)
+	return f
+}
+
+// keyHash is the ring hash of a cache key: that of its (name, key), also
+// for the sub-keys of multi-limit checks, which live with their key.
+func keyHash(k writeback.Key) uint64 {
+	b := writeback.BaseKey(k)
+	return ring.Hash(b.Name, b.Key)
+}

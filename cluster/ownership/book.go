@@ -1,0 +1,272 @@
+package ownership
+
+// The records (docs/ownership.md, "The records"): moves with their
+// settled sets, and where released keys went. Every record has a bound:
+// a move stops applying at the end of its window and is dropped by the
+// next move or Sweep; a released-to record is dropped once the cache no
+// longer holds the key's release.
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// Move is one recent ring change that gave this node partitions: keys of
+// those partitions are pulled from their holders under Prev on first touch.
+type Move struct {
+	prev  *ring.Table
+	until int64 // Unix ns; no pulls after it
+	// cur is set when this node entered the ring with this change (a start
+	// or a restart): the key's replicas in cur may hold newer counts than
+	// the previous owner, because they stood in for this node while it was
+	// unreachable and the others had not yet declared it dead.
+	cur *ring.Table
+	// owned limits the move to the keys this node owns in cur: set after
+	// a pause (Paused), where the node's ring did not change and only the
+	// keys it owns were decided elsewhere.
+	owned   bool
+	settled sync.Map // writeback.Key → struct{}: pulled or handed over
+}
+
+// applies reports whether m brought the key with ring hash h to self.
+func (m *Move) applies(h uint64, self string) bool {
+	if prev, ok := m.prev.Owner(h); !ok || prev.Name == self {
+		return false
+	}
+	if m.owned {
+		if o, ok := m.cur.Owner(h); !ok || o.Name != self {
+			return false
+		}
+	}
+	return true
+}
+
+// Moves is a snapshot of the node's moves, newest first.
+type Moves []*Move
+
+// Book holds one node's ownership records. It is safe for concurrent use.
+type Book struct {
+	self   string // the node's name in ring tables
+	window time.Duration
+	// released reports whether the cache still holds a release of k at
+	// now: a released-to record is kept only while it does.
+	released func(k writeback.Key, now int64) bool
+
+	moves   atomic.Pointer[Moves]
+	movesMu sync.Mutex // held by the writers of moves
+
+	releasedTo sync.Map // writeback.Key → gRPC address of the node that took it
+	// stores counts NoteReleased calls since the last prune of releasedTo,
+	// sweepAt is the count that starts the next one, and pruning lets one
+	// prune run at a time.
+	stores, sweepAt atomic.Int64
+	pruning         sync.Mutex
+}
+
+// NewBook returns the records of the node named self, whose moves apply
+// for window (MoveWindow) after their change. released reports whether
+// the node's cache still holds a release of a key (writeback's
+// Cache.Released): it must not block.
+func NewBook(self string, window time.Duration, released func(k writeback.Key, now int64) bool) *Book {
+	return &Book{self: self, window: window, released: released}
+}
+
+// Moves returns the node's current moves (nil when there are none).
+func (b *Book) Moves() Moves {
+	if ms := b.moves.Load(); ms != nil {
+		return *ms
+	}
+	return nil
+}
+
+// add makes m the newest move, dropping those whose window ended before now.
+func (b *Book) add(m *Move, now int64) {
+	b.movesMu.Lock()
+	defer b.movesMu.Unlock()
+	ms := Moves{m}
+	for _, old := range b.Moves() {
+		if old.until > now {
+			ms = append(ms, old)
+		}
+	}
+	b.moves.Store(&ms)
+}
+
+// TableChanged reads a ring change from old to cur, before cur becomes
+// the node's table: when it gives this node partitions that another node
+// owned, it registers a move (the table-change event: those keys become
+// unsettled). It reports whether the change gave partitions here (gained)
+// and whether it took some away (lost: the node hands them off once cur
+// is current). A joining node's old table is the cluster's table without
+// it; the move then also pulls the keys' current replicas (Move.cur).
+func (b *Book) TableChanged(old, cur *ring.Table, now int64) (gained, lost bool) {
+	if cur.Len() <= 1 && old.Len() <= 1 {
+		return false, false
+	}
+	for p := range cur.Partitions() {
+		o, _ := old.PartitionOwner(p)
+		c, _ := cur.PartitionOwner(p)
+		gained = gained || (c.Name == b.self && o.Name != b.self && o.Name != "")
+		lost = lost || (o.Name == b.self && c.Name != b.self && c.Name != "")
+	}
+	if gained {
+		m := &Move{prev: old, until: now + int64(b.window)}
+		if !HasMember(old, b.self) && HasMember(cur, b.self) {
+			m.cur = cur
+		}
+		b.add(m, now)
+	}
+	return gained, lost
+}
+
+// Paused registers the move of a noticed pause: prev is the ring without
+// this node (which the others used when they declared it dead), cur the
+// current one; it applies to the keys this node owns in cur only.
+func (b *Book) Paused(prev, cur *ring.Table, now int64) {
+	b.add(&Move{prev: prev, cur: cur, owned: true, until: now + int64(b.window)}, now)
+}
+
+// HasMember reports whether name is a member of t.
+func HasMember(t *ring.Table, name string) bool {
+	_, ok := t.Shares()[name]
+	return ok
+}
+
+// Unsettled reports whether some move in its window at now brought the
+// key k (ring hash h) here and k has not been settled for it since.
+func (ms Moves) Unsettled(h uint64, k writeback.Key, self string, now int64) bool {
+	for _, m := range ms {
+		if now > m.until || !m.applies(h, self) {
+			continue
+		}
+		_, done := m.settled.Load(k)
+		return !done
+	}
+	return false
+}
+
+// Unsettled is Moves.Unsettled for the book's current moves.
+func (b *Book) Unsettled(h uint64, k writeback.Key, now int64) bool {
+	return b.Moves().Unsettled(h, k, b.self, now)
+}
+
+// Active reports whether some move is still within its window at now.
+func (ms Moves) Active(now int64) bool {
+	for _, m := range ms {
+		if now <= m.until {
+			return true
+		}
+	}
+	return false
+}
+
+// MarkSettled records that k arrived by handoff: no move pulls it again.
+func (b *Book) MarkSettled(k writeback.Key) {
+	ms := b.Moves()
+	if len(ms) == 0 {
+		return
+	}
+	k = CloneKey(k)
+	for _, m := range ms {
+		m.settled.Store(k, struct{}{})
+	}
+}
+
+// Settled records that k was pulled for the moves ms (those Plan returned).
+func Settled(k writeback.Key, ms Moves) {
+	if len(ms) == 0 {
+		return
+	}
+	k = CloneKey(k)
+	for _, m := range ms {
+		m.settled.Store(k, struct{}{})
+	}
+}
+
+// MinReleasedSweep is the fewest NoteReleased calls between two prunes of
+// the released-to records.
+const MinReleasedSweep = 1024
+
+// NoteReleased records that this node released k (at now) to the node at
+// addr. The record matters only while the cache holds the release, so
+// every max(MinReleasedSweep, twice the records kept by the last prune)
+// calls it drops the records of keys no longer released: the records stay
+// within about twice the releases in force instead of growing with every
+// key ever moved, at O(1) per call, amortised.
+func (b *Book) NoteReleased(k writeback.Key, addr string, now int64) {
+	b.releasedTo.Store(CloneKey(k), addr)
+	if b.stores.Add(1) < max(b.sweepAt.Load(), MinReleasedSweep) || !b.pruning.TryLock() {
+		return
+	}
+	defer b.pruning.Unlock()
+	b.prune(now)
+}
+
+// ReleasedTo returns the address k was last released to, if recorded.
+func (b *Book) ReleasedTo(k writeback.Key) (string, bool) {
+	v, ok := b.releasedTo.Load(k)
+	if !ok {
+		return "", false
+	}
+	return v.(string), true
+}
+
+// ReleasedRecords returns how many released-to records the book holds
+// (for tests and the status page's accounting).
+func (b *Book) ReleasedRecords() int {
+	n := 0
+	b.releasedTo.Range(func(_, _ any) bool { n++; return true })
+	return n
+}
+
+// prune drops the released-to records of keys no longer released at now
+// and sets the next prune at twice the records kept. b.pruning is held.
+func (b *Book) prune(now int64) {
+	b.stores.Store(0)
+	var kept int64
+	b.releasedTo.Range(func(key, _ any) bool {
+		if b.released(key.(writeback.Key), now) {
+			kept++
+		} else {
+			b.releasedTo.Delete(key)
+		}
+		return true
+	})
+	b.sweepAt.Store(2 * kept)
+}
+
+// Sweep forgets what membership changes left behind (the window-end
+// event): the moves whose window ended before now, with their settled
+// sets, and the released-to records of keys no longer released.
+func (b *Book) Sweep(now int64) {
+	b.movesMu.Lock()
+	if cur := b.Moves(); cur != nil {
+		var ms Moves
+		for _, m := range cur {
+			if m.until >= now {
+				ms = append(ms, m)
+			}
+		}
+		switch {
+		case len(ms) == 0:
+			b.moves.Store(nil)
+		case len(ms) < len(cur):
+			b.moves.Store(&ms)
+		}
+	}
+	b.movesMu.Unlock()
+	b.pruning.Lock()
+	defer b.pruning.Unlock()
+	b.prune(now)
+}
+
+// CloneKey returns k with its own copies of the strings, for a record that
+// outlives the request k came from.
+func CloneKey(k writeback.Key) writeback.Key {
+	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
+}

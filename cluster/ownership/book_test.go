@@ -1,0 +1,207 @@
+package ownership
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+func table(t *testing.T, names ...string) *ring.Table {
+	t.Helper()
+	var ms []ring.Member
+	for _, n := range names {
+		ms = append(ms, ring.Member{Name: n, Addr: n + ":1"})
+	}
+	cfg := ring.DefaultConfig()
+	cfg.Partitions = 127
+	tb, err := ring.BuildTable(cfg, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// keyOwnedBy returns a key whose owner is owner in cur and was prevOwner
+// in prev.
+func keyOwnedBy(t *testing.T, prev, cur *ring.Table, prevOwner, owner string) (writeback.Key, uint64) {
+	t.Helper()
+	for i := range 100000 {
+		k := writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}
+		h := ring.Hash(k.Name, k.Key)
+		p, _ := prev.Owner(h)
+		c, _ := cur.Owner(h)
+		if p.Name == prevOwner && c.Name == owner {
+			return k, h
+		}
+	}
+	t.Fatalf("no key moved from %s to %s", prevOwner, owner)
+	return writeback.Key{}, 0
+}
+
+const window = 30 * time.Second
+
+func noRelease(writeback.Key, int64) bool { return false }
+
+// A join registers a move on the node that gains partitions, with the
+// joiner's current replicas to pull when the joiner itself entered; the
+// node that loses them is told to hand off. The key is unsettled on the
+// gainer until it is settled or the window ends.
+func TestTableChangedRegistersTheMove(t *testing.T) {
+	t.Parallel()
+	old, cur := table(t, "a", "b"), table(t, "a", "b", "c")
+	const now = int64(1e18)
+	joiner := NewBook("c", window, noRelease)
+	gained, lost := joiner.TableChanged(old, cur, now)
+	if !gained || lost {
+		t.Fatalf("the joiner: gained %v, lost %v; want true, false", gained, lost)
+	}
+	k, h := keyOwnedBy(t, old, cur, "a", "c")
+	if !joiner.Unsettled(h, k, now) {
+		t.Fatal("a key moved to the joiner is not unsettled")
+	}
+	srcs, settles := joiner.Moves().Plan(h, k, "c", cur, now, nil)
+	if len(settles) != 1 || !slices.Contains(srcs, Source{"a:1", true}) {
+		t.Fatalf("plan %v (for %d moves), want the previous owner a with release", srcs, len(settles))
+	}
+	var reps []ring.Member
+	for _, r := range cur.Replicas(h, reps) {
+		if r.Name != "c" && !slices.Contains(srcs, Source{r.Addr, true}) {
+			t.Errorf("plan %v: the key's current replica %s (the joiner entered with this change) not asked with release", srcs, r.Name)
+		}
+	}
+	Settled(k, settles)
+	if joiner.Unsettled(h, k, now) {
+		t.Error("a settled key is still unsettled")
+	}
+	k2, h2 := keyOwnedBy(t, old, cur, "b", "c")
+	if !joiner.Unsettled(h2, k2, now) {
+		t.Fatal("another moved key was settled too")
+	}
+	if joiner.Unsettled(h2, k2, now+int64(window)+1) {
+		t.Error("a key is unsettled after its move's window ended")
+	}
+	joiner.MarkSettled(k2)
+	if joiner.Unsettled(h2, k2, now) {
+		t.Error("a key handed here (MarkSettled) is still unsettled")
+	}
+
+	loser := NewBook("a", window, noRelease)
+	if gained, lost := loser.TableChanged(old, cur, now); gained || !lost {
+		t.Errorf("the node losing partitions: gained %v, lost %v; want false, true", gained, lost)
+	}
+	if len(loser.Moves()) != 0 {
+		t.Error("a node that gained nothing registered a move")
+	}
+}
+
+// When neither the previous owner nor any of its replicas is in the
+// current table, every member left is asked, without releasing.
+func TestPlanAsksEveryMemberWhenNoHolderIsLeft(t *testing.T) {
+	t.Parallel()
+	prev := table(t, "a", "b", "c", "d")
+	cur := table(t, "a", "e", "f")
+	const now = int64(1e18)
+	b := NewBook("a", window, noRelease)
+	b.Paused(prev, cur, now) // any move from prev; Paused limits it to a's keys in cur
+	var k writeback.Key
+	var h uint64
+	found := false
+	for i := range 100000 {
+		k = writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}
+		h = ring.Hash(k.Name, k.Key)
+		p, _ := prev.Owner(h)
+		c, _ := cur.Owner(h)
+		reps := prev.Replicas(h, nil)
+		if c.Name == "a" && p.Name != "a" && !slices.ContainsFunc(reps, func(m ring.Member) bool { return HasMember(cur, m.Name) }) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Skip("no key whose holders all left (the ring's placement)")
+	}
+	srcs, _ := b.Moves().Plan(h, k, "a", cur, now, nil)
+	for _, m := range []string{"e:1", "f:1"} {
+		if !slices.Contains(srcs, Source{m, false}) && !slices.Contains(srcs, Source{m, true}) {
+			t.Errorf("plan %v: member %s not asked", srcs, m)
+		}
+	}
+}
+
+// A pause's move applies only to the keys the node owns in the current
+// table.
+func TestPausedMoveAppliesToOwnedKeysOnly(t *testing.T) {
+	t.Parallel()
+	cur := table(t, "a", "b", "c")
+	prev := table(t, "b", "c")
+	const now = int64(1e18)
+	b := NewBook("a", window, noRelease)
+	b.Paused(prev, cur, now)
+	mine, hm := keyOwnedBy(t, prev, cur, "b", "a")
+	theirs, ht := keyOwnedBy(t, prev, cur, "b", "b")
+	if !b.Unsettled(hm, mine, now) {
+		t.Error("a key the paused node owns is not unsettled")
+	}
+	if b.Unsettled(ht, theirs, now) {
+		t.Error("a key another node owns is unsettled after a pause")
+	}
+}
+
+// Released-to records stay within the prune threshold plus twice the
+// releases in force, and the sweep keeps only those in force; moves are
+// dropped once their window ended.
+func TestBookRecordsAreBounded(t *testing.T) {
+	t.Parallel()
+	const now0 = int64(1e18)
+	inForce := map[writeback.Key]bool{}
+	b := NewBook("a", window, func(k writeback.Key, now int64) bool { return inForce[k] })
+	live := writeback.Key{Name: "api", Key: "live"}
+	inForce[live] = true
+	b.NoteReleased(live, "b:1", now0)
+	const keys = 5 * MinReleasedSweep
+	for i := range keys {
+		b.NoteReleased(writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}, "b:1", now0+int64(i))
+	}
+	bound := MinReleasedSweep + 2
+	if got := b.ReleasedRecords(); got > bound {
+		t.Errorf("%d records after %d releases, all but one over: want at most %d", got, keys, bound)
+	}
+	b.TableChanged(table(t, "b", "c"), table(t, "a", "b", "c"), now0)
+	if len(b.Moves()) != 1 {
+		t.Fatal("no move registered")
+	}
+	b.Sweep(now0 + int64(window) - 1)
+	if len(b.Moves()) != 1 {
+		t.Error("a move in its window was swept")
+	}
+	b.Sweep(now0 + int64(window) + 1)
+	if len(b.Moves()) != 0 || b.ReleasedRecords() != 1 {
+		t.Errorf("after the window: %d moves, %d records; want 0 and 1", len(b.Moves()), b.ReleasedRecords())
+	}
+	if to, ok := b.ReleasedTo(live); !ok || to != "b:1" {
+		t.Errorf("the release in force points to %q, want b:1", to)
+	}
+}
+
+// An answer saying the key moved on is followed once, to a node not asked
+// and not itself.
+func TestFollowMovedTo(t *testing.T) {
+	t.Parallel()
+	asked := []Source{{"a:1", true}, {"b:1", false}}
+	for _, c := range []struct {
+		to   string
+		want bool
+	}{{"", false}, {"self:1", false}, {"a:1", false}, {"b:1", false}, {"c:1", true}} {
+		src, ok := FollowMovedTo(asked, c.to, "self:1")
+		if ok != c.want || (ok && src != (Source{c.to, true})) {
+			t.Errorf("moved_to %q: %v %v, want %v", c.to, src, ok, c.want)
+		}
+	}
+	if got := Ask(asked, "b:1", true); len(got) != 2 || !got[1].Release {
+		t.Errorf("asking b again with release: %v", got)
+	}
+}

@@ -1,0 +1,109 @@
+package ownership
+
+// Whom to pull an unsettled key from (docs/ownership.md: unsettled →
+// pulling), and where to look next when an answer says the key had moved on.
+
+import (
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// Source is one node to pull a key from, releasing it there or not.
+type Source struct {
+	Addr    string
+	Release bool
+}
+
+// Plan appends to srcs the nodes to pull key k (ring hash h) from before
+// self decides it, and returns them with the moves k is settled for once
+// they answered (none when no move applies or k is settled). cur is
+// self's current table. For each move in its window that brought k here
+// and has not settled it, it asks:
+//   - the previous owner, releasing the key there (so it stops deciding it);
+//   - the previous owner's replicas, without releasing: a replica that stood
+//     in for it while it was unreachable holds newer counts than it does
+//     (it may have restarted from a stale store);
+//   - when neither the previous owner nor any of its replicas is in cur
+//     (the other side of a partition, or several crashes), every other
+//     member, without releasing: the members left may each have decided
+//     the key from their own cache meanwhile, reaching neither holder
+//     (--on-owner-unavailable=serve), and they do not own it;
+//   - when self entered the ring with the change (a start or a restart),
+//     the key's current replicas, releasing it there: they may have stood
+//     in for self while it was unreachable, and from now on stand-in
+//     checks should come here.
+//
+// A node asked for several reasons is asked once, releasing when any
+// reason says so.
+func (ms Moves) Plan(h uint64, k writeback.Key, self string, cur *ring.Table, now int64, srcs []Source) ([]Source, Moves) {
+	var settles Moves
+	var reps []ring.Member
+	for _, m := range ms {
+		if now > m.until || !m.applies(h, self) {
+			continue
+		}
+		if _, done := m.settled.Load(k); done {
+			break
+		}
+		settles = append(settles, m)
+		prev, _ := m.prev.Owner(h)
+		srcs = Ask(srcs, prev.Addr, true)
+		reps = m.prev.Replicas(h, reps[:0])
+		held := HasMember(cur, prev.Name)
+		for _, r := range reps[min(1, len(reps)):] {
+			held = held || HasMember(cur, r.Name)
+			if r.Name != self && r.Name != prev.Name {
+				srcs = Ask(srcs, r.Addr, false)
+			}
+		}
+		if !held {
+			for _, mb := range cur.Members() {
+				if mb.Name != self {
+					srcs = Ask(srcs, mb.Addr, false)
+				}
+			}
+		}
+		if m.cur != nil {
+			reps = m.cur.Replicas(h, reps[:0])
+			for _, r := range reps {
+				if r.Name != self && r.Name != prev.Name {
+					srcs = Ask(srcs, r.Addr, true)
+				}
+			}
+		}
+	}
+	return srcs, settles
+}
+
+// Ask adds addr to srcs, or makes an existing entry release when release is
+// set.
+func Ask(srcs []Source, addr string, release bool) []Source {
+	for j := range srcs {
+		if srcs[j].Addr == addr {
+			srcs[j].Release = srcs[j].Release || release
+			return srcs
+		}
+	}
+	return append(srcs, Source{addr, release})
+}
+
+// Asks reports whether addr is among srcs.
+func Asks(srcs []Source, addr string) bool {
+	for _, s := range srcs {
+		if s.Addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// FollowMovedTo is the pulls-answered event for one answer that says the
+// key had already been released to movedTo: the node it went to holds the
+// newest state, so it is asked too (releasing there), unless it is self
+// (selfAddr) or was asked already.
+func FollowMovedTo(srcs []Source, movedTo, selfAddr string) (Source, bool) {
+	if movedTo == "" || movedTo == selfAddr || Asks(srcs, movedTo) {
+		return Source{}, false
+	}
+	return Source{movedTo, true}, true
+}

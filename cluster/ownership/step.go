@@ -1,0 +1,271 @@
+package ownership
+
+// Step: docs/ownership.md's transitions as one pure function. The node
+// reads a key's facts off its records at the moment of an event, calls
+// Step, and carries out the effects in the order their fields are listed.
+
+// Phase is the part of the node's lifecycle that changes what a key's
+// state means (docs/ownership.md, "States of a key on a node").
+type Phase uint8
+
+const (
+	// Ready: deciding what it owns (starting, joining or ready: whether
+	// it is in the ring yet is Facts.InRing).
+	Ready Phase = iota
+	// Leaving: still deciding its owned keys, never taking back a key
+	// pulled from it.
+	Leaving
+	// Draining: deciding nothing it does not own in its table, pulling
+	// nothing, releasing nothing when pulled, refusing handoffs.
+	Draining
+)
+
+// State is a key's state on a node, as docs/ownership.md names it.
+type State uint8
+
+const (
+	Unowned State = iota
+	Replica
+	Owned
+	Unsettled
+	Pulling
+	ReleasedTo
+	StandingIn
+)
+
+var stateNames = [...]string{"unowned", "replica", "owned", "unsettled", "pulling", "released to", "standing in"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "state(?)"
+}
+
+// Facts are what a node knows about one key at the moment of an event,
+// read off its table, its Book and its cache.
+type Facts struct {
+	Phase    Phase
+	SelfAddr string
+	// InRing: the node takes partitions in its own ring (it has joined,
+	// or has no seeds). A node not in the ring yet does not decide the
+	// keys it owns in its table for its clients.
+	InRing bool
+	// Owns: the node's table names it the key's owner (or names nobody).
+	Owns bool
+	// OwnerAddr is the owner's address in the node's table when it is
+	// another node.
+	OwnerAddr string
+	// Replica: the node is among the key's replicas in its table.
+	Replica bool
+	// Unsettled: a move in its window applies to the key and has not
+	// settled it (Moves.Unsettled).
+	Unsettled bool
+	// Released: the cache holds a release of the key (its decisions
+	// answer ErrMoved); ReleasedTo is where it went, when recorded.
+	Released   bool
+	ReleasedTo string
+}
+
+// State returns the key's state the facts describe.
+func (f Facts) State() State {
+	switch {
+	case f.Released:
+		return ReleasedTo
+	case f.Owns && f.Unsettled:
+		return Unsettled
+	case f.Owns:
+		return Owned
+	case f.Replica:
+		return Replica
+	}
+	return Unowned
+}
+
+// Kind is the kind of an event about one key.
+type Kind uint8
+
+const (
+	// Check: a client's check arrived here (Node.Check).
+	Check Kind = iota
+	// Forwarded: another node sent the check here as the key's owner.
+	Forwarded
+	// StandIn: another node sent the check here because the owner did
+	// not answer; From is the node to pull the key from first (pull_from).
+	StandIn
+	// Failover: this node is the key's first replica and the owner did
+	// not answer a forward: it decides from its copy, but a key it had
+	// released and does not own goes to the owner-unavailable policy.
+	Failover
+	// Serve: the owner-unavailable policy serve: decide from whatever
+	// this node holds, taking back a key it had released.
+	Serve
+	// Pull: a peer's pull of the key; From is the puller's address,
+	// Release whether the key is released to it.
+	Pull
+	// Push: a handoff; the sender hands the key to this node.
+	Push
+	// Replicate: the owner's copy of the key.
+	Replicate
+	// Lost: a table change moved the key's partition to OwnerAddr
+	// (handoff).
+	Lost
+)
+
+// Event is one event about one key.
+type Event struct {
+	Kind    Kind
+	From    string
+	Release bool
+}
+
+// Effects is what the node does for one event, in field order. A check's
+// effects end with a decision from the cache (Decide), a redirect
+// (Redirect), a forward (Forward), or the joining error (Joining).
+type Effects struct {
+	// Next is the key's state once the effects are carried out (for a
+	// check whose decision the cache refuses, Step is called again with
+	// Released set).
+	Next State
+	// Joining: answer the check that this node is joining, deciding
+	// nothing: what it holds may be stale, and the cluster has not handed
+	// it anything yet.
+	Joining bool
+	// Redirect: answer the check moved_to this address, deciding nothing.
+	Redirect string
+	// Forward: send the check to the owner (OwnerAddr).
+	Forward bool
+	// PullFrom: pull the key from this address, releasing it there, and
+	// adopt what is newer.
+	PullFrom string
+	// Settle: pull the key from the holders Moves.Plan names first.
+	Settle bool
+	// Reclaim: end the cache's release of the key.
+	Reclaim bool
+	// Decide: decide the check from the cache.
+	Decide bool
+	// Release: release the key (atomically with reading its record) to
+	// NoteTo and record that in the Book.
+	Release bool
+	NoteTo  string
+	// MovedTo: a pull's answer says the key had already been released to
+	// this other node.
+	MovedTo string
+	// Push: push the released record to NoteTo (handoff).
+	Push bool
+	// Adopt: install the record, ending a release; MarkSettled: no move
+	// pulls it any more.
+	Adopt, MarkSettled bool
+	// Merge: install the copy as a replica's (newer version, or the merge).
+	Merge bool
+	// Stale: refuse the record (counted stale).
+	Stale bool
+}
+
+// Step returns the effects of event e on a key with facts f. It has no
+// side effects.
+func Step(f Facts, e Event) Effects {
+	switch e.Kind {
+	case Check, Forwarded, StandIn, Failover:
+		if e.Kind == Check && f.Owns && !f.InRing {
+			return Effects{Next: f.State(), Joining: true}
+		}
+		if f.Released {
+			return checkReleased(f, e)
+		}
+		return check(f, e)
+	case Serve:
+		return Effects{Next: StandingIn, Reclaim: f.Released, Decide: true}
+	case Pull:
+		if !e.Release || f.Phase == Draining {
+			return Effects{Next: f.State()}
+		}
+		eff := Effects{Next: ReleasedTo, Release: true, NoteTo: e.From}
+		if f.Released && f.ReleasedTo != "" && f.ReleasedTo != e.From {
+			eff.MovedTo = f.ReleasedTo
+		}
+		return eff
+	case Push:
+		if f.Phase == Draining {
+			return Effects{Next: f.State(), Stale: true}
+		}
+		return Effects{Next: Owned, Adopt: true, MarkSettled: true}
+	case Replicate:
+		if f.Owns && f.Phase != Draining {
+			return Effects{Next: f.State(), Stale: true}
+		}
+		return Effects{Next: f.State(), Merge: true}
+	case Lost:
+		if f.Unsettled {
+			// An earlier change gave this node the key and it never
+			// touched it since, so never pulled it: what it holds may be
+			// stale. A handoff would make the new owner take it as settled
+			// and skip its pulls (among them the key's replicas, which
+			// hold the newer count); the new owner pulls it on first touch.
+			return Effects{Next: Unowned}
+		}
+		return Effects{Next: ReleasedTo, Release: true, NoteTo: f.OwnerAddr, Push: true}
+	}
+	return Effects{Next: f.State()}
+}
+
+// check is a check of a key the cache has not refused (yet).
+func check(f Facts, e Event) Effects {
+	switch {
+	case e.Kind == Check && !f.Owns:
+		return Effects{Next: f.State(), Forward: true}
+	case f.Phase == Draining && !f.Owns:
+		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
+	case e.Kind == Forwarded && !f.Owns:
+		// Never forwarded again: the sender asks the owner this node sees.
+		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
+	}
+	eff := Effects{Next: Owned, Settle: f.Unsettled, Decide: true}
+	if e.Kind == Failover {
+		eff.Next = StandingIn
+	}
+	if e.Kind == StandIn {
+		eff.Next = StandingIn
+		if e.From != "" && e.From != f.SelfAddr {
+			eff.PullFrom = e.From
+		}
+	}
+	return eff
+}
+
+// checkReleased is a check whose decision the cache refused: this node
+// had released the key (released to X).
+func checkReleased(f Facts, e Event) Effects {
+	if f.Phase == Leaving || (!f.Owns && e.Kind != StandIn) {
+		// A leaving node still owns every key in its own view, but it
+		// never takes back a key another node pulled from it: taking it
+		// back would let the puller, which owns the key in every other
+		// view, decide from the same count. It points there, or, when it
+		// knows nowhere to point, decides.
+		to := f.ReleasedTo
+		if to == f.SelfAddr {
+			to = "" // never pointed at itself
+		}
+		if to == "" && !f.Owns {
+			to = f.OwnerAddr
+		}
+		if to != "" {
+			return Effects{Next: ReleasedTo, Redirect: to}
+		}
+		return Effects{Next: Owned, Reclaim: true, Decide: true}
+	}
+	if !f.Owns {
+		// A stand-in: a redirect would leave the sender to its own policy,
+		// deciding from what it holds (nothing, for a key it does not
+		// replicate), so the stand-in takes the key back and decides
+		// from its copy.
+		return Effects{Next: StandingIn, Reclaim: true, Decide: true}
+	}
+	// This node owns the key in its view but had handed it on (the views
+	// differed): it takes it back from where it went.
+	eff := Effects{Next: Owned, Reclaim: true, Decide: true}
+	if f.ReleasedTo != "" && f.ReleasedTo != f.SelfAddr {
+		eff.PullFrom = f.ReleasedTo
+	}
+	return eff
+}
