@@ -283,13 +283,14 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 		addr = n.addrOf(from)
 	}
 	phase := n.ownershipPhase()
+	moves, cur := n.book.Moves(), n.ring.Table()
 	for i := range keys {
 		k := writeback.Key{Name: keys[i].Name, Key: keys[i].Key}
 		h := keyHash(k)
 		var rec writeback.Record
 		var ok bool
 		var err error
-		f := ownership.Facts{Phase: phase}
+		f := ownership.Facts{Phase: phase, Unsettled: moves.Unsettled(h, k, n.name, now)}
 		if to, ok := n.book.ReleasedTo(k); ok && release && to != addr {
 			// A key already released to another node: that node has the
 			// newer state; the answer says so, so that the puller asks it
@@ -297,7 +298,10 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 			f.ReleasedTo, f.Released = to, n.cache.Released(h, k, now)
 		}
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Pull, From: addr, Release: release})
-		keys[i].MovedTo = eff.MovedTo
+		keys[i].MovedTo, keys[i].Holders = eff.MovedTo, nil
+		if eff.Holders {
+			keys[i].Holders = n.holders(h, k, cur, addr, now)
+		}
 		if eff.Release {
 			// Released keys are redirected to the puller from now on.
 			rec, ok, err = n.cache.Release(h, k, now, ttl)
@@ -315,6 +319,20 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 			keys[i].State, keys[i].Version = rec.State, rec.Version
 		}
 	}
+}
+
+// holders returns the nodes this node would pull k (ring hash h) from
+// before deciding it, for the answer to a pull by the node at puller: at
+// most bucket.MaxHolders, neither this node nor the puller.
+func (n *Node) holders(h uint64, k writeback.Key, cur *ring.Table, puller string, now int64) []bucket.Holder {
+	srcs, _ := n.book.Moves().Plan(h, k, n.name, cur, now, nil)
+	var hs []bucket.Holder
+	for _, s := range srcs {
+		if s.Addr != puller && s.Addr != n.cfg.GRPCAddr && len(hs) < bucket.MaxHolders {
+			hs = append(hs, bucket.Holder{Addr: s.Addr, Release: s.Release})
+		}
+	}
+	return hs
 }
 
 // addrOf returns the gRPC address of the member named (or addressed) id.

@@ -130,8 +130,13 @@ func TestIdleOwnerPullsBeforeDeciding(t *testing.T) {
 	if k.admitted > limit {
 		t.Fatalf("%d admitted for a limit of %d: the idle owner decided from its stale count", k.admitted, limit)
 	}
-	if st.IdleResumes != 1 || st.Pauses != 0 || st.Pulls == pulls {
-		t.Fatalf("owner: %d idle resumes (want 1), %d pauses (want 0), %d pulls (want some)", st.IdleResumes, st.Pauses, st.Pulls-pulls)
+	// At least one idle resume: the owner's wall clock runs on while the
+	// loop's checks go through the other nodes, and on a loaded machine a
+	// stretch of idleAfter between two of its decisions stops its
+	// heartbeat again (seen once in a run of the whole package beside
+	// other work: 2). Each such gap counts as idle, never as a pause.
+	if st.IdleResumes < 1 || st.Pauses != 0 || st.Pulls == pulls {
+		t.Fatalf("owner: %d idle resumes (want at least 1), %d pauses (want 0), %d pulls (want some)", st.IdleResumes, st.Pauses, st.Pulls-pulls)
 	}
 	WaitFor(t, 10*time.Second, "the owner's heartbeat beats again", func() bool { return !x.Status().HeartbeatIdle })
 }

@@ -172,7 +172,9 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 	} else {
 		h.CheckForwarded(ctx, p.from, reqs, out)
 	}
-	return nil
+	// An answer ready after the caller's deadline does not reach it: the
+	// call failed, as a gRPC call does (DeadlineExceeded).
+	return ctx.Err()
 }
 
 func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (int, int, error) {
@@ -181,6 +183,9 @@ func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, coun
 		return 0, 0, err
 	}
 	in, st := h.Replicate(ctx, p.from, handoff, counters)
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err // answered too late: see forward
+	}
 	return in, st, nil
 }
 
@@ -193,7 +198,7 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 		return err
 	}
 	h.Pull(ctx, p.from, keys, release, ttl)
-	return nil
+	return ctx.Err() // answered too late: see forward
 }
 
 // reach applies the link's delay and fault and returns the handler at addr.

@@ -48,10 +48,18 @@ type settleItem struct {
 	best  bucket.Counter
 }
 
+// maxPullRounds bounds the rounds of pulls settleBatch makes for a batch:
+// the nodes its plan names, then one round of the nodes their answers name
+// (moved_to, holders). Each round is bounded by PullTimeout, and two of
+// them (200 ms by default) fit in a forward's deadline (ForwardTimeout,
+// 250 ms), which a node settling a forwarded check must answer within.
+const maxPullRounds = 2
+
 // settleBatch settles the keys of a batch that recent ring changes moved
 // here: for each key it asks the nodes ownership.Moves.Plan names (the
-// previous owner and its replicas, and more in the cases Plan lists), then,
-// when an answer says the key had been handed on, the node it went to.
+// previous owner and its replicas, and more in the cases Plan lists), then
+// the nodes the answers name: where a key had been handed on (moved_to),
+// and the holders a node that never settled the key would have asked.
 // It adopts the merge of the copies it got (mergeCopies), unless this node
 // released the key while the pulls were out: the node that took it then
 // holds this node's state and decides it, and a check here is pointed
@@ -67,11 +75,13 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 		it := &items[i]
 		it.asked, it.moves = ms.Plan(it.h, it.k, n.name, cur, now, it.asked)
 	}
-	moved := n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return it.asked })
-	if len(moved) > 0 {
-		// A node asked had already handed the key on: the node it went to
-		// holds the newest state.
-		n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return moved[it] })
+	more := n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return it.asked })
+	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
+		// A node asked had already handed the key on, or had not settled
+		// it itself since a move: the node it went to, or the nodes it
+		// would have pulled it from, may hold a newer state.
+		next := more
+		more = n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return next[it] })
 	}
 	for i := range items {
 		it := &items[i]
@@ -147,12 +157,18 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		for j, got := range c.keys {
 			it := c.its[j]
 			it.best = mergeCopies(it.best, got)
-			if src, ok := ownership.FollowMovedTo(it.asked, got.MovedTo, n.cfg.GRPCAddr); ok {
-				if moved == nil {
-					moved = make(map[*settleItem][]ownership.Source)
+			follow := func(addr string, release bool) {
+				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
+					if moved == nil {
+						moved = make(map[*settleItem][]ownership.Source)
+					}
+					it.asked = append(it.asked, src)
+					moved[it] = append(moved[it], src)
 				}
-				it.asked = append(it.asked, src)
-				moved[it] = append(moved[it], src)
+			}
+			follow(got.MovedTo, true)
+			for _, h := range got.Holders {
+				follow(h.Addr, h.Release)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"net"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -152,6 +153,9 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		}
 		if resp.MovedTo != nil {
 			resp.MovedTo[i] = keys[i].MovedTo
+		}
+		for _, hd := range keys[i].Holders[:min(len(keys[i].Holders), bucket.MaxHolders)] {
+			resp.Holders = append(resp.Holders, &sluicev1.PullHolder{Index: uint32(i), Addr: hd.Addr, Release: hd.Release})
 		}
 	}
 	return resp, nil
@@ -315,10 +319,52 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 				got[start+i].MovedTo = a
 			}
 		}
+		if err := decodeHolders(resp.GetHolders(), got[start:end]); err != nil {
+			return fmt.Errorf("transport: pull from %s: %w", addr, err)
+		}
 		start = end
 	}
 	for i := range keys {
-		keys[i].State, keys[i].Version, keys[i].MovedTo = got[i].State, got[i].Version, got[i].MovedTo
+		keys[i].State, keys[i].Version, keys[i].MovedTo, keys[i].Holders = got[i].State, got[i].Version, got[i].MovedTo, got[i].Holders
+	}
+	return nil
+}
+
+// decodeHolders checks a pull answer's holders (each names one of the
+// keys asked, by index, and a host:port; at most bucket.MaxHolders per
+// key) and adds them to got. A bad entry refuses the whole answer.
+func decodeHolders(hs []*sluicev1.PullHolder, got []bucket.Counter) error {
+	if len(hs) > bucket.MaxHolders*len(got) {
+		return fmt.Errorf("%d holders for %d keys (at most %d per key)", len(hs), len(got), bucket.MaxHolders)
+	}
+	per := make(map[uint32]int)
+	for j, h := range hs {
+		i := h.GetIndex()
+		if int64(i) >= int64(len(got)) {
+			return fmt.Errorf("holder %d names key %d of %d", j, i, len(got))
+		}
+		if err := checkHostPort(h.GetAddr()); err != nil {
+			return fmt.Errorf("holder %d: %w", j, err)
+		}
+		if per[i]++; per[i] > bucket.MaxHolders {
+			return fmt.Errorf("more than %d holders for key %d", bucket.MaxHolders, i)
+		}
+	}
+	for _, h := range hs { // all checked: nothing is added from a refused answer
+		i := h.GetIndex()
+		got[i].Holders = append(got[i].Holders, bucket.Holder{Addr: h.GetAddr(), Release: h.GetRelease()})
+	}
+	return nil
+}
+
+// checkHostPort checks that addr is a host:port of a sane length.
+func checkHostPort(addr string) error {
+	if len(addr) == 0 || len(addr) > 261 {
+		return fmt.Errorf("address of %d bytes", len(addr))
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" {
+		return fmt.Errorf("address %q is not host:port", addr)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,7 +290,7 @@ func TestReplicateChunksAndSums(t *testing.T) {
 	h.mu.Lock()
 	got := h.held["api\x00k42"]
 	h.mu.Unlock()
-	if got != cs[42] {
+	if !reflect.DeepEqual(got, cs[42]) {
 		t.Fatalf("held %+v, want %+v", got, cs[42])
 	}
 	if installed, stale, err := pc.Replicate(ctx, s.GRPCAddr(), false, nil); installed != 0 || stale != 0 || err != nil {
@@ -415,7 +416,7 @@ func TestPull(t *testing.T) {
 	}
 	want := []bucket.Counter{held[1], {Name: "api", Key: "none"}, held[0], {Name: "api", Key: "none"}, held[1]}
 	for i := range want {
-		if ks[i] != want[i] {
+		if !reflect.DeepEqual(ks[i], want[i]) {
 			t.Fatalf("keys[%d] = %+v, want %+v", i, ks[i], want[i])
 		}
 	}
@@ -705,7 +706,7 @@ func FuzzCounterFromProto(f *testing.F) {
 		m := &sluicev1.Counter{Name: name, Key: key, State: state, Version: version}
 		c, err := CounterFromProto(m)
 		if err != nil {
-			if c != (bucket.Counter{}) {
+			if !reflect.DeepEqual(c, bucket.Counter{}) {
 				t.Fatalf("refused counter %v came back non-zero: %+v", err, c)
 			}
 			return

@@ -187,16 +187,16 @@ func TestBookRecordsAreBounded(t *testing.T) {
 	}
 }
 
-// An answer saying the key moved on is followed once, to a node not asked
-// and not itself.
-func TestFollowMovedTo(t *testing.T) {
+// An answer naming another node is followed once, to a node not asked and
+// not itself.
+func TestFollow(t *testing.T) {
 	t.Parallel()
 	asked := []Source{{"a:1", true}, {"b:1", false}}
 	for _, c := range []struct {
 		to   string
 		want bool
 	}{{"", false}, {"self:1", false}, {"a:1", false}, {"b:1", false}, {"c:1", true}} {
-		src, ok := FollowMovedTo(asked, c.to, "self:1")
+		src, ok := Follow(asked, c.to, true, "self:1")
 		if ok != c.want || (ok && src != (Source{c.to, true})) {
 			t.Errorf("moved_to %q: %v %v, want %v", c.to, src, ok, c.want)
 		}

@@ -97,13 +97,14 @@ func Asks(srcs []Source, addr string) bool {
 	return false
 }
 
-// FollowMovedTo is the pulls-answered event for one answer that says the
-// key had already been released to movedTo: the node it went to holds the
-// newest state, so it is asked too (releasing there), unless it is self
-// (selfAddr) or was asked already.
-func FollowMovedTo(srcs []Source, movedTo, selfAddr string) (Source, bool) {
-	if movedTo == "" || movedTo == selfAddr || Asks(srcs, movedTo) {
+// Follow is the pulls-answered event for one answer that names another
+// node that may hold a newer state of the key: the node the answerer had
+// released it to (moved_to, with release), or a node the answerer would
+// have pulled it from itself (a holder). That node is asked too, unless
+// it is self (selfAddr) or was asked already.
+func Follow(srcs []Source, addr string, release bool, selfAddr string) (Source, bool) {
+	if addr == "" || addr == selfAddr || Asks(srcs, addr) {
 		return Source{}, false
 	}
-	return Source{movedTo, true}, true
+	return Source{addr, release}, true
 }

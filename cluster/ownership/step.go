@@ -151,6 +151,10 @@ type Effects struct {
 	// MovedTo: a pull's answer says the key had already been released to
 	// this other node.
 	MovedTo string
+	// Holders: a pull's answer names the nodes this node would pull the
+	// key from before deciding it (Moves.Plan): it never settled the key
+	// since a move gave it here, so its own record may miss what they hold.
+	Holders bool
 	// Push: push the released record to NoteTo (handoff).
 	Push bool
 	// Adopt: install the record, ending a release; MarkSettled: no move
@@ -178,9 +182,9 @@ func Step(f Facts, e Event) Effects {
 		return Effects{Next: StandingIn, Reclaim: f.Released, Decide: true}
 	case Pull:
 		if !e.Release || f.Phase == Draining {
-			return Effects{Next: f.State()}
+			return Effects{Next: f.State(), Holders: f.Unsettled}
 		}
-		eff := Effects{Next: ReleasedTo, Release: true, NoteTo: e.From}
+		eff := Effects{Next: ReleasedTo, Release: true, NoteTo: e.From, Holders: f.Unsettled}
 		if f.Released && f.ReleasedTo != "" && f.ReleasedTo != e.From {
 			eff.MovedTo = f.ReleasedTo
 		}

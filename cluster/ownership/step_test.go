@@ -68,6 +68,8 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"released to X, pull with release by Y: released to Y, answer moved_to X", releasedOwned, Event{Kind: Pull, From: other, Release: true}, Effects{Next: ReleasedTo, Release: true, NoteTo: other, MovedTo: third}},
 		{"released to the puller, pulled again: no moved_to", releasedOwned, Event{Kind: Pull, From: third, Release: true}, Effects{Next: ReleasedTo, Release: true, NoteTo: third}},
 		{"pull without release: the record only", owned, Event{Kind: Pull, From: other}, Effects{Next: Owned}},
+		{"unsettled, pull with release: released, the answer names its holders", unsettled, Event{Kind: Pull, From: other, Release: true}, Effects{Next: ReleasedTo, Release: true, NoteTo: other, Holders: true}},
+		{"unsettled, pull without release: the record and its holders", unsettled, Event{Kind: Pull, From: other}, Effects{Next: Unsettled, Holders: true}},
 		{"draining, pull with release: the record only", draining(owned), Event{Kind: Pull, From: other, Release: true}, Effects{Next: Owned}},
 
 		// Pushes and replication received.

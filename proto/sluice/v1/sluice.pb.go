@@ -1832,7 +1832,12 @@ type PullResponse struct {
 	// moved_to[i], when not empty, is the gRPC address of the node the
 	// receiver had already released keys[i] to: that node holds the newer
 	// state. Empty, or one entry per key.
-	MovedTo       []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	MovedTo []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// holders lists, for keys the receiver has not settled since a
+	// membership change gave them to it, the nodes it would pull them from
+	// before deciding them: they may hold a newer state, and the puller asks
+	// them too. At most 32 per key.
+	Holders       []*PullHolder `protobuf:"bytes,3,rep,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1879,6 +1884,75 @@ func (x *PullResponse) GetMovedTo() []string {
 		return x.MovedTo
 	}
 	return nil
+}
+
+func (x *PullResponse) GetHolders() []*PullHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// PullHolder is one node that may hold a newer state of keys[index] of a
+// PullRequest.
+type PullHolder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`        // gRPC host:port
+	Release       bool                   `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"` // pull it from there with release
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullHolder) Reset() {
+	*x = PullHolder{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullHolder) ProtoMessage() {}
+
+func (x *PullHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
+func (*PullHolder) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PullHolder) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PullHolder) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *PullHolder) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
 }
 
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
@@ -2020,10 +2094,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04keys\x18\x02 \x03(\v2\x15.sluice.v1.CounterKeyR\x04keys\x12\x18\n" +
 	"\arelease\x18\x03 \x01(\bR\arelease\x12$\n" +
 	"\x0erelease_ttl_ms\x18\x04 \x01(\x03R\freleaseTtlMs\x12\x18\n" +
-	"\acluster\x18\x05 \x01(\tR\acluster\"Y\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\"\x8a\x01\n" +
 	"\fPullResponse\x12.\n" +
 	"\bcounters\x18\x01 \x03(\v2\x12.sluice.v1.CounterR\bcounters\x12\x19\n" +
-	"\bmoved_to\x18\x02 \x03(\tR\amovedTo*\xc7\x01\n" +
+	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\x12/\n" +
+	"\aholders\x18\x03 \x03(\v2\x15.sluice.v1.PullHolderR\aholders\"P\n" +
+	"\n" +
+	"PullHolder\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
+	"\arelease\x18\x03 \x01(\bR\arelease*\xc7\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x01\x12\x19\n" +
@@ -2068,7 +2148,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Status)(0),                // 1: sluice.v1.Status
@@ -2095,6 +2175,7 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*CounterKey)(nil),         // 22: sluice.v1.CounterKey
 	(*PullRequest)(nil),        // 23: sluice.v1.PullRequest
 	(*PullResponse)(nil),       // 24: sluice.v1.PullResponse
+	(*PullHolder)(nil),         // 25: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -2116,23 +2197,24 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	19, // 16: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
 	22, // 17: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
 	19, // 18: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	8,  // 19: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 20: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 21: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 22: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	20, // 23: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	23, // 24: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	11, // 25: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 26: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 27: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 28: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	21, // 29: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	24, // 30: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	25, // [25:31] is the sub-list for method output_type
-	19, // [19:25] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	25, // 19: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	8,  // 20: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 21: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	13, // 22: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	17, // 23: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	20, // 24: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	23, // 25: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	11, // 26: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 27: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 28: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 29: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	21, // 30: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	24, // 31: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2147,7 +2229,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
