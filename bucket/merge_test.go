@@ -184,6 +184,7 @@ func TestMergeLogs(t *testing.T) {
 // more from the merge than from either copy; Merge is commutative,
 // idempotent, associative, and merging a copy with one of its own later
 // states gives that later state.
+// Long on purpose: one random run (two copies, a merge), then each property.
 func TestMergeIsAtLeastAsStrict(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -34,6 +34,7 @@ func runScript(t *testing.T, lim Limit, s State, acts []act) State {
 }
 
 // The numbers below are computed by hand; comments give the working.
+// One table of cases; long on purpose: each case reads alone.
 func TestAlgorithmScenarios(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

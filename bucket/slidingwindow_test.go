@@ -39,6 +39,7 @@ type step struct {
 // with W = 1 s = 1e9 ns unless said otherwise. The first instant at which
 // floor(n × (W − e) / W) ≤ r is e = W − (ceil((r+1) × W / n) − 1); for
 // example n = 3, r = 0: e = 1e9 − 333333333 = 666666667 ns.
+// One table of cases; long on purpose: each case reads alone.
 func TestDecideScenarios(t *testing.T) {
 	t.Parallel()
 	full := func(start, count, prev int64) State {

@@ -139,6 +139,7 @@ func FuzzStateDecode(f *testing.F) {
 // allowed (save shaping delays), refusals and peeks change nothing unless
 // refused hits count, the state stays decodable, and the same request
 // passes after RetryAfterMS.
+// Long on purpose: the seed corpus, then each invariant checked in turn on one input.
 func FuzzDecide(f *testing.F) {
 	f.Add(int64(10), int64(1000), int64(1), t0, uint8(1), t0, int64(3), int64(4), t0+2*sec, uint8(1), int64(0), uint8(0), int64(0), 0.5, []byte(nil))
 	f.Add(MaxLimit, MaxWindowMS, int64(math.MaxInt64), int64(math.MaxInt64), uint8(1), int64(math.MaxInt64), MaxLimit, MaxLimit, int64(math.MaxInt64), uint8(1), int64(0), uint8(0), int64(0), 0.0, []byte(nil))

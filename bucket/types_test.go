@@ -9,6 +9,7 @@ import (
 // TestRequestValidate has one row per rule of DESIGN §5, on both sides of
 // each bound. want is "" for a valid request, else a piece of the message,
 // which must say what is wrong.
+// One table of cases; long on purpose: each case reads alone.
 func TestRequestValidate(t *testing.T) {
 	t.Parallel()
 	ok := Request{Name: "api.create_url", Key: "user:42", Hits: 1, Limit: sw(10, 60_000)}

@@ -130,6 +130,7 @@ func indexOf(nodes []*Node, n *Node) int {
 // node decided from its own cache and the new owner started from nothing
 // (16 admitted for a limit of 10), or, once it pulled, from the larger of
 // the two counts (13).
+// Long on purpose: one story (partition, checks on each side, detection).
 func TestServeDecisionsBeforeDetectionCountOnTheirSide(t *testing.T) {
 	t.Parallel()
 	net := NewMemNetwork()

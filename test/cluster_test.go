@@ -120,6 +120,7 @@ func runCLI(t *testing.T, args ...string) (string, int) {
 	return "", -1
 }
 
+// Long on purpose: one story through the CLI (check, status, exit codes, /metrics).
 func TestCLICheckAndStatus(t *testing.T) {
 	t.Parallel()
 	ps := startCluster(t, 3)

@@ -35,6 +35,7 @@ func docker(t *testing.T, timeout time.Duration, args ...string) (string, int) {
 // through the CLI inside the containers that they form one cluster, admit
 // exactly the limit across nodes, and stop gracefully. It skips where no
 // Docker engine answers.
+// Long on purpose: one story (build, run three containers, check, stop).
 func TestContainersFormAClusterAndEnforceALimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("container test")
@@ -125,6 +126,7 @@ func TestContainersFormAClusterAndEnforceALimit(t *testing.T) {
 // each node, stops one and checks that the survivors keep the count and
 // keep answering. It skips where no Docker engine or docker-compose
 // answers.
+// Long on purpose: one story (compose up, check, stop a node, check again).
 func TestComposeClusterSurvivesAStop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("container test")

@@ -107,6 +107,7 @@ func grow(t *testing.T, path string, n int64) {
 // /readyz, one log line, not one per flush), catches up when the filler is
 // removed, and has every count after a graceful stop and a restart.
 // Before the fix the node died: pebble panicked on ENOSPC.
+// Long on purpose: one story (fill the disk, keep deciding, free it, restart).
 func TestFullDiskKeepsNodeServing(t *testing.T) {
 	t.Parallel()
 	// The store refuses a batch while free space < batch + reserve (16 MiB)

@@ -102,6 +102,7 @@ const (
 // TestEnvoyRateLimitServiceOnACluster drives three `sluice serve` processes
 // with Envoy's rate limit protocol and an envoyproxy/ratelimit config, in a
 // rules directory that holds a Sluice rules file too.
+// Long on purpose: one cluster for all its subtests, each of which reads alone.
 func TestEnvoyRateLimitServiceOnACluster(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -71,6 +71,7 @@ func waitListening(t *testing.T, addr string) {
 // node: the plain check prints its verdicts and exits 1 once over the limit,
 // the HTTP middleware answers 429 with the rate-limit headers, the gRPC
 // interceptor fails the call with RESOURCE_EXHAUSTED and RetryInfo.
+// Long on purpose: one node for a subtest per example, each of which reads alone.
 func TestExamples(t *testing.T) {
 	t.Parallel()
 	entries, err := os.ReadDir("../examples")

@@ -36,6 +36,7 @@ const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // connection ends within garbageConnDeadline. Afterwards the node still
 // decides a real check, answers /healthz, and is still running. The
 // randomness is seeded; the seed is printed (SLUICE_GARBAGE_SEED repeats it).
+// Long on purpose: one story (each kind of garbage in turn, then a real check).
 func TestRandomBytesDoNotStopANode(t *testing.T) {
 	t.Parallel()
 	seed := uint64(time.Now().UnixNano())

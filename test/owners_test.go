@@ -117,6 +117,7 @@ func steadyForwards(t *testing.T, c *transport.ClusterClient, ps []*proc, prefix
 // keeps every check answered and every tight key within its limit while a
 // node joins, falls back to any node when an owner is killed, and after
 // each change learns the new table and forwards nothing again.
+// Long on purpose: one story (steady, a join, a kill), read top to bottom.
 func TestOwnerAwareClient(t *testing.T) {
 	// Not parallel: 3–4 processes under load on a 2-core machine.
 	ps := startCluster(t, 3)

@@ -89,6 +89,7 @@ func memberStates(c *transport.Client) (map[string]string, error) {
 // everything the owner admitted was replicated before the pause — so the
 // exact algorithm must never admit more than the limit, before, during or
 // after the pause.
+// Long on purpose: one story (before, during and after the pause).
 func TestPausedOwnerDoesNotDecideFromItsStaleCount(t *testing.T) {
 	t.Parallel()
 	ps := startCluster(t, 4)

@@ -24,6 +24,7 @@ import (
 // port, lets it scrape a 3-node cluster under a short, bounded load, and
 // reads the check counters, the latency histogram and the peer metrics
 // back through its HTTP API. Skipped where prometheus is not installed.
+// Long on purpose: one story (load, scrape, query), read top to bottom.
 func TestPrometheusScrapesACluster(t *testing.T) {
 	t.Parallel()
 	bin, err := exec.LookPath("prometheus")

@@ -11,6 +11,7 @@ import (
 	"time"
 )
 
+// Long on purpose: one story (rules, a bad edit, a good edit), read top to bottom.
 func TestRulesFileThroughServeAndCheck(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

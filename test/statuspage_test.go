@@ -29,6 +29,7 @@ import (
 // screenshot
 // (status-page.png in the test's artifact directory: go test -artifacts
 // keeps it). Skipped where chromium is not installed.
+// Long on purpose: one story (cluster, load, render, check the DOM).
 func TestStatusPageInChromium(t *testing.T) {
 	t.Parallel()
 	bin := chromiumBinary()

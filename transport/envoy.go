@@ -166,13 +166,49 @@ func (g envoyServer) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 	if err := validateEnvoy(req); err != nil {
 		return nil, err
 	}
+	descs := req.GetDescriptors()
+	plans, name, n := g.plan(req)
+	var outs []bucket.Outcome
+	if n > 0 {
+		b := g.s.getBuf(n)
+		defer g.s.putBuf(b)
+		for i, d := range descs {
+			p := &plans[i]
+			if p.kind != envoyCheck {
+				continue
+			}
+			b.reqs[p.item] = bucket.Request{
+				Name:  name,
+				Key:   envoyKey(d.GetEntries(), p.rule.Shared),
+				Hits:  envoyHits(req, d),
+				Limit: p.rule.Limit,
+			}
+		}
+		g.s.cfg.Handler.Check(ctx, b.reqs, b.outs)
+		outs = b.outs
+		for i := range outs {
+			if outs[i].Err != "" {
+				// No decision (the owner and its replica unreachable, the
+				// node not in the cluster yet): let Envoy's
+				// failure_mode_deny decide.
+				return nil, status.Errorf(codes.Unavailable, "descriptor %d of domain %q: %s", i, req.GetDomain(), outs[i].Err)
+			}
+		}
+	}
+	return g.respond(req, plans, outs, time.Now()), nil
+}
+
+// plan matches each descriptor of req against the rules and plans what to
+// do with it: nothing, a check (numbered 0 .. n−1 in plans[i].item), a
+// refusal (a limit of 0) or an unlimited answer. name is the domain's
+// counter name.
+func (g envoyServer) plan(req *rlsv3.RateLimitRequest) (plans []envoyPlan, name string, n int) {
 	cfg := &g.s.cfg.Envoy
 	descs := req.GetDescriptors()
-	plans := make([]envoyPlan, len(descs))
+	plans = make([]envoyPlan, len(descs))
 	var (
 		entries   []EnvoyEntry
 		replacing map[string]bool
-		name      string // the domain's counter name
 	)
 	for i, d := range descs {
 		p := &plans[i]
@@ -220,8 +256,7 @@ func (g envoyServer) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 			}
 		}
 	}
-
-	n := 0
+	// Number the checks; a limit of 0 refuses without one.
 	for i := range plans {
 		if p := &plans[i]; p.kind == envoyCheck {
 			if p.rule.Limit.Limit == 0 {
@@ -232,34 +267,7 @@ func (g envoyServer) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 			n++
 		}
 	}
-	var outs []bucket.Outcome
-	if n > 0 {
-		b := g.s.getBuf(n)
-		defer g.s.putBuf(b)
-		for i, d := range descs {
-			p := &plans[i]
-			if p.kind != envoyCheck {
-				continue
-			}
-			b.reqs[p.item] = bucket.Request{
-				Name:  name,
-				Key:   envoyKey(d.GetEntries(), p.rule.Shared),
-				Hits:  envoyHits(req, d),
-				Limit: p.rule.Limit,
-			}
-		}
-		g.s.cfg.Handler.Check(ctx, b.reqs, b.outs)
-		outs = b.outs
-		for i := range outs {
-			if outs[i].Err != "" {
-				// No decision (the owner and its replica unreachable, the
-				// node not in the cluster yet): let Envoy's
-				// failure_mode_deny decide.
-				return nil, status.Errorf(codes.Unavailable, "descriptor %d of domain %q: %s", i, req.GetDomain(), outs[i].Err)
-			}
-		}
-	}
-	return g.respond(req, plans, outs, time.Now()), nil
+	return plans, name, n
 }
 
 // respond builds the answer from the plans and the checks' outcomes.

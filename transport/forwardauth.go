@@ -3,11 +3,13 @@ package transport
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -53,7 +55,6 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		c[res]++
 		s.obs.ObserveCall(APIForwardAuth, c, time.Since(start))
 	}()
-	q := r.URL.Query()
 	fail := func(code int, format string, args ...any) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -64,61 +65,9 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	if deny == 0 {
 		deny = DefaultForwardAuthDenyStatus
 	}
-	if v := q.Get("deny_status"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 400 || n > 499 {
-			fail(http.StatusBadRequest, "deny_status %q: want a status in 400..499", v)
-			return
-		}
-		deny = n
-	}
-	req := &sluicev1.RateLimitRequest{Name: q.Get("name")}
-	if req.Name == "" {
-		fail(http.StatusBadRequest, "the query needs name=<rule name>")
-		return
-	}
-	header := q.Get("key_header")
-	if header == "" {
-		header = DefaultForwardAuthKeyHeader
-	}
-	key, err := forwardAuthKey(r.Header, header)
+	req, deny, err := forwardAuthRequest(r.URL.Query(), r.Header, deny)
 	if err != nil {
 		fail(http.StatusBadRequest, "%v", err)
-		return
-	}
-	req.Key = key
-	hits := int64(1)
-	if v := q.Get("hits"); v != "" {
-		if hits, err = strconv.ParseInt(v, 10, 64); err != nil {
-			fail(http.StatusBadRequest, "hits %q is not an integer", v)
-			return
-		}
-	}
-	req.Hits = &hits
-	if v := q.Get("limit"); v != "" {
-		if req.Limit, err = strconv.ParseInt(v, 10, 64); err != nil {
-			fail(http.StatusBadRequest, "limit %q is not an integer", v)
-			return
-		}
-	}
-	if v := q.Get("window"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			fail(http.StatusBadRequest, "window %q is not a duration (like 1m, 1h)", v)
-			return
-		}
-		req.WindowMs = d.Milliseconds()
-	}
-	if v := q.Get("algorithm"); v != "" {
-		a, err := bucket.ParseAlgorithm(v)
-		if err != nil {
-			fail(http.StatusBadRequest, "%v", err)
-			return
-		}
-		req.Algorithm = sluicev1.Algorithm(a)
-	}
-	if b := RequestFromProto(req); b.Validate() != nil {
-		fail(http.StatusBadRequest, "%v", b.Validate())
 		return
 	}
 	// The proxy's body (POST) is not used; drain a little of it so the
@@ -147,6 +96,62 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fail(http.StatusOK, "allowed")
+}
+
+// forwardAuthRequest reads a forward-auth call's check from its query q and
+// the request's headers h, and the status of a refusal: deny unless the
+// query sets deny_status. The error says what is wrong with the call.
+func forwardAuthRequest(q url.Values, h http.Header, deny int) (*sluicev1.RateLimitRequest, int, error) {
+	if v := q.Get("deny_status"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 400 || n > 499 {
+			return nil, 0, fmt.Errorf("deny_status %q: want a status in 400..499", v)
+		}
+		deny = n
+	}
+	req := &sluicev1.RateLimitRequest{Name: q.Get("name")}
+	if req.Name == "" {
+		return nil, 0, errors.New("the query needs name=<rule name>")
+	}
+	header := q.Get("key_header")
+	if header == "" {
+		header = DefaultForwardAuthKeyHeader
+	}
+	key, err := forwardAuthKey(h, header)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Key = key
+	hits := int64(1)
+	if v := q.Get("hits"); v != "" {
+		if hits, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return nil, 0, fmt.Errorf("hits %q is not an integer", v)
+		}
+	}
+	req.Hits = &hits
+	if v := q.Get("limit"); v != "" {
+		if req.Limit, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return nil, 0, fmt.Errorf("limit %q is not an integer", v)
+		}
+	}
+	if v := q.Get("window"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, 0, fmt.Errorf("window %q is not a duration (like 1m, 1h)", v)
+		}
+		req.WindowMs = d.Milliseconds()
+	}
+	if v := q.Get("algorithm"); v != "" {
+		a, err := bucket.ParseAlgorithm(v)
+		if err != nil {
+			return nil, 0, err
+		}
+		req.Algorithm = sluicev1.Algorithm(a)
+	}
+	if b := RequestFromProto(req); b.Validate() != nil {
+		return nil, 0, b.Validate()
+	}
+	return req, deny, nil
 }
 
 // forwardAuthKey takes the key from the named header of h.

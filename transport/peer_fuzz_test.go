@@ -102,6 +102,7 @@ func (h *recordingHandler) Pull(_ context.Context, _ string, keys []bucket.Count
 // request, key or valid counter, and counts every malformed counter it
 // dropped; what the handlers get is what they are promised (valid keys,
 // decodable states, a bounded release ttl).
+// Long on purpose: the seeds, then one case per service, each read alone.
 func FuzzServiceMessages(f *testing.F) {
 	req := &sluicev1.RateLimitRequest{Name: "api", Key: "u1", Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000}
 	seed := func(kind uint8, m proto.Message) {

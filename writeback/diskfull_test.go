@@ -50,6 +50,7 @@ func fillRecords(first, n int, count int64) []Record {
 // letting pebble meet ENOSPC (before the fix pebble panicked in
 // rotateWAL/commit: "no space left on device"); what it wrote stays
 // readable, and it writes again once the disk has room.
+// Long on purpose: one story per disk size (fill, refuse, recover, reopen).
 func TestPebbleStoreRefusesWritesBeforeTheDiskFills(t *testing.T) {
 	t.Parallel()
 	for _, size := range []string{"3m", "24m"} {
@@ -176,6 +177,7 @@ func countLines(log, s string) int {
 // the failure once (and once a minute after), tries the store once per
 // flush interval rather than at every eviction, and writes everything once
 // the store takes writes again.
+// Long on purpose: one story (full, recovered, flapping store), read top to bottom.
 func TestCacheKeepsCountingWhileTheStoreIsFull(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {

@@ -80,9 +80,43 @@ func (c *Cache) flush(ctx context.Context) error {
 			return err
 		}
 	}
+	gens := make([]uint64, len(c.shards))
+	recs, items := c.takeDirty(gens)
+	var err error
+	if len(recs) > 0 {
+		if err = ctx.Err(); err == nil {
+			start := time.Now()
+			err = c.store.Write(recs)
+			end := time.Now()
+			c.noteFlush(err, len(recs), end)
+			if c.cfg.OnFlush != nil {
+				c.cfg.OnFlush(len(recs), end.Sub(start), err)
+			}
+		}
+	}
+	if err != nil {
+		c.requeue(items)
+	} else if len(recs) > 0 {
+		c.flushes.Add(1)
+		c.flushedRecords.Add(uint64(len(recs)))
+		markWritten(items, recs)
+	}
+	// This flush holds no slot any more: release what waited for it.
+	for si, s := range c.shards {
+		s.mu.Lock()
+		s.flushDone = gens[si]
+		s.reap()
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// takeDirty copies every shard's dirty entries into the records to write,
+// with the slots they came from, a chunk per shard-lock hold, and notes in
+// gens[i] the flush's number in shard i.
+func (c *Cache) takeDirty(gens []uint64) ([]Record, []flushItem) {
 	var recs []Record
 	var items []flushItem
-	gens := make([]uint64, len(c.shards))
 	for si, s := range c.shards {
 		s.mu.Lock()
 		s.flushStarts++
@@ -111,54 +145,36 @@ func (c *Cache) flush(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 	}
-	var err error
-	if len(recs) > 0 {
-		if err = ctx.Err(); err == nil {
-			start := time.Now()
-			err = c.store.Write(recs)
-			end := time.Now()
-			c.noteFlush(err, len(recs), end)
-			if c.cfg.OnFlush != nil {
-				c.cfg.OnFlush(len(recs), end.Sub(start), err)
+	return recs, items
+}
+
+// markWritten clears the dirty bit of every slot unchanged since its record
+// (recs[i] for items[i]) was copied, retires the evicted ones the write
+// took, and bumps each shard's writeSeq. Items come grouped by shard, and
+// there is at least one.
+func markWritten(items []flushItem, recs []Record) {
+	var s *shard
+	for i, it := range items {
+		if it.s != s {
+			if s != nil {
+				s.writeSeq++
+				s.mu.Unlock()
+			}
+			s = it.s
+			s.mu.Lock()
+		}
+		// Versions only grow: the same version means no change since
+		// the copy was taken.
+		if sl := it.sl; sl.version == recs[i].Version && !sl.has(queuedBit) {
+			sl.clear(dirtyBit)
+			if p, ok := s.pending[recs[i].Key]; ok && s.slots.at(p) == sl {
+				delete(s.pending, recs[i].Key)
+				s.retire(p)
 			}
 		}
 	}
-	if err != nil {
-		c.requeue(items)
-	} else if len(recs) > 0 {
-		c.flushes.Add(1)
-		c.flushedRecords.Add(uint64(len(recs)))
-		var s *shard
-		for i, it := range items {
-			if it.s != s {
-				if s != nil {
-					s.writeSeq++
-					s.mu.Unlock()
-				}
-				s = it.s
-				s.mu.Lock()
-			}
-			// Versions only grow: the same version means no change since
-			// the copy was taken.
-			if sl := it.sl; sl.version == recs[i].Version && !sl.has(queuedBit) {
-				sl.clear(dirtyBit)
-				if p, ok := s.pending[recs[i].Key]; ok && s.slots.at(p) == sl {
-					delete(s.pending, recs[i].Key)
-					s.retire(p)
-				}
-			}
-		}
-		s.writeSeq++
-		s.mu.Unlock()
-	}
-	// This flush holds no slot any more: release what waited for it.
-	for si, s := range c.shards {
-		s.mu.Lock()
-		s.flushDone = gens[si]
-		s.reap()
-		s.mu.Unlock()
-	}
-	return err
+	s.writeSeq++
+	s.mu.Unlock()
 }
 
 // noteFlush records the outcome of a flush's write of n records at now:

@@ -38,6 +38,7 @@ func corruptStoreFiles(t *testing.T, dir string) {
 // and skipped: a key in it loads as missing and its check starts fresh,
 // a scan goes on past the table, an expiry pass does not fail, and a
 // graceful close succeeds.
+// Long on purpose: one story (corrupt a table, then each reader in turn).
 func TestCorruptTableSkipped(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

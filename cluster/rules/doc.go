@@ -16,12 +16,13 @@
 //     [Set.Hash] of the effective rules (independent of file order and
 //     formatting) for `sluice status`.
 //   - [Watcher]: the rules in force at a path, reloaded by polling.
-//   - envoyproxy/ratelimit's YAML format (envoy.go): a file whose top level
-//     has a domain field is read as one domain of descriptors, under the
-//     same strictness, whole-file refusal and hash. [Set.MatchEnvoy] finds
-//     the [EnvoyRule] of a request's descriptor with envoyproxy/ratelimit's
-//     lookup order; the Envoy RLS adapter in transport calls it through
-//     cmd/sluice. docs/envoy.md is the format reference.
+//   - envoyproxy/ratelimit's YAML format (envoy.go, envoyparse.go): a
+//     file whose top level has a domain field is read as one domain of
+//     descriptors, under the same strictness, whole-file refusal and hash.
+//     [Set.MatchEnvoy] finds the [EnvoyRule] of a request's descriptor
+//     with envoyproxy/ratelimit's lookup order; the Envoy RLS adapter in
+//     transport calls it through cmd/sluice. docs/envoy.md is the format
+//     reference.
 //
 // # Concurrency
 //

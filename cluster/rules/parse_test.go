@@ -168,6 +168,7 @@ func TestParseEmpty(t *testing.T) {
 
 // TestParseErrors checks that each kind of error says where (file, line,
 // column, field) and why.
+// One table of cases; long on purpose: each case reads alone.
 func TestParseErrors(t *testing.T) {
 	t.Parallel()
 	seventeen := "rules:\n  - name: many\n    limits:\n" + strings.Repeat("      - {limit: 1, window: 1s}\n", 17)

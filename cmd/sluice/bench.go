@@ -55,98 +55,43 @@ type benchResult struct {
 	OwnerMoved    uint64 `json:"owner_moved,omitempty"`
 }
 
+// benchOptions are the flags of `sluice bench`.
+type benchOptions struct {
+	addrs       []string // --addr, split at commas
+	conc        int
+	batch       int
+	keys        int
+	sequential  bool
+	name        string
+	envoy       string
+	limit       int64
+	window      time.Duration
+	alg         bucket.Algorithm
+	duration    time.Duration
+	maxCalls    int64
+	every       time.Duration
+	callTimeout time.Duration
+	asJSON      bool
+	conns       int
+	ownerAware  bool
+	cpuProfile  string
+	sec         clientFlags
+	gcMinHeap   byteSize
+}
+
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sluice bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addrs := fs.String("addr", "127.0.0.1:8081", "gRPC address(es) of the node(s) to load, comma-separated (callers spread over them)")
-	conc := fs.Int("concurrency", 50, "concurrent callers")
-	batch := fs.Int("batch", 1, "checks per call (1..1000)")
-	keys := fs.Int("keys", 10_000, "distinct keys")
-	sequential := fs.Bool("sequential", false, "take the keys in order (key:0, key:1, …, then again from key:0) instead of at random: with --calls keys/batch, every key once")
-	name := fs.String("name", "bench", "limit name of every check (with --envoy: the key of every descriptor's entry)")
-	envoy := fs.String("envoy", "", "call envoy.service.ratelimit.v3 ShouldRateLimit for this domain instead of Check: --batch descriptors per call, each {NAME: KEY}; the node's rules give the limit")
-	limit := fs.Int64("limit", 1<<40, "limit of every key (the default admits everything)")
-	window := fs.Duration("window", time.Minute, "window of every key")
-	algorithm := fs.String("algorithm", "sliding_window", "algorithm of every key: sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra")
-	duration := fs.Duration("duration", 10*time.Second, "how long to run (the run also stops after --calls)")
-	maxCalls := fs.Int64("calls", 0, "stop after this many calls (0: only --duration)")
-	every := fs.Duration("progress", time.Second, "progress line interval (0: none)")
-	callTimeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
-	asJSON := fs.Bool("json", false, "print the summary as JSON")
-	conns := fs.Int("conns", 2, "gRPC connections per address (callers spread over them); with --owner-aware, one per member")
-	ownerAware := fs.Bool("owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (transport.WithOwnerRouting) instead of to any node")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
-	var sec clientFlags
-	sec.register(fs, false)
-	gcMinHeap := byteSize(DefaultGCMinHeap)
-	fs.Var(&gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
-	if err := parseWithEnv(fs, args); err != nil {
-		return err
-	}
-	alg, err := bucket.ParseAlgorithm(*algorithm)
-	if err != nil {
-		return fmt.Errorf("--algorithm: %w", err)
-	}
-	switch {
-	case *conc < 1 || *conc > 10_000:
-		return fmt.Errorf("--concurrency %d: want 1..10000", *conc)
-	case *batch < 1 || *batch > 1000:
-		return fmt.Errorf("--batch %d: want 1..1000", *batch)
-	case *conns < 1 || *conns > 1000:
-		return fmt.Errorf("--conns %d: want 1..1000", *conns)
-	case *keys < 1:
-		return fmt.Errorf("--keys %d: want at least 1", *keys)
-	case *duration <= 0 || *duration > 24*time.Hour:
-		return fmt.Errorf("--duration %v: want a positive duration up to 24h", *duration)
-	case *window < time.Millisecond:
-		return fmt.Errorf("--window %v: want at least 1ms", *window)
-	case *ownerAware && *envoy != "":
-		return errors.New("--owner-aware routes the native Check API: it does not go with --envoy")
-	case alg == bucket.SlidingLog && *limit > bucket.MaxLogLimit:
-		return fmt.Errorf("--algorithm sliding_log keeps one timestamp per hit: give a --limit of at most %d", bucket.MaxLogLimit)
-	}
-	defer startGCFloor(uint64(gcMinHeap))()
-	var clients []*transport.Client
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
-	list := strings.Split(*addrs, ",")
-	opts, err := sec.dialOptions()
+	o, err := parseBenchFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	var owned *transport.ClusterClient
-	if *ownerAware {
-		trimmed := make([]string, len(list))
-		for i, a := range list {
-			trimmed[i] = strings.TrimSpace(a)
-		}
-		owned, err = transport.NewClient(trimmed, transport.WithDialOptions(opts...), transport.WithOwnerRouting(0))
-		if err != nil {
-			return err
-		}
-		defer owned.Close()
-		rctx, rcancel := context.WithTimeout(ctx, *callTimeout)
-		err = owned.RefreshOwners(rctx)
-		rcancel()
-		if err != nil {
-			return fmt.Errorf("--owner-aware: %w", err)
-		}
-	} else {
-		for range *conns {
-			for _, a := range list {
-				c, err := transport.Dial(strings.TrimSpace(a), opts...)
-				if err != nil {
-					return fmt.Errorf("%s: %w", a, err)
-				}
-				clients = append(clients, c)
-			}
-		}
+	defer startGCFloor(uint64(o.gcMinHeap))()
+	conns, err := dialBench(ctx, o)
+	defer conns.close()
+	if err != nil {
+		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
 		if err != nil {
 			return fmt.Errorf("--cpuprofile: %w", err)
 		}
@@ -156,128 +101,16 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-
-	keyNames := make([]string, *keys)
-	for i := range keyNames {
-		keyNames[i] = fmt.Sprint("key:", i)
-	}
-	runCtx, cancel := context.WithTimeout(ctx, *duration)
-	defer cancel()
-	var (
-		lat                                     histogram
-		issued, checks, allowed, over, itemErrs atomic.Int64
-		callErrs                                atomic.Int64
-		firstErr                                atomic.Pointer[string]
-		wg                                      sync.WaitGroup
-		budget                                  = *maxCalls
-		nextKey                                 atomic.Uint64
-	)
-	start := time.Now()
-	for w := range *conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			tmpl := &sluicev1.RateLimitRequest{Name: *name, Hits: proto.Int64(1), Limit: *limit, WindowMs: window.Milliseconds(), Algorithm: sluicev1.Algorithm(alg)}
-			var call benchCall
-			switch {
-			case owned != nil:
-				call = benchCheck(owned.CheckProto, *batch, tmpl)
-			case *envoy != "":
-				call = benchEnvoy(rlsv3.NewRateLimitServiceClient(clients[w%len(clients)].Conn()), *envoy, *name, *batch)
-			default:
-				call = benchCheck(clients[w%len(clients)].Check, *batch, tmpl)
-			}
-			keys := make([]string, *batch)
-			for runCtx.Err() == nil {
-				if budget > 0 && issued.Add(1) > budget {
-					return
-				}
-				for i := range keys {
-					if *sequential {
-						keys[i] = keyNames[(nextKey.Add(1)-1)%uint64(len(keyNames))]
-					} else {
-						keys[i] = keyNames[rng.IntN(len(keyNames))]
-					}
-				}
-				t := time.Now()
-				// Each call has its own deadline: the end of the run stops
-				// new calls but does not cut off the ones in flight.
-				cctx, ccancel := context.WithTimeout(ctx, *callTimeout)
-				n, ok, overLimit, itemErr, err := call(cctx, keys)
-				ccancel()
-				d := time.Since(t)
-				if err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					callErrs.Add(1)
-					msg := err.Error()
-					firstErr.CompareAndSwap(nil, &msg)
-					continue
-				}
-				lat.record(d)
-				checks.Add(n)
-				allowed.Add(ok)
-				over.Add(overLimit)
-				if itemErr != "" {
-					itemErrs.Add(n - ok - overLimit)
-					firstErr.CompareAndSwap(nil, &itemErr)
-				}
-			}
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	if *every > 0 && !*asJSON {
-		t := time.NewTicker(*every)
-		var lastChecks int64
-		lastAt := start
-	progress:
-		for {
-			select {
-			case <-done:
-				break progress
-			case now := <-t.C:
-				c := checks.Load()
-				fmt.Fprintf(stdout, "%6.1fs  %9d checks  %9.0f checks/s  p50 %7.0fµs  p99 %7.0fµs  errors %d\n",
-					now.Sub(start).Seconds(), c, float64(c-lastChecks)/now.Sub(lastAt).Seconds(),
-					lat.quantile(0.50), lat.quantile(0.99), callErrs.Load()+itemErrs.Load())
-				lastChecks, lastAt = c, now
-			}
-		}
-		t.Stop()
-	}
-	<-done
-	secs := time.Since(start).Seconds()
-	res := benchResult{
-		Addrs: list, Envoy: *envoy, Concurrency: *conc, Batch: *batch, Keys: *keys, Seconds: secs,
-		Calls: lat.count(), Checks: checks.Load(), Allowed: allowed.Load(), Over: over.Load(),
-		ItemErrors: itemErrs.Load(), CallErrors: callErrs.Load(),
-		ChecksPerSec: float64(checks.Load()) / secs, CallsPerSec: float64(lat.count()) / secs,
-		P50us: lat.quantile(0.50), P90us: lat.quantile(0.90), P99us: lat.quantile(0.99), MaxUs: lat.quantile(1),
-	}
-	if p := firstErr.Load(); p != nil {
-		res.FirstError = *p
-	}
-	if owned != nil {
+	res := runBench(ctx, o, conns, stdout)
+	if owned := conns.owned; owned != nil {
 		st := owned.OwnerStats()
 		res.OwnerAware, res.OwnerRouted, res.OwnerFallback, res.OwnerMoved = true, st.Routed, st.Fallback, st.Moved
 	}
-	if *asJSON {
+	if o.asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
 	} else {
-		fmt.Fprintf(stdout, "\n%d calls of %d checks, %d callers, %d keys, %.1fs\n", res.Calls, res.Batch, res.Concurrency, res.Keys, res.Seconds)
-		fmt.Fprintf(stdout, "checks/s %.0f   calls/s %.0f\n", res.ChecksPerSec, res.CallsPerSec)
-		fmt.Fprintf(stdout, "latency per call: p50 %.0fµs  p90 %.0fµs  p99 %.0fµs  max %.0fµs\n", res.P50us, res.P90us, res.P99us, res.MaxUs)
-		fmt.Fprintf(stdout, "allowed %d  over limit %d  item errors %d  call errors %d\n", res.Allowed, res.Over, res.ItemErrors, res.CallErrors)
-		if res.OwnerAware {
-			fmt.Fprintf(stdout, "owner-aware: %d checks sent to their owner, %d to any node, %d decided by another node\n", res.OwnerRouted, res.OwnerFallback, res.OwnerMoved)
-		}
-		if res.FirstError != "" {
-			fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
-		}
+		printBench(stdout, &res)
 	}
 	if res.Calls == 0 {
 		if res.FirstError != "" {
@@ -286,6 +119,257 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("no call succeeded")
 	}
 	return nil
+}
+
+// parseBenchFlags parses and checks the flags of `sluice bench`.
+func parseBenchFlags(args []string, stderr io.Writer) (*benchOptions, error) {
+	o := &benchOptions{gcMinHeap: byteSize(DefaultGCMinHeap)}
+	fs := flag.NewFlagSet("sluice bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addrs := fs.String("addr", "127.0.0.1:8081", "gRPC address(es) of the node(s) to load, comma-separated (callers spread over them)")
+	fs.IntVar(&o.conc, "concurrency", 50, "concurrent callers")
+	fs.IntVar(&o.batch, "batch", 1, "checks per call (1..1000)")
+	fs.IntVar(&o.keys, "keys", 10_000, "distinct keys")
+	fs.BoolVar(&o.sequential, "sequential", false, "take the keys in order (key:0, key:1, …, then again from key:0) instead of at random: with --calls keys/batch, every key once")
+	fs.StringVar(&o.name, "name", "bench", "limit name of every check (with --envoy: the key of every descriptor's entry)")
+	fs.StringVar(&o.envoy, "envoy", "", "call envoy.service.ratelimit.v3 ShouldRateLimit for this domain instead of Check: --batch descriptors per call, each {NAME: KEY}; the node's rules give the limit")
+	fs.Int64Var(&o.limit, "limit", 1<<40, "limit of every key (the default admits everything)")
+	fs.DurationVar(&o.window, "window", time.Minute, "window of every key")
+	algorithm := fs.String("algorithm", "sliding_window", "algorithm of every key: sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to run (the run also stops after --calls)")
+	fs.Int64Var(&o.maxCalls, "calls", 0, "stop after this many calls (0: only --duration)")
+	fs.DurationVar(&o.every, "progress", time.Second, "progress line interval (0: none)")
+	fs.DurationVar(&o.callTimeout, "timeout", 5*time.Second, "deadline of each call")
+	fs.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
+	fs.IntVar(&o.conns, "conns", 2, "gRPC connections per address (callers spread over them); with --owner-aware, one per member")
+	fs.BoolVar(&o.ownerAware, "owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (transport.WithOwnerRouting) instead of to any node")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
+	o.sec.register(fs, false)
+	fs.Var(&o.gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
+	if err := parseWithEnv(fs, args); err != nil {
+		return nil, err
+	}
+	o.addrs = strings.Split(*addrs, ",")
+	alg, err := bucket.ParseAlgorithm(*algorithm)
+	if err != nil {
+		return nil, fmt.Errorf("--algorithm: %w", err)
+	}
+	o.alg = alg
+	switch {
+	case o.conc < 1 || o.conc > 10_000:
+		return nil, fmt.Errorf("--concurrency %d: want 1..10000", o.conc)
+	case o.batch < 1 || o.batch > 1000:
+		return nil, fmt.Errorf("--batch %d: want 1..1000", o.batch)
+	case o.conns < 1 || o.conns > 1000:
+		return nil, fmt.Errorf("--conns %d: want 1..1000", o.conns)
+	case o.keys < 1:
+		return nil, fmt.Errorf("--keys %d: want at least 1", o.keys)
+	case o.duration <= 0 || o.duration > 24*time.Hour:
+		return nil, fmt.Errorf("--duration %v: want a positive duration up to 24h", o.duration)
+	case o.window < time.Millisecond:
+		return nil, fmt.Errorf("--window %v: want at least 1ms", o.window)
+	case o.ownerAware && o.envoy != "":
+		return nil, errors.New("--owner-aware routes the native Check API: it does not go with --envoy")
+	case alg == bucket.SlidingLog && o.limit > bucket.MaxLogLimit:
+		return nil, fmt.Errorf("--algorithm sliding_log keeps one timestamp per hit: give a --limit of at most %d", bucket.MaxLogLimit)
+	}
+	return o, nil
+}
+
+// benchConns are the connections a bench run loads: an owner-routing
+// client with --owner-aware, else --conns clients per address.
+type benchConns struct {
+	clients []*transport.Client
+	owned   *transport.ClusterClient
+}
+
+func (c *benchConns) close() {
+	if c.owned != nil {
+		c.owned.Close()
+	}
+	for _, cl := range c.clients {
+		cl.Close()
+	}
+}
+
+// dialBench connects to the addresses of o. On an error, what it returns
+// holds the connections made so far, to close.
+func dialBench(ctx context.Context, o *benchOptions) (*benchConns, error) {
+	c := &benchConns{}
+	opts, err := o.sec.dialOptions()
+	if err != nil {
+		return c, err
+	}
+	if !o.ownerAware {
+		for range o.conns {
+			for _, a := range o.addrs {
+				cl, err := transport.Dial(strings.TrimSpace(a), opts...)
+				if err != nil {
+					return c, fmt.Errorf("%s: %w", a, err)
+				}
+				c.clients = append(c.clients, cl)
+			}
+		}
+		return c, nil
+	}
+	trimmed := make([]string, len(o.addrs))
+	for i, a := range o.addrs {
+		trimmed[i] = strings.TrimSpace(a)
+	}
+	owned, err := transport.NewClient(trimmed, transport.WithDialOptions(opts...), transport.WithOwnerRouting(0))
+	if err != nil {
+		return c, err
+	}
+	c.owned = owned
+	rctx, rcancel := context.WithTimeout(ctx, o.callTimeout)
+	err = owned.RefreshOwners(rctx)
+	rcancel()
+	if err != nil {
+		return c, fmt.Errorf("--owner-aware: %w", err)
+	}
+	return c, nil
+}
+
+// benchStats are what the callers of a bench run count, concurrently.
+type benchStats struct {
+	lat                                     histogram
+	issued, checks, allowed, over, itemErrs atomic.Int64
+	callErrs                                atomic.Int64
+	firstErr                                atomic.Pointer[string]
+	nextKey                                 atomic.Uint64
+}
+
+// runBench runs o.conc callers until o.duration has passed (or o.maxCalls
+// calls were made), printing a progress line every o.every unless o.asJSON,
+// and returns what they counted.
+func runBench(ctx context.Context, o *benchOptions, conns *benchConns, stdout io.Writer) benchResult {
+	keyNames := make([]string, o.keys)
+	for i := range keyNames {
+		keyNames[i] = fmt.Sprint("key:", i)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	var (
+		st benchStats
+		wg sync.WaitGroup
+	)
+	start := time.Now()
+	for w := range o.conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			st.caller(ctx, runCtx, o, benchCallOf(o, conns, w), keyNames, rng)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	if o.every > 0 && !o.asJSON {
+		st.progress(stdout, o.every, start, done)
+	}
+	<-done
+	secs := time.Since(start).Seconds()
+	lat := &st.lat
+	res := benchResult{
+		Addrs: o.addrs, Envoy: o.envoy, Concurrency: o.conc, Batch: o.batch, Keys: o.keys, Seconds: secs,
+		Calls: lat.count(), Checks: st.checks.Load(), Allowed: st.allowed.Load(), Over: st.over.Load(),
+		ItemErrors: st.itemErrs.Load(), CallErrors: st.callErrs.Load(),
+		ChecksPerSec: float64(st.checks.Load()) / secs, CallsPerSec: float64(lat.count()) / secs,
+		P50us: lat.quantile(0.50), P90us: lat.quantile(0.90), P99us: lat.quantile(0.99), MaxUs: lat.quantile(1),
+	}
+	if p := st.firstErr.Load(); p != nil {
+		res.FirstError = *p
+	}
+	return res
+}
+
+// benchCallOf is the call caller w makes: an owner-routed Check, Envoy's
+// ShouldRateLimit or a Check, on its share of the connections.
+func benchCallOf(o *benchOptions, conns *benchConns, w int) benchCall {
+	tmpl := &sluicev1.RateLimitRequest{Name: o.name, Hits: proto.Int64(1), Limit: o.limit, WindowMs: o.window.Milliseconds(), Algorithm: sluicev1.Algorithm(o.alg)}
+	switch {
+	case conns.owned != nil:
+		return benchCheck(conns.owned.CheckProto, o.batch, tmpl)
+	case o.envoy != "":
+		return benchEnvoy(rlsv3.NewRateLimitServiceClient(conns.clients[w%len(conns.clients)].Conn()), o.envoy, o.name, o.batch)
+	}
+	return benchCheck(conns.clients[w%len(conns.clients)].Check, o.batch, tmpl)
+}
+
+// caller makes calls until runCtx ends or the run's budget of calls is
+// spent, counting them in st. Each call has its own deadline, from ctx: the
+// end of the run stops new calls but does not cut off the ones in flight.
+func (st *benchStats) caller(ctx, runCtx context.Context, o *benchOptions, call benchCall, keyNames []string, rng *rand.Rand) {
+	budget := o.maxCalls
+	keys := make([]string, o.batch)
+	for runCtx.Err() == nil {
+		if budget > 0 && st.issued.Add(1) > budget {
+			return
+		}
+		for i := range keys {
+			if o.sequential {
+				keys[i] = keyNames[(st.nextKey.Add(1)-1)%uint64(len(keyNames))]
+			} else {
+				keys[i] = keyNames[rng.IntN(len(keyNames))]
+			}
+		}
+		t := time.Now()
+		cctx, ccancel := context.WithTimeout(ctx, o.callTimeout)
+		n, ok, overLimit, itemErr, err := call(cctx, keys)
+		ccancel()
+		d := time.Since(t)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			st.callErrs.Add(1)
+			msg := err.Error()
+			st.firstErr.CompareAndSwap(nil, &msg)
+			continue
+		}
+		st.lat.record(d)
+		st.checks.Add(n)
+		st.allowed.Add(ok)
+		st.over.Add(overLimit)
+		if itemErr != "" {
+			st.itemErrs.Add(n - ok - overLimit)
+			st.firstErr.CompareAndSwap(nil, &itemErr)
+		}
+	}
+}
+
+// progress prints a line every interval from start until done is closed.
+func (st *benchStats) progress(stdout io.Writer, every time.Duration, start time.Time, done <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var lastChecks int64
+	lastAt := start
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			c := st.checks.Load()
+			fmt.Fprintf(stdout, "%6.1fs  %9d checks  %9.0f checks/s  p50 %7.0fµs  p99 %7.0fµs  errors %d\n",
+				now.Sub(start).Seconds(), c, float64(c-lastChecks)/now.Sub(lastAt).Seconds(),
+				st.lat.quantile(0.50), st.lat.quantile(0.99), st.callErrs.Load()+st.itemErrs.Load())
+			lastChecks, lastAt = c, now
+		}
+	}
+}
+
+// printBench prints the summary of a run for a reader.
+func printBench(stdout io.Writer, res *benchResult) {
+	fmt.Fprintf(stdout, "\n%d calls of %d checks, %d callers, %d keys, %.1fs\n", res.Calls, res.Batch, res.Concurrency, res.Keys, res.Seconds)
+	fmt.Fprintf(stdout, "checks/s %.0f   calls/s %.0f\n", res.ChecksPerSec, res.CallsPerSec)
+	fmt.Fprintf(stdout, "latency per call: p50 %.0fµs  p90 %.0fµs  p99 %.0fµs  max %.0fµs\n", res.P50us, res.P90us, res.P99us, res.MaxUs)
+	fmt.Fprintf(stdout, "allowed %d  over limit %d  item errors %d  call errors %d\n", res.Allowed, res.Over, res.ItemErrors, res.CallErrors)
+	if res.OwnerAware {
+		fmt.Fprintf(stdout, "owner-aware: %d checks sent to their owner, %d to any node, %d decided by another node\n", res.OwnerRouted, res.OwnerFallback, res.OwnerMoved)
+	}
+	if res.FirstError != "" {
+		fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
+	}
 }
 
 // benchCall makes one call with the given keys and returns how many

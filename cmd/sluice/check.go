@@ -33,26 +33,8 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
-	name := fs.String("name", "", "the limit's namespace, e.g. api.create_url")
-	key := fs.String("key", "", "the entity, e.g. user:42")
-	limit := fs.Int64("limit", 0, "hits allowed per window (0: the rule for --name, or only the --also limits)")
-	window := fs.Duration("window", 0, "window length, e.g. 1m or 24h (may be omitted with --calendar)")
-	hits := fs.Int64("hits", 1, "cost of this request; 0 peeks")
-	burst := fs.Int64("burst", 0, "bucket capacity for token/leaky bucket and gcra (0: limit)")
-	algorithm := fs.String("algorithm", "sliding_window", "sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra (fixed_window by default with --calendar)")
-	subWindows := fs.Int64("sub-windows", 0, "sliding_window only: count the window in N sub-windows (2..1000)")
-	shaping := fs.Bool("shaping", false, "leaky_bucket only: admit with a delay (retry_after_ms) while the queue has room")
-	mode := fs.String("mode", "hard", "hard|soft|elastic")
-	softPercent := fs.Int64("soft-percent", 0, "mode soft: admit up to P percent over the limit (1..1000)")
-	elasticCeiling := fs.Int64("elastic-ceiling", 0, "mode elastic: the limit while the node's load is below --elastic-load-percent")
-	elasticLoad := fs.Int64("elastic-load-percent", 0, "mode elastic: load, in percent of the node's CPU capacity (1..100)")
-	countRefused := fs.Bool("count-refused", false, "refused hits consume too")
-	calendar := fs.String("calendar", "", "day|week|month: fixed_window windows on UTC calendar edges")
-	var specs []string
-	fs.Func("also", "another limit on the same key, decided atomically with the others, e.g. \"limit=10,window=1m[,algorithm=gcra,burst=5]\"; keys: "+strings.Join(specKeys, ", ")+" (repeatable)", func(spec string) error {
-		specs = append(specs, spec)
-		return nil
-	})
+	var cf checkFlags
+	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the response as protobuf JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
 	var sec clientFlags
@@ -66,62 +48,16 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitError
 	}
-	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "sluice check: "+format+"\n", a...)
-		return exitError
-	}
+	fail := func(format string, a ...any) int { return checkFail(stderr, format, a...) }
 	if fs.NArg() > 0 {
 		return fail("unexpected argument %q", fs.Arg(0))
 	}
-	var more []bucket.Limit
-	for _, spec := range specs {
-		l, err := parseLimitSpec(spec)
-		if err != nil {
-			return fail("--also %q: %v", spec, err)
-		}
-		more = append(more, l)
-	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	alg, err := bucket.ParseAlgorithm(*algorithm)
+	req, err := cf.request(set)
 	if err != nil {
-		return fail("--algorithm: %v", err)
+		return fail("%v", err)
 	}
-	m, err := bucket.ParseMode(*mode)
-	if err != nil {
-		return fail("--mode: %v", err)
-	}
-	cal, err := bucket.ParseCalendar(*calendar)
-	if err != nil {
-		return fail("--calendar: %v", err)
-	}
-	if *window < 0 || *window%time.Millisecond != 0 {
-		return fail("--window %v: must be a positive whole number of milliseconds", *window)
-	}
-	if cal != bucket.CalendarNone {
-		if !set["algorithm"] {
-			alg = bucket.FixedWindow
-		}
-		if *window == 0 {
-			*window = calendarWindow(cal)
-		}
-	}
-	inline := bucket.Limit{
-		Algorithm: alg, Limit: *limit, WindowMS: window.Milliseconds(), Burst: *burst,
-		SubWindows: *subWindows, Shaping: *shaping, Mode: m, SoftPercent: *softPercent,
-		ElasticCeiling: *elasticCeiling, ElasticLoadPercent: *elasticLoad,
-		CountRefused: *countRefused, Calendar: cal,
-	}
-	if *limit == 0 && len(more) > 0 {
-		// Only the --also limits: the inline limit must be all unset.
-		for _, f := range inlineFlags {
-			if set[f] {
-				return fail("--%s applies to the inline limit, which --also without --limit leaves out: put it in the --also spec, or give --limit", f)
-			}
-		}
-		inline = bucket.Limit{}
-	}
-	req := transport.RequestToProto(bucket.Request{Name: *name, Key: *key, Hits: *hits, Limit: inline, More: more})
 	opts, err := sec.dialOptions()
 	if err != nil {
 		return fail("%v", err)
@@ -140,34 +76,131 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(resp.Responses) != 1 {
 		return fail("%s answered %d responses to 1 request", *addr, len(resp.Responses))
 	}
-	r := resp.Responses[0]
-	if *asJSON {
+	return printCheck(stdout, stderr, resp.Responses[0], *asJSON, *addr)
+}
+
+// checkFail prints an error of `sluice check` and returns its exit code.
+func checkFail(stderr io.Writer, format string, a ...any) int {
+	fmt.Fprintf(stderr, "sluice check: "+format+"\n", a...)
+	return exitError
+}
+
+// checkFlags are the flags of `sluice check` that make its request.
+type checkFlags struct {
+	name, key                                string
+	limit, hits, burst, subWindows           int64
+	window                                   time.Duration
+	algorithm, mode, calendar                string
+	shaping, countRefused                    bool
+	softPercent, elasticCeiling, elasticLoad int64
+	specs                                    []string // --also, one each
+}
+
+func (cf *checkFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&cf.name, "name", "", "the limit's namespace, e.g. api.create_url")
+	fs.StringVar(&cf.key, "key", "", "the entity, e.g. user:42")
+	fs.Int64Var(&cf.limit, "limit", 0, "hits allowed per window (0: the rule for --name, or only the --also limits)")
+	fs.DurationVar(&cf.window, "window", 0, "window length, e.g. 1m or 24h (may be omitted with --calendar)")
+	fs.Int64Var(&cf.hits, "hits", 1, "cost of this request; 0 peeks")
+	fs.Int64Var(&cf.burst, "burst", 0, "bucket capacity for token/leaky bucket and gcra (0: limit)")
+	fs.StringVar(&cf.algorithm, "algorithm", "sliding_window", "sliding_window|sliding_log|token_bucket|leaky_bucket|fixed_window|gcra (fixed_window by default with --calendar)")
+	fs.Int64Var(&cf.subWindows, "sub-windows", 0, "sliding_window only: count the window in N sub-windows (2..1000)")
+	fs.BoolVar(&cf.shaping, "shaping", false, "leaky_bucket only: admit with a delay (retry_after_ms) while the queue has room")
+	fs.StringVar(&cf.mode, "mode", "hard", "hard|soft|elastic")
+	fs.Int64Var(&cf.softPercent, "soft-percent", 0, "mode soft: admit up to P percent over the limit (1..1000)")
+	fs.Int64Var(&cf.elasticCeiling, "elastic-ceiling", 0, "mode elastic: the limit while the node's load is below --elastic-load-percent")
+	fs.Int64Var(&cf.elasticLoad, "elastic-load-percent", 0, "mode elastic: load, in percent of the node's CPU capacity (1..100)")
+	fs.BoolVar(&cf.countRefused, "count-refused", false, "refused hits consume too")
+	fs.StringVar(&cf.calendar, "calendar", "", "day|week|month: fixed_window windows on UTC calendar edges")
+	fs.Func("also", "another limit on the same key, decided atomically with the others, e.g. \"limit=10,window=1m[,algorithm=gcra,burst=5]\"; keys: "+strings.Join(specKeys, ", ")+" (repeatable)", func(spec string) error {
+		cf.specs = append(cf.specs, spec)
+		return nil
+	})
+}
+
+// request is the check the flags ask for; set holds the names of the
+// flags given. The error says which flag is wrong.
+func (cf *checkFlags) request(set map[string]bool) (*sluicev1.RateLimitRequest, error) {
+	var more []bucket.Limit
+	for _, spec := range cf.specs {
+		l, err := parseLimitSpec(spec)
+		if err != nil {
+			return nil, fmt.Errorf("--also %q: %v", spec, err)
+		}
+		more = append(more, l)
+	}
+	alg, err := bucket.ParseAlgorithm(cf.algorithm)
+	if err != nil {
+		return nil, fmt.Errorf("--algorithm: %v", err)
+	}
+	m, err := bucket.ParseMode(cf.mode)
+	if err != nil {
+		return nil, fmt.Errorf("--mode: %v", err)
+	}
+	cal, err := bucket.ParseCalendar(cf.calendar)
+	if err != nil {
+		return nil, fmt.Errorf("--calendar: %v", err)
+	}
+	window := cf.window
+	if window < 0 || window%time.Millisecond != 0 {
+		return nil, fmt.Errorf("--window %v: must be a positive whole number of milliseconds", window)
+	}
+	if cal != bucket.CalendarNone {
+		if !set["algorithm"] {
+			alg = bucket.FixedWindow
+		}
+		if window == 0 {
+			window = calendarWindow(cal)
+		}
+	}
+	inline := bucket.Limit{
+		Algorithm: alg, Limit: cf.limit, WindowMS: window.Milliseconds(), Burst: cf.burst,
+		SubWindows: cf.subWindows, Shaping: cf.shaping, Mode: m, SoftPercent: cf.softPercent,
+		ElasticCeiling: cf.elasticCeiling, ElasticLoadPercent: cf.elasticLoad,
+		CountRefused: cf.countRefused, Calendar: cal,
+	}
+	if cf.limit == 0 && len(more) > 0 {
+		// Only the --also limits: the inline limit must be all unset.
+		for _, f := range inlineFlags {
+			if set[f] {
+				return nil, fmt.Errorf("--%s applies to the inline limit, which --also without --limit leaves out: put it in the --also spec, or give --limit", f)
+			}
+		}
+		inline = bucket.Limit{}
+	}
+	return transport.RequestToProto(bucket.Request{Name: cf.name, Key: cf.key, Hits: cf.hits, Limit: inline, More: more}), nil
+}
+
+// printCheck prints the answer r of the node at addr, as JSON or for a
+// reader, and returns the exit code it means.
+func printCheck(stdout, stderr io.Writer, r *sluicev1.RateLimitResponse, asJSON bool, addr string) int {
+	if asJSON {
 		b, err := jsonOut.Marshal(r)
 		if err != nil {
-			return fail("%v", err)
+			return checkFail(stderr, "%v", err)
 		}
 		fmt.Fprintln(stdout, string(b))
 	}
 	switch {
 	case r.Error != "":
-		if !*asJSON {
+		if !asJSON {
 			fmt.Fprintf(stderr, "sluice check: error: %s\n", r.Error)
 		}
 		return exitError
 	case r.Status == sluicev1.Status_STATUS_UNDER_LIMIT:
-		if !*asJSON {
+		if !asJSON {
 			fmt.Fprintf(stdout, "allowed: %d of %d remaining, full again in %s (decided by %s)\n",
 				r.Remaining, r.Limit, ms(r.ResetAfterMs), r.Owner)
 		}
 		return exitAllowed
 	case r.Status == sluicev1.Status_STATUS_OVER_LIMIT:
-		if !*asJSON {
+		if !asJSON {
 			fmt.Fprintf(stdout, "over limit: %d of %d remaining, retry in %s (decided by %s)\n",
 				r.Remaining, r.Limit, ms(r.RetryAfterMs), r.Owner)
 		}
 		return exitOver
 	}
-	return fail("%s answered status %v", *addr, r.Status)
+	return checkFail(stderr, "%s answered status %v", addr, r.Status)
 }
 
 func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }

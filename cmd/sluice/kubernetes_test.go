@@ -118,6 +118,7 @@ func TestKubernetesManifests(t *testing.T) {
 // manifests or the chart's): a StatefulSet with stable names, data volume,
 // probes and a long enough grace, its headless Service for gossip, a client
 // Service, a PodDisruptionBudget, and a rules ConfigMap that parses.
+// Long on purpose: one checklist over the objects, read top to bottom.
 func checkSluiceObjects(t *testing.T, objs []object, clientSvc, headlessSvc string) {
 	t.Helper()
 	byKind := map[string][]object{}

@@ -263,6 +263,7 @@ func samples(t *testing.T, url string) map[string]float64 {
 
 // TestMetricsOfEveryAPI runs a node, checks through each public API and
 // reads the counters, histograms and per-rule series back from /metrics.
+// Long on purpose: one story (a check through each API, then /metrics).
 func TestMetricsOfEveryAPI(t *testing.T) {
 	t.Parallel()
 	n := startServe(t, "--rules", writeRules(t))

@@ -118,25 +118,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 // serveWith is serve with the tracing setup given (tests pass an in-memory
 // one).
 func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tracingSetup) error {
-	var f serveFlags
-	fs := newServeFlagSet(&f)
-	fs.SetOutput(stderr)
-	src, err := parseLayered(fs, args, os.LookupEnv, os.ReadFile)
+	f, cfg, lg, err := serveConfig(args, stderr)
 	if err != nil {
-		return err
-	}
-	if name, err := f.validate(); err != nil {
-		return fmt.Errorf("%s: %w", src.describe(name), err)
-	}
-	lg, err := newLogger(stderr, f.logLevel, f.logFormat)
-	if err != nil {
-		return err
-	}
-	cfg, err := f.clusterConfig(lg)
-	if err != nil {
-		return err
-	}
-	if cfg.Now, err = testClock(os.LookupEnv, lg); err != nil {
 		return err
 	}
 	tr, stopTracing, err := tracing(ctx, f.nodeName, lg)
@@ -153,7 +136,7 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tra
 		}()
 	}
 
-	sec, err := loadSecrets(&f, lg)
+	sec, err := loadSecrets(f, lg)
 	if err != nil {
 		return err
 	}
@@ -174,24 +157,75 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tra
 		lg.Info("rules loaded", "path", f.rulesPath, "rules", w.Len(), "hash", w.Hash())
 	}
 
+	node, srv, peers, err := newServing(f, &cfg, sec, lg, tr)
+	if err != nil {
+		return err
+	}
+	defer peers.Close()
+	if err := srv.Start(); err != nil {
+		node.Shutdown(context.Background())
+		return err
+	}
+	if err := node.Start(ctx); err != nil {
+		srv.Shutdown(context.Background())
+		node.Shutdown(context.Background())
+		return err
+	}
+	lg.Info("sluice serving", "node", cfg.Name, "grpc", srv.GRPCAddr(), "http", srv.HTTPAddr(),
+		"gossip", node.GossipAddr(), "advertised_grpc", cfg.GRPCAddr, "data_dir", cfg.DataDir)
+	go markReady(ctx, node, srv)
+	return stopServing(ctx, f, lg, node, srv)
+}
+
+// serveConfig parses serve's flags (over the environment and the config
+// file) and returns them with the logger and the node's config they give.
+func serveConfig(args []string, stderr io.Writer) (*serveFlags, cluster.Config, *slog.Logger, error) {
+	var f serveFlags
+	fs := newServeFlagSet(&f)
+	fs.SetOutput(stderr)
+	src, err := parseLayered(fs, args, os.LookupEnv, os.ReadFile)
+	if err != nil {
+		return nil, cluster.Config{}, nil, err
+	}
+	if name, err := f.validate(); err != nil {
+		return nil, cluster.Config{}, nil, fmt.Errorf("%s: %w", src.describe(name), err)
+	}
+	lg, err := newLogger(stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		return nil, cluster.Config{}, nil, err
+	}
+	cfg, err := f.clusterConfig(lg)
+	if err != nil {
+		return nil, cluster.Config{}, nil, err
+	}
+	if cfg.Now, err = testClock(os.LookupEnv, lg); err != nil {
+		return nil, cluster.Config{}, nil, err
+	}
+	return &f, cfg, lg, nil
+}
+
+// newServing builds, without starting them, the node of cfg and its
+// server: it listens on --grpc-addr and makes the peer client (the
+// caller closes it) and the metrics. On an error it closes what it made.
+func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logger, tr *transport.Tracing) (*cluster.Node, *transport.Server, *transport.PeerClient, error) {
 	grpcLn, err := net.Listen("tcp", f.grpcAddr)
 	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+		return nil, nil, nil, fmt.Errorf("--grpc-addr: %w", err)
 	}
 	cfg.GRPCAddr, err = advertised(grpcLn.Addr().String(), f.grpcAddr, f.advertiseAddr)
 	if err != nil {
 		grpcLn.Close()
-		return err
+		return nil, nil, nil, err
 	}
 	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
 		TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
-	defer peers.Close()
 	metrics := newNodeMetrics(watcher(cfg.Rules))
 	cfg.Cache.OnFlush = metrics.observeFlush
-	node, err := cluster.New(cfg, observedPeers{next: peers, m: metrics.peers})
+	node, err := cluster.New(*cfg, observedPeers{next: peers, m: metrics.peers})
 	if err != nil {
 		grpcLn.Close()
-		return err
+		peers.Close()
+		return nil, nil, nil, err
 	}
 	envoy := transport.EnvoyConfig{StopCountingRefused: !f.envoyCountRefused, ResponseHeaders: f.envoyResponseHeaders}
 	if w := watcher(cfg.Rules); w != nil {
@@ -227,22 +261,17 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tra
 	if err != nil {
 		grpcLn.Close()
 		node.Shutdown(context.Background())
-		return err
+		peers.Close()
+		return nil, nil, nil, err
 	}
 	nodeStats.srv = srv
-	if err := srv.Start(); err != nil {
-		node.Shutdown(context.Background())
-		return err
-	}
-	if err := node.Start(ctx); err != nil {
-		srv.Shutdown(context.Background())
-		node.Shutdown(context.Background())
-		return err
-	}
-	lg.Info("sluice serving", "node", cfg.Name, "grpc", srv.GRPCAddr(), "http", srv.HTTPAddr(),
-		"gossip", node.GossipAddr(), "advertised_grpc", cfg.GRPCAddr, "data_dir", cfg.DataDir)
-	go markReady(ctx, node, srv)
+	return node, srv, peers, nil
+}
 
+// stopServing waits until ctx ends or the node fails, then stops
+// gracefully within --shutdown-timeout: not ready, leave the cluster,
+// drain the server, flush the node. It returns the node's failure, if any.
+func stopServing(ctx context.Context, f *serveFlags, lg *slog.Logger, node *cluster.Node, srv *transport.Server) error {
 	var fatal error
 	select {
 	case <-ctx.Done():

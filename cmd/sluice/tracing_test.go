@@ -72,6 +72,7 @@ func find(t *testing.T, ss tracetest.SpanStubs, name, node string) tracetest.Spa
 // the key: gRPC Check and HTTP /v1/check each make one trace that goes from
 // the entry node's API span through its forward (a client span) to the
 // owner's server span, parent to child across the peer call.
+// Long on purpose: one story (three nodes, two traced checks), read top to bottom.
 func TestTracingAcrossThreeNodes(t *testing.T) {
 	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()

@@ -93,6 +93,7 @@ const (
 	noCounter = "requests_per_unit 0 is answered without a counter here; INCRBY counts the hits there"
 )
 
+// One table of sequences; long on purpose: each sequence reads alone.
 func sequences() []sequence {
 	d := "diff"
 	one := func(kv ...string) func() step { return func() step { return call(d, 0, desc(kv...)) } }

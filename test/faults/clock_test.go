@@ -64,6 +64,8 @@ var clockAlgs = []struct {
 //   - every answer sane: remaining in 0..limit, reset and retry ≥ 0 and at
 //     most what the window allows plus the clock difference.
 //   - afterwards every host answers the same remaining and owner per key.
+//
+// Long on purpose: one story (skew, stop, restart skewed back), then each promise.
 func TestClockStep(t *testing.T) {
 	const (
 		clockWindow = 4 * time.Second

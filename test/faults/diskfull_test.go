@@ -68,6 +68,8 @@ const degraded = "ready, degraded: store not writable"
 //     answer decided without it) + admissions by stand-ins other than the
 //     key's next owner; afterwards every host answers every key alike, with
 //     a count no lower than what was admitted minus those hits.
+//
+// Long on purpose: one story (fill, free, fill and kill), then each promise.
 func TestFullDiskOnRealHosts(t *testing.T) {
 	const full = 8 * time.Second
 	c := New(t, 5)

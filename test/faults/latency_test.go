@@ -90,6 +90,7 @@ func (c *Cluster) SlowLinks(x *Host) *Delayer {
 // failed or timed out, and the membership events; it fails on a check
 // without a decision or past its deadline, and when the hosts do not
 // answer every key alike after the heal.
+// Long on purpose: one story (fault under load, heal), then its figures.
 func TestLatencyAndLoss(t *testing.T) {
 	const (
 		fault        = 20 * time.Second

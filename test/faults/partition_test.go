@@ -34,6 +34,7 @@ func TestPartitionTwoPlusThreeServe(t *testing.T) {
 	partitionScenario(t, "serve", false)
 }
 
+// Long on purpose: one story (load, partition, heal), then each side's count.
 func partitionScenario(t *testing.T, policy string, strict bool) {
 	const (
 		keys          = 100

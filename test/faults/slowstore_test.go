@@ -35,6 +35,7 @@ func (a flushStats) mean(b flushStats) time.Duration {
 // limit (plus a replica's admissions when a forward timed out, printed).
 // It prints the latency of the checks n1 decided against the others', and
 // n1's flush times during the fault against the others'.
+// Long on purpose: one story (slow store under load), then its figures.
 func TestSlowStoreOnRealHosts(t *testing.T) {
 	const (
 		slowIO = time.Second

@@ -107,6 +107,7 @@ func soakDuration(t *testing.T) time.Duration {
 	return d
 }
 
+// Long on purpose: one story (load, sampler, rounds of faults, CSVs), then its checks.
 func TestSoak(t *testing.T) {
 	dur := soakDuration(t)
 	out := os.Getenv("SLUICE_SOAK_OUT")

@@ -1,0 +1,180 @@
+package cluster
+
+// Tests of replication: replicas hold the owners' counts, a replica decides
+// before the owner's failure is detected, and ReplicateNow waits for the
+// round in flight.
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+func TestReplicasHoldTheOwnersCounts(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	if got := admit(t, nodes[1], key, 7, 100); got != 7 {
+		t.Fatalf("admitted %d", got)
+	}
+	if err := nodes[0].ReplicateNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h := ring.Hash("api", key)
+	reps := nodes[0].Ring().Replicas(h, nil)
+	if len(reps) != 2 || reps[0].Name != "n0" {
+		t.Fatalf("replicas %v", reps)
+	}
+	for _, n := range nodes {
+		rec, ok, err := n.Cache().Get(h, writeback.Key{Name: "api", Key: key}, t0.UnixNano())
+		isReplica := n.Name() == reps[1].Name || n.Name() == "n0"
+		if err != nil || ok != isReplica || (ok && rec.State.Count != 7) {
+			t.Fatalf("%s (replica %v) holds %+v ok=%v err=%v", n.Name(), isReplica, rec, ok, err)
+		}
+	}
+}
+
+func TestFailoverToReplicaBeforeDetection(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []Fault{Refuse, Blackhole} {
+		t.Run(fmt.Sprint(fault), func(t *testing.T) {
+			t.Parallel()
+			// A refused forward fails at once, so the generous default
+			// timeout costs nothing there; a blackholed one waits it out
+			// on every check, so that case gets a short one and fewer
+			// keys. (A stand-in that answers after the sender's deadline
+			// has counted a hit the sender then decides again.)
+			nkeys, mutate := 20, func(*Config) {}
+			if fault == Blackhole {
+				nkeys, mutate = 5, func(c *Config) { c.ForwardTimeout = 200 * time.Millisecond }
+			}
+			nodes, net := memCluster(t, 3, mutate)
+			keys := keysOwnedBy(nodes[0], "n0", nkeys)
+			for _, k := range keys {
+				if got := admit(t, nodes[1], k, 6, 10); got != 6 {
+					t.Fatalf("admitted %d", got)
+				}
+			}
+			if err := nodes[0].ReplicateNow(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// n0 stops answering; memberlist has not noticed yet.
+			net.Cut(memAddr(1), memAddr(0), fault)
+			net.Cut(memAddr(2), memAddr(0), fault)
+			for _, k := range keys {
+				got := 0
+				for i := range 10 {
+					start := time.Now()
+					o := check1(nodes[1+i%2], req("api", k, 1, 10))
+					if took := time.Since(start); took > 2*time.Second {
+						t.Fatalf("check took %v", took)
+					}
+					if o.Err != "" || o.Owner == "n0" {
+						t.Fatalf("answer %+v", o)
+					}
+					if o.Allowed() {
+						got++
+					}
+				}
+				if got != 4 {
+					t.Fatalf("key %s: %d more admitted after the owner failed, want exactly 4 (6 replicated of 10)", k, got)
+				}
+			}
+			if nodes[1].Status().Failovers+nodes[2].Status().Failovers == 0 {
+				t.Fatal("no failover counted")
+			}
+		})
+	}
+}
+
+// gatedReplicate holds the first Replicate call once armed until gate
+// closes (or the call's context ends).
+type gatedReplicate struct {
+	Peers
+	armed   atomic.Bool
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedReplicate) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
+	if g.armed.CompareAndSwap(true, false) {
+		close(g.entered)
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		}
+	}
+	return g.Peers.Replicate(ctx, addr, handoff, cs)
+}
+
+// ReplicateNow called while the periodic round is sending must not report
+// success before that round's copies are on the replicas: the round took
+// the changes, so ReplicateNow alone finds nothing left to send.
+func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
+	t.Parallel()
+	net := NewMemNetwork()
+	g := &gatedReplicate{Peers: net.Peers(memAddr(0)), entered: make(chan struct{}), gate: make(chan struct{})}
+	cfgs := make([]Config, 3)
+	for i := range cfgs {
+		cfgs[i] = NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
+		cfgs[i].Now = FixedClock(t0)
+	}
+	// The periodic round's send outlasts the first ReplicateNow below.
+	cfgs[0].ReplicationInterval = 500 * time.Millisecond
+	nodes := StartNodes(t, cfgs, func(i int) Peers {
+		if i == 0 {
+			return g
+		}
+		return net.Peers(memAddr(i))
+	})
+	for i, n := range nodes {
+		net.Register(memAddr(i), n)
+	}
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	h := ring.Hash("api", key)
+	reps := nodes[0].Ring().Replicas(h, nil)
+	if len(reps) != 2 {
+		t.Fatalf("replicas %v", reps)
+	}
+	var replica *Node
+	for _, n := range nodes {
+		if n.Name() == reps[1].Name {
+			replica = n
+		}
+	}
+	g.armed.Store(true)
+	if got := admit(t, nodes[1], key, 7, 100); got != 7 {
+		t.Fatalf("admitted %d", got)
+	}
+	holds := func() bool {
+		rec, ok, err := replica.Cache().Get(h, writeback.Key{Name: "api", Key: key}, t0.UnixNano())
+		return err == nil && ok && rec.State.Count == 7
+	}
+	select {
+	case <-g.entered: // the periodic round took the changes and is sending
+	case <-time.After(20 * time.Second):
+		t.Fatal("no periodic replication round started")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err := nodes[0].ReplicateNow(ctx)
+	cancel()
+	if err == nil && !holds() {
+		t.Fatal("ReplicateNow reported success while the replica does not hold the count")
+	}
+	close(g.gate)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := nodes[0].ReplicateNow(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !holds() {
+		t.Fatal("the replica does not hold the count after ReplicateNow")
+	}
+}
