@@ -97,7 +97,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 			return true
 		}
 		n.book.NoteReleased(r.Key, eff.NoteTo, now)
-		batches[eff.NoteTo] = append(batches[eff.NoteTo], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: rec.State, Version: rec.Version})
+		batches[eff.NoteTo] = append(batches[eff.NoteTo], writeback.Record{Key: r.Key, State: rec.State, Version: rec.Version}.Counter())
 		return true
 	})
 	sent, err := n.push(ctx, batches)
@@ -191,7 +191,7 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 		if len(reps) < 2 {
 			return
 		}
-		c := bucket.Counter{Name: rec.Key.Name, Key: rec.Key.Key, State: rec.State, Version: rec.Version}
+		c := rec.Counter()
 		for _, r := range reps {
 			if r.Name == n.name {
 				continue
@@ -217,7 +217,7 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 			if _, _, err := n.peers.Replicate(ctx, addr, false, b.counters); err != nil {
 				n.replicationErrors.Add(uint64(len(b.counters)))
 				for i, c := range b.counters {
-					n.cache.MarkChanged(b.hashes[i], writeback.Key{Name: c.Name, Key: c.Key})
+					n.cache.MarkChanged(b.hashes[i], writeback.KeyOf(c))
 				}
 				errs <- fmt.Errorf("replicate %d counters to %s: %w", len(b.counters), addr, err)
 				return
@@ -246,7 +246,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	}
 	phase := n.ownershipPhase()
 	for _, c := range counters {
-		rec := writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version}
+		rec := writeback.RecordOf(c)
 		h := keyHash(rec.Key)
 		o, ok := tbl.Owner(h)
 		eff := ownership.Step(ownership.Facts{Phase: phase, Owns: !ok || o.Name == n.name}, ev)
@@ -285,7 +285,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 	phase := n.ownershipPhase()
 	moves, cur := n.book.Moves(), n.ring.Table()
 	for i := range keys {
-		k := writeback.Key{Name: keys[i].Name, Key: keys[i].Key}
+		k := writeback.KeyOf(keys[i])
 		h := keyHash(k)
 		var rec writeback.Record
 		var ok bool
@@ -368,7 +368,7 @@ func (n *Node) drain(ctx context.Context) error {
 	err := n.cache.RangeStored(now, func(r writeback.Record) bool {
 		o, ok := tbl.Owner(keyHash(r.Key))
 		if ok && o.Name != n.name {
-			batches[o.Addr] = append(batches[o.Addr], bucket.Counter{Name: r.Key.Name, Key: r.Key.Key, State: r.State, Version: r.Version})
+			batches[o.Addr] = append(batches[o.Addr], r.Counter())
 		}
 		return true
 	})

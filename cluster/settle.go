@@ -123,7 +123,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 				calls = append(calls, c)
 			}
 			c.its = append(c.its, it)
-			c.keys = append(c.keys, bucket.Counter{Name: it.k.Name, Key: it.k.Key})
+			c.keys = append(c.keys, it.k.Counter())
 		}
 	}
 	pull := func(c *call) {
@@ -208,7 +208,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 	} else {
 		for i := range 1 + len(lims.more) {
 			sk := writeback.SubKey(k, i)
-			keys = append(keys, bucket.Counter{Name: sk.Name, Key: sk.Key})
+			keys = append(keys, sk.Counter())
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
@@ -221,7 +221,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 	}
 	for _, c := range keys {
 		if c.Version > 0 {
-			n.cache.Adopt(h, writeback.Record{Key: writeback.Key{Name: c.Name, Key: c.Key}, State: c.State, Version: c.Version})
+			n.cache.Adopt(h, writeback.RecordOf(c))
 		}
 	}
 }

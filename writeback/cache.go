@@ -116,7 +116,7 @@ func (c *Cache) shardFor(hash uint64) *shard {
 // now counts as absent, but its version is kept so that versions keep
 // growing.
 func (c *Cache) find(s *shard, h uint64, k Key, now int64, create bool) (*slot, error) {
-	ch := cacheHash(h, k.Name)
+	ch := cacheHash(h, k.Limit)
 	s.mu.Lock()
 	if s.closed {
 		return nil, ErrClosed
@@ -251,7 +251,7 @@ func (c *Cache) MarkChanged(hash uint64, k Key) {
 	s := c.shardFor(hash)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sl := s.lookup(cacheHash(hash, k.Name), k, s.now); sl != nil {
+	if sl := s.lookup(cacheHash(hash, k.Limit), k, s.now); sl != nil {
 		s.markChanged(hash, sl)
 	}
 }

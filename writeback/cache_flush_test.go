@@ -16,7 +16,7 @@ import (
 func TestFlush(t *testing.T) {
 	t.Parallel()
 	c, dir := newTestCache(t, Config{Shards: 4, Size: 100})
-	a, b := Key{"api.create_url", "user:1"}, Key{"api.create_url", "user:2"}
+	a, b := Key{Name: "api.create_url", Key: "user:1"}, Key{Name: "api.create_url", Key: "user:2"}
 	for i := range int64(3) {
 		decide(t, c, a, lim10, 1, base+i)
 	}
@@ -57,7 +57,7 @@ func TestCloseFlushesPending(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	c := newCacheAt(t, Config{Shards: 1, Size: 1}, dir)
-	a, b := Key{"n", "a"}, Key{"n", "b"}
+	a, b := Key{Name: "n", Key: "a"}, Key{Name: "n", Key: "b"}
 	decide(t, c, a, lim10, 2, base)
 	decide(t, c, b, lim10, 3, base) // a → pending
 	if pendingLen(c) != 1 {
@@ -87,7 +87,7 @@ func TestFlushLoop(t *testing.T) {
 		}
 		ctx := t.Context()
 		c.Start(ctx)
-		k := Key{"api.create_url", "user:9"}
+		k := Key{Name: "api.create_url", Key: "user:9"}
 		decide(t, c, k, lim10, 4, time.Now().UnixNano())
 		time.Sleep(DefaultFlushInterval / 2)
 		synctest.Wait()
@@ -131,7 +131,7 @@ func TestEvictionsStartAFlushEarly(t *testing.T) {
 		c.Start(ctx)
 		now := time.Now().UnixNano()
 		for i := range 4 * size {
-			decide(t, c, Key{"api", fmt.Sprint("churn:", i)}, lim10, 1, now)
+			decide(t, c, Key{Name: "api", Key: fmt.Sprint("churn:", i)}, lim10, 1, now)
 			synctest.Wait() // let a flush that was started finish
 		}
 		if p := pendingLen(c); p > size/4 {
@@ -142,7 +142,7 @@ func TestEvictionsStartAFlushEarly(t *testing.T) {
 		}
 		// Nothing was lost on the way: every key is in memory or stored.
 		for i := range 4 * size {
-			k := Key{"api", fmt.Sprint("churn:", i)}
+			k := Key{Name: "api", Key: fmt.Sprint("churn:", i)}
 			if d := decide(t, c, k, lim10, 0, now); d.Remaining != lim10.Limit-1 {
 				t.Fatalf("%v: remaining %d, want %d", k, d.Remaining, lim10.Limit-1)
 			}
@@ -164,7 +164,7 @@ func TestFailedFlushKeepsDirty(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(t.Context())
-	a, b := Key{"n", "a"}, Key{"n", "b"}
+	a, b := Key{Name: "n", Key: "a"}, Key{Name: "n", Key: "b"}
 	decide(t, c, a, lim10, 1, base)
 	decide(t, c, b, lim10, 1, base) // a → pending
 	if err := c.Flush(t.Context()); !errors.Is(err, errInjected) {

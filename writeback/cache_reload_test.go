@@ -30,7 +30,7 @@ func TestEvictThenReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(t.Context())
-	k1, k2, k3 := Key{"n", "1"}, Key{"n", "2"}, Key{"n", "3"}
+	k1, k2, k3 := Key{Name: "n", Key: "1"}, Key{Name: "n", Key: "2"}, Key{Name: "n", Key: "3"}
 	for range 3 {
 		decide(t, c, k1, lim10, 1, base)
 	}
@@ -82,9 +82,9 @@ func TestEvictExpiredDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	decide(t, c, Key{"n", "1"}, lim10, 1, base)
+	decide(t, c, Key{Name: "n", Key: "1"}, lim10, 1, base)
 	later := base + 3*int64(time.Minute) // past Expires
-	decide(t, c, Key{"n", "2"}, lim10, 1, later)
+	decide(t, c, Key{Name: "n", Key: "2"}, lim10, 1, later)
 	if pendingLen(c) != 0 {
 		t.Fatal("expired entry kept in pending")
 	}
@@ -101,7 +101,7 @@ func TestRestartReload(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	lim := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 5, WindowMS: 60_000}
-	k := Key{"api.create_url", "user:7"}
+	k := Key{Name: "api.create_url", Key: "user:7"}
 	c := newCacheAt(t, Config{}, dir)
 	for range 4 {
 		decide(t, c, k, lim, 1, base)
@@ -136,7 +136,7 @@ func TestFreshRecordIsAbsent(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	st := openTestStore(t, dir)
-	k := Key{"n", "k"}
+	k := Key{Name: "n", Key: "k"}
 	old := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 10, Expires: base + 2*int64(time.Minute)}
 	if err := st.Write([]Record{{Key: k, State: old, Version: uint64(base + 99)}}); err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func TestCorruptRecordSkipped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			k := Key{"api.create_url", "user:corrupt"}
+			k := Key{Name: "api.create_url", Key: "user:corrupt"}
 			if err := putRaw(st, appendStoreKey(nil, k), value); err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +246,7 @@ func TestOpenStoreBadPath(t *testing.T) {
 	})
 	t.Run("held by another process", func(t *testing.T) {
 		t.Parallel()
-		dir, k := t.TempDir(), Key{"n", "k"}
+		dir, k := t.TempDir(), Key{Name: "n", Key: "k"}
 		st := openWithRecord(t, dir, k)
 		_, err := OpenStore(dir, quietLogger())
 		if err == nil || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "in use") {
@@ -281,7 +281,7 @@ func openWithRecord(t *testing.T, dir string, k Key) Store {
 // works.
 func TestOpenStoreMovesUnreadableFilesAside(t *testing.T) {
 	t.Parallel()
-	dir, k := t.TempDir(), Key{"n", "k"}
+	dir, k := t.TempDir(), Key{Name: "n", Key: "k"}
 	if err := openWithRecord(t, dir, k).Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestExpiryDeletion(t *testing.T) {
 		if i%2 == 0 {
 			exp = base + 1e12 // live
 		}
-		recs = append(recs, Record{Key: Key{"n", fmt.Sprint(i)}, Version: 1,
+		recs = append(recs, Record{Key: Key{Name: "n", Key: fmt.Sprint(i)}, Version: 1,
 			State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: exp}})
 	}
 	if err := st.Write(recs); err != nil {
@@ -361,7 +361,7 @@ func TestExpiryDeletion(t *testing.T) {
 	if strings.Join(left, ",") != "0,2,4,6,8" {
 		t.Fatalf("left %v, want the live ones", left)
 	}
-	if _, ok, _ := st.Load(Key{"n", "junk"}); ok {
+	if _, ok, _ := st.Load(Key{Name: "n", Key: "junk"}); ok {
 		t.Fatal("corrupt record not deleted")
 	}
 }

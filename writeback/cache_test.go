@@ -63,7 +63,7 @@ func TestConfigValidate(t *testing.T) {
 func TestMerge(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 1})
-	k, other := Key{"n", "k"}, Key{"n", "other"}
+	k, other := Key{Name: "n", Key: "k"}, Key{Name: "n", Key: "other"}
 	st := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 4, Expires: base + 1e12}
 	if !c.Merge(hashKey(k), Record{Key: k, State: st, Version: 10}) {
 		t.Fatal("first merge refused")
@@ -117,7 +117,7 @@ func TestConcurrentNeverOverAdmits(t *testing.T) {
 		wg.Go(func() {
 			for i := range perWorker {
 				ki := (w + i) % keys
-				k := Key{"api.create_url", fmt.Sprintf("user:%d", ki)}
+				k := Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", ki)}
 				d, err := c.Decide(hashKey(k), k, lim, 1, base+int64(i))
 				if err != nil {
 					t.Error(err)
@@ -153,7 +153,7 @@ func TestDecideHitAllocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := Key{"api.create_url", "user:1234567"}
+	k := Key{Name: "api.create_url", Key: "user:1234567"}
 	h := hashKey(k)
 	lim := bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: bucket.MaxLimit, WindowMS: 60_000}
 	decide(t, c, k, lim, 1, base)
@@ -195,7 +195,7 @@ func TestNameInterned(t *testing.T) {
 	}
 	for i := range 3 {
 		name := strings.Clone("api.create_url")
-		decide(t, c, Key{name, fmt.Sprint(i)}, lim10, 1, base)
+		decide(t, c, Key{Name: name, Key: fmt.Sprint(i)}, lim10, 1, base)
 	}
 	s := c.shards[0]
 	slots := s.lru.Values()
@@ -217,7 +217,7 @@ func TestHashCollision(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 2})
 	const h = 0x5eed
-	keys := []Key{{"api", "a"}, {"api", "b"}, {"api", "c"}, {"other", "a"}}
+	keys := []Key{{Name: "api", Key: "a"}, {Name: "api", Key: "b"}, {Name: "api", Key: "c"}, {Name: "other", Key: "a"}}
 	lim := bucket.Limit{Limit: 100, WindowMS: 60_000}
 	want := map[Key]int64{}
 	for round := range 3 {
@@ -349,7 +349,7 @@ func TestSlotReuseWaitsForTakeChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim := bucket.Limit{Limit: bucket.MaxLimit, WindowMS: 60_000}
-	keys := []Key{{"x", "a"}, {"x", "b"}, {"x", "c"}}
+	keys := []Key{{Name: "x", Key: "a"}, {Name: "x", Key: "b"}, {Name: "x", Key: "c"}}
 	c.Decide(1, keys[0], lim, 1, base)
 	if err := c.Flush(t.Context()); err != nil { // a is clean: evicted, it is dropped
 		t.Fatal(err)
@@ -397,7 +397,7 @@ func TestSlabIndices(t *testing.T) {
 func TestAdoptUnlessReleasedSince(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
-	k := Key{"n", "k"}
+	k := Key{Name: "n", Key: "k"}
 	h := hashKey(k)
 	decide(t, c, k, lim10, 3, base)
 	// Released at base+10; a pull that began at base+5 comes back.
@@ -446,7 +446,7 @@ func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
-			k := Key{"n", "k"}
+			k := Key{Name: "n", Key: "k"}
 			h := hashKey(k)
 			for i := range 10 {
 				if d := decide(t, c, k, fw, 1, base+int64(i)); d.Status != bucket.UnderLimit {

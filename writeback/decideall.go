@@ -12,18 +12,53 @@ import (
 )
 
 // SubKey is the key under which the cache keeps the state of limit i of a
-// multi-limit check on k: the name gains a NUL (names never contain one)
-// and the limit's index, so it cannot collide with a single-limit key.
+// multi-limit check on k (0 <= i < MaxLimit): Limit i+1.
 func SubKey(k Key, i int) Key {
-	return Key{Name: k.Name + "\x00" + strconv.Itoa(i), Key: k.Key}
+	k.Limit = uint8(i + 1)
+	return k
 }
 
 // BaseKey returns the key a SubKey was made from (k itself otherwise).
 func BaseKey(k Key) Key {
-	if i := strings.IndexByte(k.Name, 0); i >= 0 {
-		k.Name = k.Name[:i]
-	}
+	k.Limit = 0
 	return k
+}
+
+// KeyOf returns the Key of a counter as peers exchange it
+// (bucket.ValidateCounterKey): a name with the suffix "\x00" and a decimal
+// limit index is limit index+1's counter. A malformed suffix stays in the
+// name (the peer layer refuses such names before they get here).
+func KeyOf(c bucket.Counter) Key {
+	base, idx, sub := strings.Cut(c.Name, "\x00")
+	if !sub {
+		return Key{Name: c.Name, Key: c.Key}
+	}
+	i, err := strconv.Atoi(idx)
+	if err != nil || i < 0 || i >= MaxLimit {
+		return Key{Name: c.Name, Key: c.Key}
+	}
+	return Key{Name: base, Key: c.Key, Limit: uint8(i + 1)}
+}
+
+// RecordOf returns the Record of a counter a peer sent (KeyOf).
+func RecordOf(c bucket.Counter) Record {
+	return Record{Key: KeyOf(c), State: c.State, Version: c.Version}
+}
+
+// Counter returns k as peers exchange it: limit i of a multi-limit check is
+// the name with "\x00" and i appended (KeyOf reads it back).
+func (k Key) Counter() bucket.Counter {
+	if k.Limit == 0 {
+		return bucket.Counter{Name: k.Name, Key: k.Key}
+	}
+	return bucket.Counter{Name: k.Name + "\x00" + strconv.Itoa(int(k.Limit)-1), Key: k.Key}
+}
+
+// Counter returns r as peers exchange it (Key.Counter).
+func (r Record) Counter() bucket.Counter {
+	c := r.Key.Counter()
+	c.State, c.Version = r.State, r.Version
+	return c
 }
 
 // DecideAll applies hits to the limits lims of k atomically: every limit
@@ -52,7 +87,7 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 		s.mu.Lock()
 		same := true
 		for i := range keys {
-			same = same && s.lookup(cacheHash(hash, keys[i].Name), keys[i], now) == es[i]
+			same = same && s.lookup(cacheHash(hash, keys[i].Limit), keys[i], now) == es[i]
 		}
 		if same {
 			break

@@ -110,7 +110,7 @@ func TestPebbleStoreRefusesWritesBeforeTheDiskFills(t *testing.T) {
 				if written == 0 {
 					break
 				}
-				if rec, ok, err := st.Load(Key{"api.create_url", fmt.Sprintf("user:%d", i)}); err != nil || !ok || rec.State.Count != 1 {
+				if rec, ok, err := st.Load(Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", i)}); err != nil || !ok || rec.State.Count != 1 {
 					t.Fatalf("user:%d after the refusal: %+v %v %v", i, rec, ok, err)
 				}
 			}
@@ -129,7 +129,7 @@ func TestPebbleStoreRefusesWritesBeforeTheDiskFills(t *testing.T) {
 			}
 			st2 := openTestStore(t, dir)
 			defer st2.Close()
-			if rec, ok, err := st2.Load(Key{"api.create_url", fmt.Sprintf("user:%d", written+batch-1)}); err != nil || !ok || rec.State.Count != 2 {
+			if rec, ok, err := st2.Load(Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", written+batch-1)}); err != nil || !ok || rec.State.Count != 2 {
 				t.Fatalf("after reopen: %+v %v %v", rec, ok, err)
 			}
 		})
@@ -191,7 +191,7 @@ func TestCacheKeepsCountingWhileTheStoreIsFull(t *testing.T) {
 		defer c.Close(t.Context())
 		keys := make([]Key, 5000)
 		for i := range keys {
-			keys[i] = Key{"api.create_url", fmt.Sprintf("user:%d", i)}
+			keys[i] = Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", i)}
 		}
 		fs.full.Store(true)
 		now := time.Now().UnixNano()
@@ -304,7 +304,7 @@ func TestCacheOverFullPebbleStore(t *testing.T) {
 	n := 0
 	for ; n < 500_000; n += 10_000 {
 		for i := n; i < n+10_000; i++ {
-			k := Key{"api.create_url", fmt.Sprintf("user:%d", i)}
+			k := Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", i)}
 			decide(t, c, k, lim10, 2, now)
 		}
 		if err := c.Flush(t.Context()); err != nil {
@@ -319,7 +319,7 @@ func TestCacheOverFullPebbleStore(t *testing.T) {
 	}
 	refusedAt := n
 	for i := n + 10_000; i < n+20_000; i++ { // more keys while full
-		decide(t, c, Key{"api.create_url", fmt.Sprintf("user:%d", i)}, lim10, 2, now)
+		decide(t, c, Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", i)}, lim10, 2, now)
 	}
 	n += 20_000
 	if err := c.Flush(t.Context()); !errors.Is(err, ErrStoreFull) {
@@ -342,7 +342,7 @@ func TestCacheOverFullPebbleStore(t *testing.T) {
 	st2 := openTestStore(t, dir)
 	defer st2.Close()
 	for _, i := range []int{0, refusedAt - 1, refusedAt, n - 1} {
-		k := Key{"api.create_url", fmt.Sprintf("user:%d", i)}
+		k := Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d", i)}
 		if rec := mustLoad(t, st2, k); rec.State.Count != 2 {
 			t.Fatalf("%v after reopen: %+v", k, rec)
 		}

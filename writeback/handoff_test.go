@@ -103,7 +103,7 @@ func TestReleaseIsAtomicWithDecide(t *testing.T) {
 func TestTakeChangedAndRange(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 2, TrackChanges: true})
-	keys := []Key{{"a", "1"}, {"a", "2"}, {"a", "3"}}
+	keys := []Key{{Name: "a", Key: "1"}, {Name: "a", Key: "2"}, {Name: "a", Key: "3"}}
 	for _, k := range keys {
 		c.Decide(hashKey(k), k, lim10, 1, base)
 	}
@@ -148,7 +148,7 @@ func TestTakeChangedAndRange(t *testing.T) {
 		t.Fatalf("RangeStored saw %d expired records", n)
 	}
 	// Adopt counts as a change.
-	k := Key{"b", "1"}
+	k := Key{Name: "b", Key: "1"}
 	c.Adopt(hashKey(k), Record{Key: k, State: mustState(t, c, keys[0]), Version: uint64(base) + 100})
 	var adopted []Key
 	c.TakeChanged(base, func(h uint64, r Record) { adopted = append(adopted, r.Key) })

@@ -47,7 +47,7 @@ func TestCorruptTableSkipped(t *testing.T) {
 	keys := func(prefix string) []Key {
 		ks := make([]Key, 2000)
 		for i := range ks {
-			ks[i] = Key{"n", fmt.Sprintf("%s%04d", prefix, i)}
+			ks[i] = Key{Name: "n", Key: fmt.Sprintf("%s%04d", prefix, i)}
 		}
 		return ks
 	}

@@ -6,16 +6,25 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strconv"
 
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// Key names one counter: the limit's namespace and the entity counted. It is
-// a comparable value, used as is as the cache's map key.
+// Key names one counter: the limit's namespace, the entity counted, and
+// which limit of the check it counts. It is a comparable value, used as is
+// as the cache's map key.
 type Key struct {
 	Name string // e.g. "api.create_url"; never contains a NUL byte
-	Key  string // e.g. "user:42"
+	Key  string // e.g. "user:42"; any bytes
+	// Limit is 0 for the counter of a check with one limit, and i+1 for
+	// limit i of a multi-limit check (SubKey): at most MaxLimit.
+	Limit uint8
 }
+
+// MaxLimit is the largest Key.Limit: limit MaxLimit-1 of a check
+// (bucket.MaxLimitsPerRequest is 16).
+const MaxLimit = 31
 
 // Record is one counter as the store and, later, replicas hold it.
 type Record struct {
@@ -28,8 +37,15 @@ type Record struct {
 //
 //	[format byte][Version uint64 big-endian][bucket.State encoding][crc32c of the preceding bytes, big-endian]
 //
-// and of a stored key: Name + "\x00" + Key. The State encoding carries its
-// own version and length rules (bucket.State.UnmarshalBinary).
+// and of a stored key: Name + "\x00" + Key for a key of one limit, and
+// "\x00" + Limit byte + Name + "\x00" + Key for limit Limit-1 of a
+// multi-limit check. Names are never empty and never contain a NUL, so the
+// first byte tells the two apart whatever bytes the key holds. (Before
+// 2026-11-25 a multi-limit counter was stored as Name + "\x00" + index in
+// decimal + "\x00" + Key, which a key holding a NUL could also produce;
+// Load still finds a counter stored that way: legacyStoreKey.) The State
+// encoding carries its own version and length rules
+// (bucket.State.UnmarshalBinary).
 const (
 	recordFormat   = 1
 	recordOverhead = 1 + 8 + 4 // all but the State encoding
@@ -43,18 +59,41 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // appendStoreKey appends the store key of k to b.
 func appendStoreKey(b []byte, k Key) []byte {
+	if k.Limit != 0 {
+		b = append(b, 0, k.Limit)
+	}
 	b = append(b, k.Name...)
 	b = append(b, 0)
 	return append(b, k.Key...)
 }
 
-// parseStoreKey splits a store key at its first NUL.
+// legacyStoreKey is the store key a multi-limit counter had before the
+// limit index was typed: Name + "\x00" + decimal index + "\x00" + Key.
+func legacyStoreKey(b []byte, k Key) []byte {
+	b = append(b, k.Name...)
+	b = append(b, 0)
+	b = strconv.AppendUint(b, uint64(k.Limit-1), 10)
+	b = append(b, 0)
+	return append(b, k.Key...)
+}
+
+// parseStoreKey decodes a store key (appendStoreKey).
 func parseStoreKey(b []byte) (Key, error) {
+	var limit uint8
+	if len(b) > 0 && b[0] == 0 {
+		if len(b) < 2 || b[1] == 0 || b[1] > MaxLimit {
+			return Key{}, fmt.Errorf("%w: key %q has a bad limit index", errBadRecord, b)
+		}
+		limit, b = b[1], b[2:]
+	}
 	i := bytes.IndexByte(b, 0)
 	if i < 0 {
 		return Key{}, fmt.Errorf("%w: key %q has no NUL separator", errBadRecord, b)
 	}
-	return Key{Name: string(b[:i]), Key: string(b[i+1:])}, nil
+	if i == 0 {
+		return Key{}, fmt.Errorf("%w: key %q has an empty name", errBadRecord, b)
+	}
+	return Key{Name: string(b[:i]), Key: string(b[i+1:]), Limit: limit}, nil
 }
 
 // appendRecordValue appends the stored value of (st, version) to b.

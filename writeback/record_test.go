@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/cockroachdb/pebble"
+
 	"github.com/sluicehq/sluice/bucket"
 )
 
@@ -53,4 +55,62 @@ func FuzzRecordDecode(f *testing.F) {
 			t.Fatalf("key %q decoded to %+v, encodes to %q", key, rec.Key, got)
 		}
 	})
+}
+
+// The store key of a multi-limit check's counter (SubKey) decodes back to
+// the same Key, and differs from that of any single-limit key: a key may
+// hold NUL bytes and digits, so "api" + "1\x00user:1" must not meet limit
+// 1 of ("api", "user:1"). Before the limit index was typed, both were the
+// bytes "api\x001\x00user:1", and the sub-key decoded as the other: a
+// drain (which reads the store) handed it off under the wrong key.
+func TestSubKeyStoreKeys(t *testing.T) {
+	t.Parallel()
+	v := appendRecordValue(nil, bucket.State{Algorithm: bucket.FixedWindow, Start: 60e9, Count: 2, Expires: 120e9}, 7)
+	base := Key{Name: "api", Key: "user:1"}
+	seen := map[string]Key{}
+	for _, k := range []Key{base, SubKey(base, 0), SubKey(base, 1), SubKey(base, 15), {Name: "api", Key: "1\x00user:1"}, {Name: "api", Key: "\x00"}} {
+		sk := appendStoreKey(nil, k)
+		if other, dup := seen[string(sk)]; dup {
+			t.Fatalf("%+v and %+v have the same store key %q", k, other, sk)
+		}
+		seen[string(sk)] = k
+		rec, err := decodeRecord(sk, v)
+		if err != nil {
+			t.Fatalf("%+v: %v", k, err)
+		}
+		if rec.Key != k {
+			t.Fatalf("%+v decoded as %+v", k, rec.Key)
+		}
+	}
+}
+
+// A multi-limit counter stored under its old key (legacyStoreKey, before
+// the limit index was typed) is still found by Load after an upgrade, and
+// a key whose bytes only look like it is not taken for it.
+func TestLoadFindsLegacySubKeys(t *testing.T) {
+	t.Parallel()
+	st, err := OpenStore(t.TempDir(), quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ps := st.(*pebbleStore)
+	k := SubKey(Key{Name: "api", Key: "user:1"}, 1)
+	state := bucket.State{Algorithm: bucket.FixedWindow, Start: 60e9, Count: 4, Expires: 120e9}
+	if err := ps.db.Set(legacyStoreKey(nil, k), appendRecordValue(nil, state, 9), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := st.Load(k)
+	if err != nil || !ok || rec.Key != k || rec.State != state || rec.Version != 9 {
+		t.Fatalf("Load(%+v) = %+v, %v, %v; want the legacy record", k, rec, ok, err)
+	}
+	if _, ok, _ := st.Load(Key{Name: "api", Key: "user:1"}); ok {
+		t.Error("the single-limit key found the multi-limit counter")
+	}
+	if err := st.Write([]Record{{Key: k, State: state, Version: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok, _ := st.Load(k); !ok || rec.Version != 10 {
+		t.Errorf("after a write: %+v, %v; want the new record (version 10)", rec, ok)
+	}
 }

@@ -43,7 +43,7 @@ func (s *shard) peek(ch uint32, k Key) *slot {
 // key held only in the store or nowhere, in a new slot in pending.
 func (c *Cache) mergeCopy(hash uint64, rec Record) bool {
 	s := c.shardFor(hash)
-	ch := cacheHash(hash, rec.Key.Name)
+	ch := cacheHash(hash, rec.Key.Limit)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

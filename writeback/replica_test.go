@@ -15,13 +15,13 @@ import (
 func TestMergeKeepsCopiesOutOfTheLRU(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 2})
-	owned := []Key{{"n", "a"}, {"n", "b"}}
+	owned := []Key{{Name: "n", Key: "a"}, {Name: "n", Key: "b"}}
 	for _, k := range owned {
 		decide(t, c, k, lim10, 1, base)
 	}
 	const copies = 10
 	copyOf := func(i int) Record {
-		return Record{Key: Key{"n", fmt.Sprintf("copy-%d", i)}, Version: uint64(base) + uint64(i),
+		return Record{Key: Key{Name: "n", Key: fmt.Sprintf("copy-%d", i)}, Version: uint64(base) + uint64(i),
 			State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: int64(i + 1), Expires: base + 1e12}}
 	}
 	for i := range copies {
@@ -95,7 +95,7 @@ func TestDecideFromMergedCopy(t *testing.T) {
 		t.Run(fmt.Sprintf("flushed=%v", flushed), func(t *testing.T) {
 			t.Parallel()
 			c, _ := newTestCache(t, Config{Shards: 1, Size: 4})
-			k := Key{"n", "k"}
+			k := Key{Name: "n", Key: "k"}
 			rec := Record{Key: k, Version: uint64(base),
 				State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 9, Expires: base + 1e12}}
 			if !c.Merge(hashKey(k), rec) {

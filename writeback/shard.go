@@ -100,15 +100,19 @@ type shard struct {
 // shard's names: they are immutable and never copied.
 func (s *shard) keyOf(sl *slot) Key {
 	b := sl.bytes()
+	limit := sl.limit()
 	if i := sl.nameIdx(); i != 0 {
-		return Key{Name: s.names[i], Key: b}
+		return Key{Name: s.names[i], Key: b, Limit: limit}
 	}
 	n := int(sl.meta >> nameLenShift & 0xffff)
-	return Key{Name: b[:n], Key: b[n:]}
+	return Key{Name: b[:n], Key: b[n:], Limit: limit}
 }
 
 // is reports whether sl holds k.
 func (s *shard) is(sl *slot, k Key) bool {
+	if sl.limit() != k.Limit {
+		return false
+	}
 	b := sl.bytes()
 	if i := sl.nameIdx(); i != 0 {
 		return b == k.Key && s.names[i] == k.Name
@@ -122,6 +126,9 @@ func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, 
 	if len(k.Name)+len(k.Key) > maxKeyBytes {
 		return 0, nil, fmt.Errorf("writeback: key of %d bytes is too long to cache", len(k.Name)+len(k.Key))
 	}
+	if k.Limit > MaxLimit {
+		return 0, nil, fmt.Errorf("writeback: limit index %d is over %d", k.Limit, MaxLimit)
+	}
 	i, ok := s.nameIdx[k.Name]
 	if !ok && len(s.names) < maxNames {
 		if len(s.names) == 0 {
@@ -133,7 +140,7 @@ func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, 
 		s.nameIdx[name] = i
 	}
 	var b string
-	meta := uint64(i) << nameIdxShift
+	meta := uint64(i)<<nameIdxShift | uint64(k.Limit)<<limitShift
 	if i != 0 {
 		b = strings.Clone(k.Key)
 	} else {
@@ -146,17 +153,14 @@ func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, 
 	return idx, sl, nil
 }
 
-// cacheHash is the key under which the LRU holds k: the caller's hash of
-// the key, which is the same for every limit of a multi-limit key (SubKey),
-// mixed with the limit's suffix of the name.
-func cacheHash(h uint64, name string) uint32 {
-	i := strings.IndexByte(name, 0)
-	if i < 0 {
+// cacheHash is the key under which the LRU holds a key: the caller's hash
+// of the key, which is the same for every limit of a multi-limit key
+// (SubKey), mixed with the key's Limit.
+func cacheHash(h uint64, limit uint8) uint32 {
+	if limit == 0 {
 		return uint32(h)
 	}
-	for _, c := range []byte(name[i:]) {
-		h = (h ^ uint64(c)) * 0x100000001b3
-	}
+	h = (h ^ uint64(limit)) * 0x100000001b3
 	return uint32(h ^ h>>32)
 }
 

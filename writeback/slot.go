@@ -32,6 +32,8 @@ const (
 	nameIdxShift = 16        // bits 16–31: the name's index in shard.names; 0: not interned
 	nameLenShift = 32        // bits 32–47: the name's length when not interned
 	algShift     = 48        // bits 48–55: the State's Algorithm
+	limitShift   = 56        // bits 56–60: the Key's Limit (MaxLimit is 31)
+	limitMask    = 0x1f
 	changedBit   = 1 << 61   // on shard.changed, not yet taken by TakeChanged
 	queuedBit    = 1 << 62   // on shard.dirty, not yet copied by a flush
 	dirtyBit     = 1 << 63   // has a change the store may not hold yet
@@ -46,6 +48,9 @@ func (sl *slot) clear(bit uint64)    { sl.meta &^= bit }
 func (sl *slot) bytes() string { return unsafe.String(sl.kp, int(sl.meta&keyLenMask)) }
 
 func (sl *slot) nameIdx() int { return int(sl.meta >> nameIdxShift & 0xffff) }
+
+// limit returns the slot's Key.Limit.
+func (sl *slot) limit() uint8 { return uint8(sl.meta >> limitShift & limitMask) }
 
 func (sl *slot) state() bucket.State {
 	var st bucket.State

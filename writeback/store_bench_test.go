@@ -189,7 +189,7 @@ func TestEnginesAgree(t *testing.T) {
 			if rec, ok, err := st.Load(recs[1].Key); err != nil || !ok || rec.Version != 2 || rec.State != recs[1].State {
 				t.Fatalf("overwritten record: %+v %v %v", rec, ok, err)
 			}
-			if _, ok, err := st.Load(Key{"api.create_url", "absent"}); ok || err != nil {
+			if _, ok, err := st.Load(Key{Name: "api.create_url", Key: "absent"}); ok || err != nil {
 				t.Fatalf("absent key: %v %v", ok, err)
 			}
 			var prev []byte

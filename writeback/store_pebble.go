@@ -147,6 +147,11 @@ func moveAside(dir string, now time.Time) (string, error) {
 func (s *pebbleStore) Load(k Key) (Record, bool, error) {
 	var kb [256]byte
 	v, closer, err := s.db.Get(appendStoreKey(kb[:0], k))
+	if errors.Is(err, pebble.ErrNotFound) && k.Limit != 0 {
+		// A multi-limit counter written before the limit index was typed
+		// (legacyStoreKey): its next flush writes it under its new key.
+		v, closer, err = s.db.Get(legacyStoreKey(kb[:0], k))
+	}
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Record{}, false, nil
 	}

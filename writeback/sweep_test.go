@@ -13,12 +13,12 @@ func TestDropExpiredReleases(t *testing.T) {
 	c, _ := newTestCache(t, Config{Shards: 4, Size: 64})
 	const keys = 50
 	for i := range keys {
-		k := Key{"n", fmt.Sprint("k", i)}
+		k := Key{Name: "n", Key: fmt.Sprint("k", i)}
 		if _, _, err := c.Release(hashKey(k), k, base, time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	live := Key{"n", "live"}
+	live := Key{Name: "n", Key: "live"}
 	if _, _, err := c.Release(hashKey(live), live, base, time.Hour); err != nil {
 		t.Fatal(err)
 	}

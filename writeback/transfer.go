@@ -50,7 +50,7 @@ func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Recor
 		}
 		s.movedSweepAt = 2 * len(s.moved)
 	}
-	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}] = release{at: now, until: now + int64(ttl)}
+	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}] = release{at: now, until: now + int64(ttl)}
 	if sl == nil || sl.fresh(now) {
 		return Record{}, false, nil
 	}

@@ -268,5 +268,5 @@ func (b *Book) Sweep(now int64) {
 // CloneKey returns k with its own copies of the strings, for a record that
 // outlives the request k came from.
 func CloneKey(k writeback.Key) writeback.Key {
-	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key)}
+	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}
 }
