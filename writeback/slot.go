@@ -34,9 +34,9 @@ const (
 	algShift     = 48        // bits 48–55: the State's Algorithm
 	limitShift   = 56        // bits 56–60: the Key's Limit (MaxLimit is 31)
 	limitMask    = 0x1f
-	changedBit   = 1 << 61   // on shard.changed, not yet taken by TakeChanged
-	queuedBit    = 1 << 62   // on shard.dirty, not yet copied by a flush
-	dirtyBit     = 1 << 63   // has a change the store may not hold yet
+	changedBit   = 1 << 61 // on shard.changed, not yet taken by TakeChanged
+	queuedBit    = 1 << 62 // on shard.dirty, not yet copied by a flush
+	dirtyBit     = 1 << 63 // has a change the store may not hold yet
 	maxKeyBytes  = keyLenMask
 )
 
