@@ -87,6 +87,7 @@ type shard struct {
 	// heavy churn would hold evicted entries until the next interval.
 	pendingMax int
 	kick       chan<- struct{}
+	dirtied    chan<- struct{} // Cache.dirtied: the dirty list became non-empty
 	notify     chan<- struct{} // Cache.changes: the changed list became non-empty
 	slots      slab
 	limbo      []retired
@@ -277,8 +278,20 @@ func (s *shard) queue(sl *slot) {
 	sl.set(dirtyBit)
 	if !sl.has(queuedBit) {
 		sl.set(queuedBit)
-		s.dirty = append(s.dirty, sl)
+		s.push(sl)
 	}
+}
+
+// push appends sl to the dirty list. The first entry since a flush took
+// the list tells the flush loop, which sleeps while nothing is dirty.
+func (s *shard) push(sl *slot) {
+	if len(s.dirty) == 0 {
+		select {
+		case s.dirtied <- struct{}{}:
+		default: // already told
+		}
+	}
+	s.dirty = append(s.dirty, sl)
 }
 
 // markChanged puts sl on the list of changes unless it is there (with
@@ -311,6 +324,7 @@ type Cache struct {
 
 	flushSem    chan struct{} // held by the one flush in progress
 	flushNow    chan struct{} // capacity 1: a shard's pending entries need a flush
+	dirtied     chan struct{} // capacity 1: a shard's dirty list became non-empty
 	changes     chan struct{} // capacity 1: see Changes
 	storeClosed bool          // guarded by flushSem
 
@@ -348,13 +362,14 @@ func New(cfg Config, store Store) (*Cache, error) {
 		shift:    uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
 		flushSem: make(chan struct{}, 1),
 		flushNow: make(chan struct{}, 1),
+		dirtied:  make(chan struct{}, 1),
 		changes:  make(chan struct{}, 1),
 	}
 	c.writable.Store(true)
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
 		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges,
-			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, notify: c.changes, takes: 1}
+			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
