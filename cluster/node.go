@@ -94,6 +94,7 @@ type Node struct {
 	rate          atomic.Uint64 // math.Float64bits of checks per second
 	rateIdle      atomic.Bool   // the rate meter stopped for want of checks (rate.go)
 	rateWake      chan struct{} // wakes the stopped rate meter (capacity 1)
+	deadWake      chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
 	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
 	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
@@ -144,6 +145,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		stop:      make(chan struct{}),
 		beatWake:  make(chan struct{}, 1),
 		rateWake:  make(chan struct{}, 1),
+		deadWake:  make(chan struct{}, 1),
 		restarts:  make(chan string, 16),
 		boot:      rand.Uint64() | 1, // never 0
 		handoffs:  make(chan handoffJob, 16),
@@ -169,7 +171,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
-	}, onRestart: n.memberRestarted}
+	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}
 	n.deleg.setMeta(n.meta(false, false))
 	n.beat.Store(n.now().UnixNano())
 	return n, nil
