@@ -181,25 +181,89 @@ func (n *Node) every(d time.Duration, fn func(now time.Time) bool) {
 // were declared dead (not those that left): memberlist does not look for
 // them once they are dead, so without this the two sides of a healed
 // partition would stay apart. A restarted or healed member answers and the
-// gossip pools merge.
+// gossip pools merge. With seeds given by name it also joins, at the same
+// interval, what they resolve to that is not a member (joinUnknownSeeds).
+// Without either there is nothing to look for: it sleeps until a member is
+// declared dead.
 func (n *Node) reconnectLoop() {
-	n.every(n.cfg.ReconnectInterval, func(time.Time) bool {
-		var addrs []string
-		for _, m := range n.roster.all() {
-			if m.state == StateDead && m.name != n.name {
-				addrs = append(addrs, m.gossip)
+	defer n.wg.Done()
+	named := len(namedSeeds(n.cfg.Join)) > 0
+	whileWork(n.stop, n.deadWake, n.cfg.ReconnectInterval,
+		func() bool { return named || n.anyDead() },
+		func() {
+			var addrs []string
+			for _, m := range n.roster.all() {
+				if m.state == StateDead && m.name != n.name {
+					addrs = append(addrs, m.gossip)
+				}
 			}
-		}
-		if len(addrs) > 0 && !n.leaving() {
-			if k, _ := n.ml.Load().Join(addrs); k > 0 {
-				n.log.Info("reached members declared dead", "members", k)
+			if len(addrs) > 0 && !n.leaving() {
+				if k, _ := n.ml.Load().Join(addrs); k > 0 {
+					n.log.Info("reached members declared dead", "members", k)
+				}
 			}
+			if n.Ready() {
+				n.joinUnknownSeeds()
+			}
+		})
+}
+
+// anyDead reports whether a member other than this node is declared dead.
+func (n *Node) anyDead() bool {
+	for _, m := range n.roster.all() {
+		if m.state == StateDead && m.name != n.name {
+			return true
 		}
-		if n.Ready() {
-			n.joinUnknownSeeds()
+	}
+	return false
+}
+
+// wakeReconnect is the delegate's onDead: the reconnect loop has a member
+// to look for.
+func (n *Node) wakeReconnect() {
+	select {
+	case n.deadWake <- struct{}{}:
+	default: // already told
+	}
+}
+
+// whileWork calls fn every d while work() holds, until stop closes. When
+// work() does not hold it stops its ticker and waits on wake, which whoever
+// makes work() hold signals after making it so (a non-blocking send on a
+// channel of capacity 1): a wake sent while the loop was busy ends its next
+// wait at once, which costs one look at work().
+func whileWork(stop, wake <-chan struct{}, d time.Duration, work func() bool, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		if !work() {
+			t.Stop()
+			select {
+			case <-stop:
+				return
+			case <-wake:
+			}
+			t.Reset(d)
+			continue
 		}
-		return true
-	})
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
+// namedSeeds returns the seeds given by name rather than IP address.
+func namedSeeds(join []string) []string {
+	var named []string
+	for _, s := range join {
+		if h, _, err := net.SplitHostPort(s[strings.Index(s, "/")+1:]); err == nil && net.ParseIP(h) == nil {
+			named = append(named, s)
+		}
+	}
+	return named
 }
 
 // joinUnknownSeeds joins the addresses that seed names resolve to now and
@@ -207,12 +271,7 @@ func (n *Node) reconnectLoop() {
 // each have seen only itself and started a cluster of its own; this merges
 // them, as a healed partition merges. Seeds given as IPs are left alone.
 func (n *Node) joinUnknownSeeds() {
-	var named []string
-	for _, s := range n.cfg.Join {
-		if h, _, err := net.SplitHostPort(s[strings.Index(s, "/")+1:]); err == nil && net.ParseIP(h) == nil {
-			named = append(named, s)
-		}
-	}
+	named := namedSeeds(n.cfg.Join)
 	if len(named) == 0 {
 		return
 	}

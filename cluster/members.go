@@ -280,8 +280,9 @@ func (r *roster) move(name, from, to string) {
 	}
 }
 
-// departed records n as left (it announced a graceful leave) or dead.
-func (r *roster) departed(n *memberlist.Node) {
+// departed records n as left (it announced a graceful leave) or dead, and
+// returns which (StateLeft or StateDead).
+func (r *roster) departed(n *memberlist.Node) string {
 	info := infoOf(n, StateDead)
 	if info.metaErr == nil && info.meta.leaving {
 		info.state = StateLeft
@@ -299,6 +300,7 @@ func (r *roster) departed(n *memberlist.Node) {
 		r.events.Failures++
 		r.recordLocked(n.Name, EventFailed)
 	}
+	return info.state
 }
 
 // counts returns the events seen so far.
@@ -333,6 +335,7 @@ type delegate struct {
 	onRejoin  func(name string)     // a member declared dead is alive again
 	onReturn  func(info memberInfo) // a member that was dead or had left is back
 	onRestart func(name string)     // a member's boot id changed: another process runs under its name
+	onDead    func()                // a member was declared dead (not left), after the roster says so
 }
 
 var (
@@ -396,7 +399,9 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 }
 
 func (d *delegate) NotifyLeave(n *memberlist.Node) {
-	d.roster.departed(n)
+	if d.roster.departed(n) == StateDead && d.onDead != nil {
+		d.onDead()
+	}
 	d.signal()
 }
 

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -89,6 +88,9 @@ type Node struct {
 	restarts      chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
 	pauseMu       sync.Mutex    // held while a pause is noticed
 	rate          atomic.Uint64 // math.Float64bits of checks per second
+	rateIdle      atomic.Bool   // the rate meter stopped for want of checks (rate.go)
+	rateWake      chan struct{} // wakes the stopped rate meter (capacity 1)
+	deadWake      chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
 	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
 	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
@@ -138,6 +140,8 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		peers:     peers,
 		stop:      make(chan struct{}),
 		beatWake:  make(chan struct{}, 1),
+		rateWake:  make(chan struct{}, 1),
+		deadWake:  make(chan struct{}, 1),
 		restarts:  make(chan string, 16),
 		boot:      rand.Uint64() | 1, // never 0
 		handoffs:  make(chan handoffJob, 16),
@@ -167,7 +171,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		n.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
-	}, onRestart: n.memberRestarted}
+	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}
 	n.deleg.setMeta(n.meta(false, false))
 	n.beat.Store(n.now().UnixNano())
 	return n, nil
@@ -275,22 +279,10 @@ func (n *Node) rebuild() {
 	}
 }
 
-func (n *Node) rateLoop() {
-	last, lastAt, lastCPU := n.checks.Load(), time.Now(), cpuTime()
-	n.every(time.Second, func(now time.Time) bool {
-		c, cpu := n.checks.Load(), cpuTime()
-		wall := now.Sub(lastAt)
-		n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
-		load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))
-		n.load.Store(math.Float64bits(min(max(load, 0), 1)))
-		last, lastAt, lastCPU = c, now, cpu
-		return true
-	})
-}
-
 // Load is the load elastic limits see: the CPU time this process used in
 // the last second divided by one second × GOMAXPROCS, in [0, 1] (0 until
-// the first second has passed). Config.Load replaces it when set.
+// the first second has passed; while the node is idle, the last second
+// measured, rateLoop). Config.Load replaces it when set.
 func (n *Node) Load() float64 {
 	if n.cfg.Load != nil {
 		return n.cfg.Load()

@@ -53,6 +53,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		remote = append(remote, route{i: i, hash: h, lims: lims, owner: owner})
 	}
 	n.checks.Add(uint64(len(reqs)))
+	n.wakeRate()
 	if len(remote) > 0 {
 		n.forward(ctx, reqs, out, remote, now)
 	}
@@ -94,6 +95,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 		return
 	}
 	n.answered.Add(1)
+	n.wakeRate()
 	now := n.now().UnixNano()
 	n.pauseCheck(now) // before the table and the moves are read
 	tbl := n.ring.Table()

@@ -51,6 +51,7 @@ type Cache struct {
 
 	flushSem    chan struct{} // held by the one flush in progress
 	flushNow    chan struct{} // capacity 1: a shard's pending entries need a flush
+	dirtied     chan struct{} // capacity 1: a shard's dirty list became non-empty
 	changes     chan struct{} // capacity 1: see Changes
 	storeClosed bool          // guarded by flushSem
 
@@ -88,13 +89,14 @@ func New(cfg Config, store Store) (*Cache, error) {
 		shift:    uint(64 - bits.TrailingZeros(uint(cfg.Shards))),
 		flushSem: make(chan struct{}, 1),
 		flushNow: make(chan struct{}, 1),
+		dirtied:  make(chan struct{}, 1),
 		changes:  make(chan struct{}, 1),
 	}
 	c.writable.Store(true)
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
 		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges,
-			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, notify: c.changes, takes: 1}
+			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err

@@ -190,3 +190,76 @@ func TestFailedFlushKeepsDirty(t *testing.T) {
 		t.Fatalf("change made during a write was lost: count %d", got)
 	}
 }
+
+// TestFlushLoopSleepsWhileClean: with nothing dirty the flush loop does
+// not run a flush (an idle node's once-a-second wake-up); a change is
+// written one FlushInterval after it, then the loop sleeps again; a failed
+// flush is retried every interval without new changes until it succeeds.
+func TestFlushLoopSleepsWhileClean(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		hs := &hookStore{Store: newMemStore()}
+		c, err := New(Config{Logger: quietLogger(), ExpiryInterval: 24 * time.Hour}, hs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		c.Start(ctx)
+		defer c.Close(ctx)
+		flushes := func() uint64 { // flushes run, written or not
+			s := c.shards[0]
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.flushStarts
+		}
+		writes := func() int {
+			hs.mu.Lock()
+			defer hs.mu.Unlock()
+			return len(hs.writes)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := flushes(); n != 0 {
+			t.Fatalf("%d flushes in an idle hour, want 0", n)
+		}
+		k := Key{Name: "api", Key: "user:1"}
+		decide(t, c, k, lim10, 1, time.Now().UnixNano())
+		time.Sleep(DefaultFlushInterval - time.Millisecond)
+		synctest.Wait()
+		if n := flushes(); n != 0 {
+			t.Fatalf("%d flushes before FlushInterval, want 0", n)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n, w := flushes(), writes(); n != 1 || w != 1 {
+			t.Fatalf("one interval after the change: %d flushes, %d writes, want 1 and 1", n, w)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if n := flushes(); n != 1 {
+			t.Fatalf("%d flushes in the idle hour after it, want 1 in all", n)
+		}
+		first, _, _ := hs.Load(k)
+		// Three failing writes: retried every interval with no new change.
+		hs.mu.Lock()
+		hs.failWrites = 3
+		hs.mu.Unlock()
+		decide(t, c, k, lim10, 1, time.Now().UnixNano())
+		time.Sleep(4 * DefaultFlushInterval)
+		synctest.Wait()
+		if w := writes(); w != 5 {
+			t.Fatalf("%d writes after 3 failures, want 5 (1 + 3 failed + 1)", w)
+		}
+		if rec, ok, err := hs.Load(k); err != nil || !ok || rec.Version <= first.Version {
+			t.Fatalf("after the retries: %+v %v %v, want newer than %+v", rec, ok, err, first)
+		}
+		// The failed flushes put their entries back on the dirty lists,
+		// which wakes the loop once more: one flush of nothing, then none.
+		n := flushes()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if got := flushes(); got > n+1 {
+			t.Fatalf("%d flushes in the idle hour after the retries, want at most 1", got-n)
+		}
+	})
+}

@@ -15,7 +15,9 @@ type Config struct {
 	// shard holds at most Size/Shards. Default 1_000_000.
 	Size int
 	// FlushInterval is how often dirty entries are written to the store, as
-	// one batch. It bounds what a crash loses. Default 1 s. A flush also
+	// one batch: one interval after the first change since the previous
+	// flush, so a cache with nothing dirty does not flush. It bounds what a
+	// crash loses. Default 1 s. A flush also
 	// starts early when entries evicted before their write pile up in a
 	// shard (1/8 of its size), so that churn does not grow memory past Size
 	// by more than that until the interval ends.

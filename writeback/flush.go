@@ -251,7 +251,7 @@ func (c *Cache) requeue(items []flushItem) {
 		}
 		if sl := it.sl; sl.has(dirtyBit) && !sl.has(queuedBit) {
 			sl.set(queuedBit)
-			s.dirty = append(s.dirty, sl)
+			s.push(sl)
 		}
 	}
 	if s != nil {
@@ -273,45 +273,78 @@ func (c *Cache) Start(ctx context.Context) {
 	go c.expiryLoop(ctx)
 }
 
-// flushLoop flushes every FlushInterval, and at once when a shard's
-// evicted entries waiting for their write reach its pendingMax, unless the
-// store is unwritable: then the evicted entries wait in memory and the
-// store is tried again at the interval, not at every eviction.
+// flushLoop flushes one FlushInterval after the first change since the
+// previous flush (so a change waits at most one interval, and changes
+// coming all the time are written once an interval as one batch), and at
+// once when a shard's evicted entries waiting for their write reach its
+// pendingMax, unless the store is unwritable: then the evicted entries
+// wait in memory and the store is tried again at the interval, not at
+// every eviction. It sleeps while nothing is dirty (Cache.dirtied wakes
+// it); a failed flush is retried every interval, with or without new
+// changes.
 func (c *Cache) flushLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.FlushInterval, c.flushNow, func(kicked bool) {
-		if kicked && !c.writable.Load() {
-			return
+	defer c.loops.Done()
+	t := time.NewTimer(c.cfg.FlushInterval)
+	t.Stop()
+	retry := false // the previous flush failed
+	for {
+		kicked := false
+		if !retry {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.dirtied:
+			case <-c.flushNow:
+				kicked = c.writable.Load()
+				if !kicked {
+					continue
+				}
+			}
 		}
-		_ = c.Flush(ctx) // logged and counted by Flush
-	})
+		if !kicked {
+			t.Reset(c.cfg.FlushInterval)
+		wait:
+			for {
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+					break wait
+				case <-c.flushNow:
+					if c.writable.Load() {
+						t.Stop()
+						break wait
+					}
+				}
+			}
+		}
+		retry = c.Flush(ctx) != nil // logged and counted by Flush
+	}
 }
 
 // expiryLoop runs the expiry passes; none while the store is unwritable
 // (deleting writes too).
 func (c *Cache) expiryLoop(ctx context.Context) {
-	c.tick(ctx, c.cfg.ExpiryInterval, nil, func(bool) {
+	c.tick(ctx, c.cfg.ExpiryInterval, func() {
 		if c.writable.Load() {
 			c.expire(time.Now().UnixNano())
 		}
 	})
 }
 
-// tick calls fn every d, and whenever kick (nil: never) delivers, with
-// whether kick did, until ctx ends; it runs on a loop goroutine.
-func (c *Cache) tick(ctx context.Context, d time.Duration, kick <-chan struct{}, fn func(kicked bool)) {
+// tick calls fn every d until ctx ends; it runs on a loop goroutine.
+func (c *Cache) tick(ctx context.Context, d time.Duration, fn func()) {
 	defer c.loops.Done()
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
-		kicked := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-kick:
-			kicked = true
 		}
-		fn(kicked)
+		fn()
 	}
 }
 

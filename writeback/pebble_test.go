@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -147,5 +148,25 @@ func TestCorruptTableSkipped(t *testing.T) {
 	defer st.Close()
 	if rec := mustLoad(t, st, lost); rec.State.Count != 1 {
 		t.Fatalf("the fresh count of %v was not written over the lost one: %+v", lost, rec)
+	}
+}
+
+// TestPebbleStartsNoDiskHealthTickers: a store that has written starts
+// none of pebble's disk-health goroutines (a ticker each, every 2 s, for
+// the file system and for each file written), whose only output was an
+// event nobody listened to; they woke an idle node 1.5 times a second.
+func TestPebbleStartsNoDiskHealthTickers(t *testing.T) {
+	t.Parallel()
+	st := openTestStore(t, t.TempDir())
+	live := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: base + 1e12}
+	if err := st.Write([]Record{{Key: Key{Name: "n", Key: "k"}, State: live, Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 1); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "diskHealthChecking") {
+		t.Fatalf("pebble's disk-health goroutines run:\n%s", b.String())
 	}
 }

@@ -63,6 +63,7 @@ type shard struct {
 	// heavy churn would hold evicted entries until the next interval.
 	pendingMax int
 	kick       chan<- struct{}
+	dirtied    chan<- struct{} // Cache.dirtied: the dirty list became non-empty
 	notify     chan<- struct{} // Cache.changes: the changed list became non-empty
 	slots      slab
 	limbo      []retired
@@ -257,8 +258,20 @@ func (s *shard) queue(sl *slot) {
 	sl.set(dirtyBit)
 	if !sl.has(queuedBit) {
 		sl.set(queuedBit)
-		s.dirty = append(s.dirty, sl)
+		s.push(sl)
 	}
+}
+
+// push appends sl to the dirty list. The first entry since a flush took
+// the list tells the flush loop, which sleeps while nothing is dirty.
+func (s *shard) push(sl *slot) {
+	if len(s.dirty) == 0 {
+		select {
+		case s.dirtied <- struct{}{}:
+		default: // already told
+		}
+	}
+	s.dirty = append(s.dirty, sl)
 }
 
 // markChanged puts sl on the list of changes unless it is there (with
