@@ -14,25 +14,7 @@ type Counter struct {
 	Key     string
 	State   State
 	Version uint64
-	// MovedTo, in a pull's answer only, is the gRPC address of the node the
-	// answering node had already released the key to.
-	MovedTo string
-	// Holders, in a pull's answer only, are the nodes the answering node
-	// would pull the key from before deciding it (it has not settled it
-	// since a membership change gave it the key): they may hold a newer
-	// state. At most MaxHolders.
-	Holders []Holder
 }
-
-// Holder is a node that may hold a newer state of a key: its gRPC address,
-// and whether to pull the key from it with release.
-type Holder struct {
-	Addr    string
-	Release bool
-}
-
-// MaxHolders is the most holders a pull's answer names for one key.
-const MaxHolders = 32
 
 // ValidateCounterKey checks the name and key of a Counter: those of a
 // request (ValidateKey), where the name may also carry the suffix "\x00"

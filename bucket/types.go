@@ -213,10 +213,6 @@ type Request struct {
 	// with Limit 0 but other fields set alongside a non-empty More, which
 	// would be ambiguous. At most MaxLimitsPerRequest limits in all.
 	More []Limit
-	// PullFrom, between nodes only (stand-in forwards), is the gRPC address
-	// of the node that handed the key to the receiver: the receiver pulls
-	// the key from it before deciding.
-	PullFrom string
 }
 
 // Decision is the answer of an algorithm to one request.
@@ -240,9 +236,6 @@ type Outcome struct {
 	Decision
 	Owner string
 	Err   string
-	// MovedTo, between nodes only, is the gRPC address of the node that now
-	// holds the key: the item was not decided and must be asked there.
-	MovedTo string
 }
 
 // ValidateKey checks name and key against docs/architecture.md §5.

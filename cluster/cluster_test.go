@@ -173,15 +173,15 @@ func TestForwardedIsNeverForwardedAgain(t *testing.T) {
 	// n0 receives a forward for a key it sees owned by n1: it does not
 	// forward it; it answers where the key lives.
 	before := net.Calls()
-	out := make([]bucket.Outcome, 1)
-	nodes[0].CheckForwarded(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out)
-	if out[0].MovedTo != memAddr(1) || out[0].Status != bucket.StatusUnspecified {
-		t.Fatalf("forwarded check for another owner's key answered %+v, want MovedTo %s", out[0], memAddr(1))
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out, moved)
+	if moved[0] != memAddr(1) || out[0].Status != bucket.StatusUnspecified {
+		t.Fatalf("forwarded check for another owner's key answered %+v moved to %q, want moved to %s", out[0], moved[0], memAddr(1))
 	}
 	// As a stand-in for an owner that did not answer, it decides.
-	nodes[0].CheckStandIn(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out)
-	if out[0].Owner != "n0" || !out[0].Allowed() || out[0].MovedTo != "" {
-		t.Fatalf("stand-in check answered %+v", out[0])
+	nodes[0].CheckStandIn(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, nil, out, moved)
+	if out[0].Owner != "n0" || !out[0].Allowed() || moved[0] != "" {
+		t.Fatalf("stand-in check answered %+v moved to %q", out[0], moved[0])
 	}
 	if net.Calls() != before {
 		t.Fatal("a forwarded check was forwarded again")

@@ -9,10 +9,10 @@
 // writeback.Cache or forwards the requests owned by one peer in one call to
 // Peers.Forward. A node that receives a forwarded request never forwards it
 // again (Node.CheckForwarded): it decides it, or, when it sees another owner
-// or has handed the key on, answers MovedTo. The sender follows one such
-// redirect; pointed on again, it sends the request there as a stand-in
-// (Peers.ForwardStandIn, with PullFrom the first receiver), which decides
-// it. docs/ownership.md has the key-ownership protocol as a state machine;
+// or has handed the key on, answers that node's address instead (movedTo).
+// The sender follows one such redirect; pointed on again, it sends the
+// request there as a stand-in (Peers.ForwardStandIn, with pullFrom the first
+// receiver), which decides it. docs/ownership.md has the key-ownership protocol as a state machine;
 // package cluster/ownership holds its records and its step function, whose
 // effects the node carries out.
 // When an owner cannot be reached before the forward deadline, the node

@@ -19,10 +19,10 @@ import (
 // failover answers routes whose owner failed from the key's first replica
 // other than the failed node: here when that is this node, else by one more
 // forward; what remains gets the owner-unavailable policy.
-func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []route, failedAddr string, now int64) {
+func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []routed, failedAddr string, now int64) {
 	tbl := n.ring.Table()
 	var reps []ring.Member
-	var local, remote, rest []route
+	var local, remote, rest []routed
 	for _, rt := range items {
 		reps = tbl.Replicas(rt.hash, reps[:0])
 		var next ring.Member
@@ -71,16 +71,16 @@ func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket
 // keeps one count, which that owner pulls (settleBatch asks every member
 // when the key's holders are gone). It returns the routes to decide here:
 // those this node is the stand-in of, and those no stand-in answered.
-func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rest []route, tbl *ring.Table) []route {
+func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rest []routed, tbl *ring.Table) []routed {
 	members := tbl.Members()
 	if len(members) < 3 {
 		return rest
 	}
-	var local []route
+	var local []routed
 	var reps []ring.Member
 	for len(rest) > 0 && ctx.Err() == nil {
 		now := time.Now().UnixNano()
-		var remote []route
+		var remote []routed
 		for _, rt := range rest {
 			reps = tbl.Replicas(rt.hash, reps[:0])
 			to := n.standInFor(rt.hash, members, reps, now)
@@ -141,17 +141,16 @@ func mix64(x uint64) uint64 {
 
 // decideOrPolicy decides rt here, falling back to the policy when this node
 // redirects it too.
-func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt routed, now int64) {
 	r := reqs[rt.i]
 	out[rt.i] = bucket.Outcome{}
-	n.decide(ctx, rt.hash, &r, rt.lims, ownership.Event{Kind: ownership.Failover}, now, &out[rt.i])
-	if out[rt.i].MovedTo != "" {
+	if n.decide(ctx, rt.hash, &r, rt.lims, ownership.Event{Kind: ownership.Failover}, now, &out[rt.i]) != "" {
 		n.unavailable(ctx, reqs, out, rt, now)
 	}
 }
 
 // unavailable applies the owner-unavailable policy to rt.
-func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt route, now int64) {
+func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt routed, now int64) {
 	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
 		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
 			Status:       bucket.OverLimit,

@@ -13,9 +13,10 @@ import (
 // everything; the other methods reach nobody.
 type answeringPeers struct{ NoPeers }
 
-func (answeringPeers) Forward(_ context.Context, _ string, _ []bucket.Request, out []bucket.Outcome) error {
+func (answeringPeers) Forward(_ context.Context, _ string, _ []bucket.Request, out []bucket.Outcome, movedTo []string) error {
 	for i := range out {
 		out[i] = bucket.Outcome{Owner: "b", Decision: bucket.Decision{Status: bucket.UnderLimit}}
+		movedTo[i] = ""
 	}
 	return nil
 }
@@ -50,7 +51,7 @@ func benchForwardPath(b *testing.B, deadline time.Duration) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		remote := []route{{i: 0, hash: h, lims: limits{one: &reqs[0].Limit}, owner: owner}}
+		remote := []routed{{i: 0, hash: h, lims: limits{one: &reqs[0].Limit}, owner: owner}}
 		n.forward(ctx, reqs, out, remote, 0)
 		if !out[0].Allowed() {
 			b.Fatalf("forward answered %+v", out[0])

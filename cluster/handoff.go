@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -272,11 +273,12 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	return installed, stale
 }
 
-// Pull answers another node's pull: the current record of each key, and with
-// release this node stops deciding those keys for ttl, redirecting them to
-// the puller (released to the puller). It implements the receiving side of
-// Peers.Pull.
-func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration) {
+// Pull answers another node's pull: the current record of each key, and in
+// ans[i] where keys[i] had already been released to and, for a key not
+// settled here, the nodes this node would pull it from. With release this
+// node stops deciding those keys for ttl, redirecting them to the puller
+// (released to the puller). It implements the receiving side of Peers.Pull.
+func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
 	now := n.now().UnixNano()
 	addr := ""
 	if release {
@@ -298,9 +300,9 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 			f.ReleasedTo, f.Released = to, n.cache.Released(h, k, now)
 		}
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Pull, From: addr, Release: release})
-		keys[i].MovedTo, keys[i].Holders = eff.MovedTo, nil
+		ans[i] = route.PullAnswer{MovedTo: eff.MovedTo}
 		if eff.Holders {
-			keys[i].Holders = n.holders(h, k, cur, addr, now)
+			ans[i].Holders = n.holders(h, k, cur, addr, now)
 		}
 		if eff.Release {
 			// Released keys are redirected to the puller from now on.
@@ -323,13 +325,13 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 
 // holders returns the nodes this node would pull k (ring hash h) from
 // before deciding it, for the answer to a pull by the node at puller: at
-// most bucket.MaxHolders, neither this node nor the puller.
-func (n *Node) holders(h uint64, k writeback.Key, cur *ring.Table, puller string, now int64) []bucket.Holder {
+// most route.MaxHolders, neither this node nor the puller.
+func (n *Node) holders(h uint64, k writeback.Key, cur *ring.Table, puller string, now int64) []route.Holder {
 	srcs, _ := n.book.Moves().Plan(h, k, n.name, cur, now, nil)
-	var hs []bucket.Holder
+	var hs []route.Holder
 	for _, s := range srcs {
-		if s.Addr != puller && s.Addr != n.cfg.GRPCAddr && len(hs) < bucket.MaxHolders {
-			hs = append(hs, bucket.Holder{Addr: s.Addr, Release: s.Release})
+		if s.Addr != puller && s.Addr != n.cfg.GRPCAddr && len(hs) < route.MaxHolders {
+			hs = append(hs, s)
 		}
 	}
 	return hs

@@ -8,14 +8,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // ForwardHandler is the receiving side of the peer calls: Node implements it.
 type ForwardHandler interface {
-	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
-	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
+	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
-	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
+	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
 }
 
 // MemNetwork connects nodes in one process without sockets, with failure
@@ -151,15 +152,15 @@ type memPeers struct {
 
 var _ Peers = memPeers{}
 
-func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return p.forward(ctx, addr, false, reqs, out)
+func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+	return p.forward(ctx, addr, false, reqs, nil, out, movedTo)
 }
 
-func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return p.forward(ctx, addr, true, reqs, out)
+func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+	return p.forward(ctx, addr, true, reqs, pullFrom, out, movedTo)
 }
 
-func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome) error {
+func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
 	p.m.mu.Lock()
 	p.m.calls++
 	p.m.mu.Unlock()
@@ -168,9 +169,9 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 		return err
 	}
 	if standIn {
-		h.CheckStandIn(ctx, p.from, reqs, out)
+		h.CheckStandIn(ctx, p.from, reqs, pullFrom, out, movedTo)
 	} else {
-		h.CheckForwarded(ctx, p.from, reqs, out)
+		h.CheckForwarded(ctx, p.from, reqs, out, movedTo)
 	}
 	// An answer ready after the caller's deadline does not reach it: the
 	// call failed, as a gRPC call does (DeadlineExceeded).
@@ -189,7 +190,7 @@ func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, coun
 	return in, st, nil
 }
 
-func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error {
+func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
 	p.m.mu.Lock()
 	p.m.pulls[p.from]++
 	p.m.mu.Unlock()
@@ -197,7 +198,7 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 	if err != nil {
 		return err
 	}
-	h.Pull(ctx, p.from, keys, release, ttl)
+	h.Pull(ctx, p.from, keys, release, ttl, ans)
 	return ctx.Err() // answered too late: see forward
 }
 

@@ -7,20 +7,23 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
 // countingHandler counts the calls it answers.
 type countingHandler struct{ replicated int }
 
-func (h *countingHandler) CheckForwarded(context.Context, string, []bucket.Request, []bucket.Outcome) {
+func (h *countingHandler) CheckForwarded(context.Context, string, []bucket.Request, []bucket.Outcome, []string) {
 }
-func (h *countingHandler) CheckStandIn(context.Context, string, []bucket.Request, []bucket.Outcome) {}
+func (h *countingHandler) CheckStandIn(context.Context, string, []bucket.Request, []string, []bucket.Outcome, []string) {
+}
 func (h *countingHandler) Replicate(_ context.Context, _ string, _ bool, c []bucket.Counter) (int, int) {
 	h.replicated += len(c)
 	return len(c), 0
 }
-func (h *countingHandler) Pull(context.Context, string, []bucket.Counter, bool, time.Duration) {}
+func (h *countingHandler) Pull(context.Context, string, []bucket.Counter, bool, time.Duration, []route.PullAnswer) {
+}
 
 // TestMemNetworkCrashSilencesTheOldIncarnation: after Crash, calls to the
 // address fail until a node registers there again, and the crashed node's

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -22,8 +23,8 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	nodes, _ := memCluster(t, 2, nil)
 	key := keysOwnedBy(nodes[0], "n0", 1)[0]
 	admit(t, nodes[0], key, 3, 10)
-	keys := []bucket.Counter{{Name: "api", Key: key}}
-	nodes[0].Pull(context.Background(), "n1", keys, true, time.Minute)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	nodes[0].Pull(context.Background(), "n1", keys, true, time.Minute, ans)
 	if keys[0].Version == 0 || keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
 	}
@@ -34,16 +35,16 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	}
 	// n1 decides two hits with what it pulled.
 	nodes[1].Cache().Adopt(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
-	out := make([]bucket.Outcome, 1)
-	nodes[1].CheckStandIn(context.Background(), "x", []bucket.Request{req("api", key, 2, 10)}, out)
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	nodes[1].CheckStandIn(context.Background(), "x", []bucket.Request{req("api", key, 2, 10)}, []string{""}, out, moved)
 	if !out[0].Allowed() || out[0].Remaining != 5 {
 		t.Fatalf("n1 answered %+v", out[0])
 	}
 	// n0 still owns the key in its view: a check there takes it back from
 	// n1, with n1's count, instead of deciding from its stale copy.
-	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out)
-	if out[0].MovedTo != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
-		t.Fatalf("n0 answered %+v, want a decision on 5 earlier hits (remaining 4)", out[0])
+	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
+		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4)", out[0], moved[0])
 	}
 	if !nodes[1].Cache().Released(h, k, t0.UnixNano()) {
 		t.Fatal("taking the key back did not release it on n1")
@@ -198,10 +199,10 @@ func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
 		t.Fatalf("%s after the pull: %+v, want remaining 94", next.Name(), o)
 	}
 	// A sender that has not heard of the leave yet forwards the key to n0.
-	out := make([]bucket.Outcome, 1)
-	nodes[0].CheckForwarded(context.Background(), "n2", []bucket.Request{req("api", key, 1, 100)}, out)
-	if out[0].MovedTo != memAddr(int(next.Name()[1]-'0')) {
-		t.Fatalf("the leaving node answered %+v, want moved_to %s", out[0], next.Name())
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "n2", []bucket.Request{req("api", key, 1, 100)}, out, moved)
+	if moved[0] != memAddr(int(next.Name()[1]-'0')) {
+		t.Fatalf("the leaving node answered %+v moved to %q, want moved_to %s", out[0], moved[0], next.Name())
 	}
 	if o := check1(next, req("api", key, 1, 100)); o.Owner != next.Name() || o.Remaining != 100-7 {
 		t.Fatalf("%s: %+v, want remaining 93 (the key still there, every hit counted once)", next.Name(), o)
@@ -260,11 +261,11 @@ func TestReleasedToIsPruned(t *testing.T) {
 	n := nodes[0]
 	ctx := context.Background()
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(ctx, nodes[1].Name(), live, true, time.Hour)
+	n.Pull(ctx, nodes[1].Name(), live, true, time.Hour, make([]route.PullAnswer, 1))
 	const keys = 5 * ownership.MinReleasedSweep
 	for i := range keys {
 		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
-		n.Pull(ctx, nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond)
+		n.Pull(ctx, nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]route.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords()
 	bound := ownership.MinReleasedSweep + 2*2 // the threshold, and twice the two releases in force

@@ -33,7 +33,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 			return !ok || owner.Name == n.name
 		})
 	}
-	var remote []route
+	var remote []routed
 	for i := range reqs {
 		r := &reqs[i]
 		lims, ok := n.prepare(r, false, &out[i])
@@ -43,14 +43,13 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
-			n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
-			if out[i].MovedTo == "" {
+			to := n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
+			if to == "" {
 				continue
 			}
-			owner = ring.Member{Addr: out[i].MovedTo}
-			out[i].MovedTo = ""
+			owner = ring.Member{Addr: to}
 		}
-		remote = append(remote, route{i: i, hash: h, lims: lims, owner: owner})
+		remote = append(remote, routed{i: i, hash: h, lims: lims, owner: owner})
 	}
 	n.checks.Add(uint64(len(reqs)))
 	n.wakeRate()
@@ -77,20 +76,23 @@ func (n *Node) refusedAll(out []bucket.Outcome) bool {
 // sees this node as their owner. A request is never forwarded again: when
 // this node sees another node as the key's owner (the two views differ
 // during a membership change), or has handed the key on (released to X),
-// the item comes back undecided with MovedTo that node, and the sender asks
-// it (docs/ownership.md, "Hops").
-func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
-	n.checkHere(ctx, reqs, out, false)
+// the item comes back undecided with movedTo[i] that node ("" for the
+// decided items), and the sender asks it (docs/ownership.md, "Hops").
+func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+	n.checkHere(ctx, reqs, false, nil, out, movedTo)
 }
 
 // CheckStandIn decides reqs that the node from sent here because their
 // owner did not answer: this node decides every one from what it holds, as
-// the key's replica, whoever owns it in its view.
-func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
-	n.checkHere(ctx, reqs, out, true)
+// the key's replica, whoever owns it in its view. pullFrom is nil or names,
+// per request, the node that handed the key here ("" for none): this node
+// pulls the key from it first. movedTo is as for CheckForwarded.
+func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+	n.checkHere(ctx, reqs, true, pullFrom, out, movedTo)
 }
 
-func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, standIn bool) {
+func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+	clear(movedTo)
 	if n.refusedAll(out) {
 		return
 	}
@@ -111,9 +113,12 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, out []bucke
 		}
 		ev := ownership.Event{Kind: ownership.Forwarded}
 		if standIn {
-			ev = ownership.Event{Kind: ownership.StandIn, From: r.PullFrom}
+			ev = ownership.Event{Kind: ownership.StandIn}
+			if pullFrom != nil {
+				ev.From = pullFrom[i]
+			}
 		}
-		n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, ev, now, &out[i])
+		movedTo[i] = n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, ev, now, &out[i])
 	}
 }
 
@@ -203,18 +208,20 @@ func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (lim
 }
 
 // decide answers r, an event ev about its key, from the local cache, as
-// ownership.Step says: it sets o.MovedTo instead when the key is to be
-// asked elsewhere (this node does not own it in its view, is draining, or
-// released it to another node), and settles (pulls) an unsettled key first.
-func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) {
+// ownership.Step says, and settles (pulls) an unsettled key first. When the
+// key is to be asked elsewhere (this node does not own it in its view, is
+// draining, or released it to another node) it leaves o undecided and
+// returns that node's address instead; else "".
+func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) (redirect string) {
 	n.gate.RLock()
-	n.decideGated(ctx, h, r, lims, ev, now, o)
+	redirect = n.decideGated(ctx, h, r, lims, ev, now, o)
 	n.gate.RUnlock()
+	return redirect
 }
 
 // decideGated is decide with n.gate read-locked: the phase in the facts is
 // then the one the decision is made in (drain waits for the gate).
-func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) {
+func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) (redirect string) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	eff := ownership.Step(f, ev)
@@ -222,13 +229,11 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 		switch {
 		case eff.Joining:
 			o.Owner, o.Err = n.name, errJoining
-			return
+			return ""
 		case eff.Forward:
-			o.MovedTo = f.OwnerAddr
-			return
+			return f.OwnerAddr
 		case eff.Redirect != "":
-			o.MovedTo = eff.Redirect
-			return
+			return eff.Redirect
 		}
 		if eff.PullFrom != "" {
 			n.pullKey(ctx, h, k, lims, eff.PullFrom)
@@ -245,7 +250,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 			// sender's cancellation right behind it; a settle cut short): a
 			// decision from it would only risk outranking a newer count.
 			o.Owner, o.Err = n.name, "check abandoned: "+err.Error()
-			return
+			return ""
 		}
 		err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
 		if errors.Is(err, writeback.ErrMoved) && !f.Released {
@@ -260,7 +265,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 			o.Decision = bucket.Decision{}
 			o.Err = err.Error()
 		}
-		return
+		return ""
 	}
 }
 
@@ -288,18 +293,19 @@ func (n *Node) reclaim(h uint64, k writeback.Key, lims limits) {
 	}
 }
 
-// route is a request bound for another node.
-type route struct {
+// routed is a request bound for another node.
+type routed struct {
 	i     int
 	hash  uint64
 	lims  limits
 	owner ring.Member
 	from  string // the address that pointed here (stand-ins pull from it)
+	to    string // where owner pointed it instead of deciding (send's moved routes)
 }
 
 // forward sends the remote requests, one call per owner, the calls to
 // different owners in parallel.
-func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, remote []route, now int64) {
+func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, remote []routed, now int64) {
 	if oneAddr(remote) { // the common case (a single check): no grouping
 		n.forwardGroup(ctx, reqs, out, remote, now)
 		return
@@ -322,7 +328,7 @@ func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 }
 
 // oneAddr reports whether every route goes to the same address.
-func oneAddr(remote []route) bool {
+func oneAddr(remote []routed) bool {
 	for _, rt := range remote[1:] {
 		if rt.owner.Addr != remote[0].owner.Addr {
 			return false
@@ -332,11 +338,11 @@ func oneAddr(remote []route) bool {
 }
 
 // groupByAddr splits routes by destination address, keeping their order.
-func groupByAddr(remote []route) [][]route {
-	var groups [][]route
+func groupByAddr(remote []routed) [][]routed {
+	var groups [][]routed
 	for len(remote) > 0 {
 		addr := remote[0].owner.Addr
-		var g, rest []route
+		var g, rest []routed
 		for _, rt := range remote {
 			if rt.owner.Addr == addr {
 				g = append(g, rt)
@@ -352,24 +358,25 @@ func groupByAddr(remote []route) [][]route {
 
 // send forwards the routes to addr and fills their answers. It returns the
 // routes the peer could not answer (all of them on a transport error) and
-// those it answered with MovedTo (their out holds the new address).
-func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []route) (failed, moved []route) {
-	sub := make([]bucket.Request, len(g))
-	subOut := make([]bucket.Outcome, len(g))
+// those it pointed elsewhere instead of deciding (their to holds the
+// address).
+func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []routed) (failed, moved []routed) {
+	sub, subOut, movedTo := sendBufs(len(g))
 	for j, rt := range g {
 		sub[j] = reqs[rt.i]
 		// The owner gets the resolved limits; it needs no rules.
 		sub[j].Limit, sub[j].More = *rt.lims.one, rt.lims.more
-		if standIn {
-			sub[j].PullFrom = rt.from
-		}
 	}
 	fctx, cancel := n.forwardContext(ctx)
 	var err error
 	if standIn {
-		err = n.peers.ForwardStandIn(fctx, addr, sub, subOut)
+		pullFrom := make([]string, len(g))
+		for j, rt := range g {
+			pullFrom[j] = rt.from
+		}
+		err = n.peers.ForwardStandIn(fctx, addr, sub, pullFrom, subOut, movedTo)
 	} else {
-		err = n.peers.Forward(fctx, addr, sub, subOut)
+		err = n.peers.Forward(fctx, addr, sub, subOut, movedTo)
 	}
 	cancel()
 	n.forwarded.Add(uint64(len(g)))
@@ -380,11 +387,26 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 	}
 	for j, rt := range g {
 		out[rt.i] = subOut[j]
-		if subOut[j].MovedTo != "" {
+		if movedTo[j] != "" {
+			rt.to = movedTo[j]
 			moved = append(moved, rt)
 		}
 	}
 	return nil, moved
+}
+
+// sendBufs returns the slices of a send of n items; for a single item, the
+// common case, in one allocation.
+func sendBufs(n int) ([]bucket.Request, []bucket.Outcome, []string) {
+	if n == 1 {
+		b := new(struct {
+			req   [1]bucket.Request
+			out   [1]bucket.Outcome
+			moved [1]string
+		})
+		return b.req[:], b.out[:], b.moved[:]
+	}
+	return make([]bucket.Request, n), make([]bucket.Outcome, n), make([]string, n)
 }
 
 // forwardContext bounds a forward by ForwardTimeout; a caller's deadline
@@ -400,15 +422,15 @@ func (n *Node) forwardContext(ctx context.Context) (context.Context, context.Can
 // handed to another node are re-sent there once. Items that still have no
 // answer go to the key's first replica (which may be this node), and, when
 // that fails too, get the owner-unavailable policy.
-func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []route, now int64) {
+func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []routed, now int64) {
 	failedAddr := g[0].owner.Addr
 	failed, moved := n.send(ctx, failedAddr, false, reqs, out, g)
 	if len(moved) > 0 {
 		// The receiver sees the key elsewhere (views differ while
 		// membership changes) or handed it on: ask where it points.
 		n.redirects.Add(uint64(len(moved)))
-		var stuck []route
-		for _, rg := range groupByAddr(retarget(moved, out)) {
+		var stuck []routed
+		for _, rg := range groupByAddr(retarget(moved)) {
 			f, m := n.send(ctx, rg[0].owner.Addr, false, reqs, out, rg)
 			failed = append(failed, f...)
 			stuck = append(stuck, m...)
@@ -436,10 +458,10 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bu
 
 // retarget points routes at the address their answer moved them to,
 // remembering where they came from.
-func retarget(moved []route, out []bucket.Outcome) []route {
-	again := make([]route, len(moved))
+func retarget(moved []routed) []routed {
+	again := make([]routed, len(moved))
 	for j, rt := range moved {
-		rt.from, rt.owner = rt.owner.Addr, ring.Member{Addr: out[rt.i].MovedTo}
+		rt.from, rt.owner, rt.to = rt.owner.Addr, ring.Member{Addr: rt.to}, ""
 		again[j] = rt
 	}
 	return again

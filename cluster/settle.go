@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/ownership"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -43,8 +44,8 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, ms ownersh
 type settleItem struct {
 	h     uint64
 	k     writeback.Key
-	asked []ownership.Source // nodes asked, deduplicated by address
-	moves ownership.Moves    // the moves it is settled for
+	asked []route.Holder  // nodes asked, deduplicated by address
+	moves ownership.Moves // the moves it is settled for
 	best  bucket.Counter
 }
 
@@ -75,13 +76,13 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 		it := &items[i]
 		it.asked, it.moves = ms.Plan(it.h, it.k, n.name, cur, now, it.asked)
 	}
-	more := n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return it.asked })
+	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked })
 	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
 		// A node asked had already handed the key on, or had not settled
 		// it itself since a move: the node it went to, or the nodes it
 		// would have pulled it from, may hold a newer state.
 		next := more
-		more = n.pullAll(ctx, items, func(it *settleItem) []ownership.Source { return next[it] })
+		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] })
 	}
 	for i := range items {
 		it := &items[i]
@@ -100,11 +101,12 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 // per node and release flag, all at once, each bounded by PullTimeout. It
 // keeps in best the merge of each item's copies (mergeCopies), and returns where released copies
 // had already gone (addresses not asked yet, and not this node).
-func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []ownership.Source) map[*settleItem][]ownership.Source {
+func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []route.Holder) map[*settleItem][]route.Holder {
 	type call struct {
-		to   ownership.Source
+		to   route.Holder
 		its  []*settleItem
 		keys []bucket.Counter
+		ans  []route.PullAnswer
 		err  error
 	}
 	var calls []*call
@@ -131,8 +133,9 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		if c.to.Release {
 			ttl = n.cfg.MoveWindow
 		}
+		c.ans = make([]route.PullAnswer, len(c.keys))
 		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-		c.err = n.peers.Pull(pctx, c.to.Addr, c.keys, c.to.Release, ttl)
+		c.err = n.peers.Pull(pctx, c.to.Addr, c.keys, c.to.Release, ttl, c.ans)
 		cancel()
 	}
 	var wg sync.WaitGroup
@@ -147,7 +150,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		pull(calls[0])
 	}
 	wg.Wait()
-	var moved map[*settleItem][]ownership.Source
+	var moved map[*settleItem][]route.Holder
 	for _, c := range calls {
 		n.pulls.Add(uint64(len(c.keys)))
 		if c.err != nil {
@@ -160,14 +163,14 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 			follow := func(addr string, release bool) {
 				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
 					if moved == nil {
-						moved = make(map[*settleItem][]ownership.Source)
+						moved = make(map[*settleItem][]route.Holder)
 					}
 					it.asked = append(it.asked, src)
 					moved[it] = append(moved[it], src)
 				}
 			}
-			follow(got.MovedTo, true)
-			for _, h := range got.Holders {
+			follow(c.ans[j].MovedTo, true)
+			for _, h := range c.ans[j].Holders {
 				follow(h.Addr, h.Release)
 			}
 		}
@@ -212,7 +215,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-	err := n.peers.Pull(pctx, addr, keys, true, n.cfg.MoveWindow)
+	err := n.peers.Pull(pctx, addr, keys, true, n.cfg.MoveWindow, make([]route.PullAnswer, len(keys)))
 	cancel()
 	n.pulls.Add(1)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -26,10 +27,10 @@ func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
 	})
 	n := nodes[0]
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(context.Background(), nodes[1].Name(), live, true, 24*time.Hour)
+	n.Pull(context.Background(), nodes[1].Name(), live, true, 24*time.Hour, make([]route.PullAnswer, 1))
 	const keys = 100 // fewer than ownership.MinReleasedSweep: NoteReleased never prunes
 	for i := range keys {
-		n.Pull(context.Background(), nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window)
+		n.Pull(context.Background(), nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window, make([]route.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords
 	if got := records(); got != keys+1 {

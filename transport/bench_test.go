@@ -23,11 +23,11 @@ func (h *trivialHandler) Check(_ context.Context, reqs []bucket.Request, out []b
 	}
 }
 
-func (h *trivialHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
-	h.CheckForwarded(ctx, from, reqs, out)
+func (h *trivialHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) {
+	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.Check(ctx, reqs, out)
 }
@@ -84,7 +84,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 			pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: inflight})
 			b.Cleanup(func() { pc.Close() })
 			addr := s.GRPCAddr()
-			if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1)); err != nil {
+			if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
 				b.Fatal(err)
 			}
 			h.forwards.Store(0)
@@ -98,7 +98,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 				out := make([]bucket.Outcome, 1)
 				ctx := context.Background()
 				for pb.Next() {
-					if err := pc.Forward(ctx, addr, rs, out); err != nil {
+					if err := pc.Forward(ctx, addr, rs, out, make([]string, len(out))); err != nil {
 						b.Error(err)
 						return
 					}
@@ -117,14 +117,14 @@ func BenchmarkForwardSerial(b *testing.B) {
 	b.Cleanup(func() { pc.Close() })
 	rs, out := keys("k", 1), make([]bucket.Outcome, 1)
 	ctx := context.Background()
-	if err := pc.Forward(ctx, s.GRPCAddr(), rs, out); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	done := cpuMeter(b)
 	for b.Loop() {
-		if err := pc.Forward(ctx, s.GRPCAddr(), rs, out); err != nil {
+		if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -191,7 +191,7 @@ func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, ou
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, DefaultForwardTimeout)
-		if err := h.peers.Forward(fctx, h.addrs[owner-1], reqs[i:i+1], out[i:i+1]); err != nil {
+		if err := h.peers.Forward(fctx, h.addrs[owner-1], reqs[i:i+1], out[i:i+1], make([]string, 1)); err != nil {
 			out[i] = bucket.Outcome{Err: err.Error()}
 		}
 		cancel()

@@ -5,7 +5,8 @@
 // Client (Dial: one node, protobuf messages) and ClusterClient (NewClient:
 // typed, over several nodes), with HTTPMiddleware and UnaryServerInterceptor.
 //
-// It imports the generated sluicev1 package and bucket's value types, never
+// It imports the generated sluicev1 package, bucket's value types and the
+// peer protocol's routing words of ring/route (Holder, PullAnswer), never
 // cluster: it declares what it calls — Handler (decides checks; cluster.Node
 // implements it), PeerHandler (installs and hands out counters; cluster.Node
 // too) and StatusSource — and cmd/sluice connects the two.
@@ -111,7 +112,8 @@
 // PeerConfig.MaxCounters (default 5000) counters and about 2 MiB, one after another,
 // and sums the answers; a refused counter is an error. Pull sends at most
 // PeerConfig.MaxCounters keys per RPC, halving an RPC whose answer exceeds the 4 MiB
-// message limit, and fills keys only when every answer is well formed. Both
+// message limit, and fills keys (and the answers' moved_to and holders, as
+// route.PullAnswer) only when every answer is well formed. Both
 // end by ctx's deadline, or when ctx has none, after BulkTimeout (default
 // 10 s) for Replicate and Timeout for Pull.
 //
@@ -148,10 +150,11 @@
 // min(ctx deadline, now+Timeout) (default 250 ms) — with the peer's answers,
 // the RPC's error, or ctx.Err() — and a caller that gives up while queued
 // returns at once. An item whose key the receiver has handed to another node
-// comes back undecided with Outcome.MovedTo set (ForwardResponse.moved_to,
-// sent only when some item moved, then one entry per item); a moved_to whose
-// length does not match fails the call. RPCs fail fast (no wait-for-ready)
-// when the peer's connection is down; reconnect backoff is capped at 1 s. A
+// comes back undecided with that node's address in its movedTo entry
+// (ForwardResponse.moved_to, sent only when some item moved, then one entry
+// per item); a moved_to whose length does not match fails the call. RPCs
+// fail fast (no wait-for-ready) when the peer's connection is down;
+// reconnect backoff is capped at 1 s. A
 // connection whose sent data goes unacknowledged for PeerAckTimeout (or 4
 // forward timeouts) is dropped and redialled (TCP_USER_TIMEOUT, through
 // gRPC's keepalive), so a link that lost packets for a while is usable

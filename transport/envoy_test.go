@@ -64,11 +64,11 @@ func (h *memHandler) Check(_ context.Context, reqs []bucket.Request, out []bucke
 	}
 }
 
-func (h *memHandler) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *memHandler) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *memHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *memHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 

@@ -10,23 +10,30 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // Handler decides checks. cluster.Node implements it; cmd/sluice passes it in.
-// Both methods are called concurrently from many goroutines. They return only
-// when every element of out is filled (len(out) == len(reqs)); the transport
-// reuses reqs and out after they return, so a Handler must not keep them.
+// Its methods are called concurrently from many goroutines. They return only
+// when every element of out is filled (len(out) == len(reqs)); movedTo, as
+// long as reqs, arrives with every entry "", and a method sets the entries
+// of the items it leaves undecided. The transport reuses the slices after
+// they return, so a Handler must not keep them.
 type Handler interface {
 	// Check decides reqs and fills out; it may forward to other nodes. It
 	// validates each item itself and answers an invalid one with Outcome.Err.
 	Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome)
 	// CheckStandIn decides reqs that another node (named from) sent here
 	// because their owner did not answer: this node decides them all from
-	// what it holds (hop limit 1).
-	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+	// what it holds (hop limit 1). pullFrom is nil or names, per request,
+	// the node that handed the key here ("" for none), to pull it from
+	// first (ForwardRequest.pull_from). movedTo is as for CheckForwarded.
+	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
 	// CheckForwarded decides reqs another node (named from) forwarded to this
-	// one; it never forwards again (hop limit 1).
-	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome)
+	// one; it never forwards again (hop limit 1). An item whose key this
+	// node sees elsewhere is left undecided with movedTo[i] the address to
+	// ask instead (ForwardResponse.moved_to).
+	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
 }
 
 // PeerHandler answers the node-to-node replication RPCs. cluster.Node
@@ -38,9 +45,11 @@ type Handler interface {
 type PeerHandler interface {
 	// Replicate installs counters whose Version is newer than what this node holds; handoff means this node now owns them.
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
-	// Pull fills State and Version of each element of keys (only Name and Key are set on input; Version 0 on output = none held).
-	// With release, this node stops deciding those keys for ttl (it answers MovedTo the puller's address).
-	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration)
+	// Pull fills State and Version of each element of keys (only Name and Key are set on input; Version 0 on output = none held),
+	// and ans[i] (len(ans) == len(keys)) with where keys[i] had been released to and whom this node would pull it from
+	// (PullResponse.moved_to and holders; at most route.MaxHolders are sent per key).
+	// With release, this node stops deciding those keys for ttl (it points their checks at the puller).
+	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
 }
 
 // RuleLimits gives the limits of the rule for a name (the rules file in

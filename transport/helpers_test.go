@@ -23,6 +23,7 @@ type fakeHandler struct {
 	sizes     []int            // items per CheckForwarded call, in order
 	last      []bucket.Request // copy of the last Check's requests
 	lastFwd   []bucket.Request // copy of the last CheckForwarded's requests
+	lastPull  []string         // copy of the last CheckStandIn's pullFrom
 	lastFrom  string
 	block     chan struct{} // when set, CheckForwarded waits on it (or ctx, unless hang)
 	hang      bool          // wait on block even when the RPC's context ends
@@ -43,12 +44,15 @@ func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bu
 }
 
 // CheckStandIn records the call, then answers like CheckForwarded.
-func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
 	h.standIns.Add(1)
-	h.CheckForwarded(ctx, from, reqs, out)
+	h.mu.Lock()
+	h.lastPull = append([]string(nil), pullFrom...)
+	h.mu.Unlock()
+	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.mu.Lock()
 	h.sizes = append(h.sizes, len(reqs))

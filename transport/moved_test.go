@@ -16,30 +16,30 @@ import (
 )
 
 // movingHandler answers forwarded items whose key starts with "moved" with
-// MovedTo instead of a decision.
+// a moved-to address instead of a decision.
 type movingHandler struct{ fakeHandler }
 
 const movedAddr = "10.0.0.9:8081"
 
-func (h *movingHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome) {
-	h.fakeHandler.CheckForwarded(ctx, from, reqs, out)
+func (h *movingHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "moved") {
-			out[i] = bucket.Outcome{MovedTo: movedAddr}
+			out[i], movedTo[i] = bucket.Outcome{}, movedAddr
 		}
 	}
 }
 
-func checkMovedOut(reqs []bucket.Request, out []bucket.Outcome) error {
+func checkMovedOut(reqs []bucket.Request, out []bucket.Outcome, moved []string) error {
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "moved") {
-			if out[i].MovedTo != movedAddr || out[i].Allowed() {
-				return fmt.Errorf("moved item %d: %+v, want MovedTo %s and no decision", i, out[i], movedAddr)
+			if moved[i] != movedAddr || out[i].Allowed() {
+				return fmt.Errorf("moved item %d: %+v moved to %q, want moved to %s and no decision", i, out[i], moved[i], movedAddr)
 			}
 			continue
 		}
-		if out[i].MovedTo != "" || out[i].Owner != "a/"+reqs[i].Key || !out[i].Allowed() {
-			return fmt.Errorf("decided item %d: %+v", i, out[i])
+		if moved[i] != "" || out[i].Owner != "a/"+reqs[i].Key || !out[i].Allowed() {
+			return fmt.Errorf("decided item %d: %+v moved to %q", i, out[i], moved[i])
 		}
 	}
 	return nil
@@ -66,12 +66,15 @@ func TestForwardMovedTo(t *testing.T) {
 			rs = keys("still"+strconv.Itoa(i), 2) // nothing moved in this caller's part
 		}
 		go func() {
-			out := make([]bucket.Outcome, len(rs))
-			if err := pc.Forward(testCtx(t), addr, rs, out); err != nil {
+			out, moved := make([]bucket.Outcome, len(rs)), make([]string, len(rs))
+			for j := range moved {
+				moved[j] = "stale" // Forward writes every entry
+			}
+			if err := pc.Forward(testCtx(t), addr, rs, out, moved); err != nil {
 				errs <- err
 				return
 			}
-			errs <- checkMovedOut(rs, out)
+			errs <- checkMovedOut(rs, out, moved)
 		}()
 	}
 	waitFor(t, 10*time.Second, "one forward on the wire and the rest queued", func() bool {

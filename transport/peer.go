@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -189,15 +190,16 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 }
 
 // Forward asks the node at addr to decide reqs (CheckForwarded there) and
-// fills out with its answers, in order; an item whose key that node has
-// handed to another comes back undecided with MovedTo set to the other
-// node's address. It returns an error, and leaves out
-// unspecified, when the peer could not answer: the wrapped gRPC error, or
-// ctx.Err() (context.DeadlineExceeded also when Timeout ran out). It never
-// waits past min(ctx's deadline, now+Timeout).
-func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return pc.chunked(ctx, addr, reqs, out, func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error {
-		if err := p.forward(ctx, reqs, out); err != nil {
+// fills out with its answers, in order, and movedTo (as long as reqs): an
+// item whose key that node has handed to another comes back undecided with
+// movedTo[i] the other node's address, "" for the decided items. It returns
+// an error, and leaves out and movedTo unspecified, when the peer could not
+// answer: the wrapped gRPC error, or ctx.Err() (context.DeadlineExceeded
+// also when Timeout ran out). It never waits past min(ctx's deadline,
+// now+Timeout).
+func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+	return pc.chunked(ctx, addr, reqs, nil, out, movedTo, func(ctx context.Context, p *peer, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) error {
+		if err := p.forward(ctx, reqs, out, movedTo); err != nil {
 			return fmt.Errorf("transport: forward %d requests to %s: %w", len(reqs), addr, err)
 		}
 		return nil
@@ -206,21 +208,26 @@ func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Re
 
 // ForwardStandIn asks the node at addr to decide reqs although it may not
 // own their keys, because their owner did not answer (CheckStandIn there).
-// It is sent at once, in one RPC per MaxBatch items, outside the batching
-// of Forward: stand-ins are rare. Answers and errors are as for Forward.
-func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return pc.chunked(ctx, addr, reqs, out, func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error {
-		return p.forwardStandIn(ctx, reqs, out)
+// pullFrom is nil or names, per request, the node to pull its key from
+// first ("" for none). It is sent at once, in one RPC per MaxBatch items,
+// outside the batching of Forward: stand-ins are rare. Answers and errors
+// are as for Forward.
+func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+	return pc.chunked(ctx, addr, reqs, pullFrom, out, movedTo, func(ctx context.Context, p *peer, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+		return p.forwardStandIn(ctx, reqs, pullFrom, out, movedTo)
 	})
 }
 
-// chunked checks reqs and out, finds the peer at addr and calls send on
-// chunks of at most MaxBatch items under one deadline (ctx's, or
-// now+Timeout when that is sooner).
-func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome,
-	send func(ctx context.Context, p *peer, reqs []bucket.Request, out []bucket.Outcome) error) error {
-	if len(reqs) != len(out) {
-		return fmt.Errorf("transport: forward: %d requests but %d outcomes", len(reqs), len(out))
+// chunked checks the lengths of the slices, finds the peer at addr and
+// calls send on chunks of at most MaxBatch items under one deadline (ctx's,
+// or now+Timeout when that is sooner). pullFrom may be nil.
+func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string,
+	send func(ctx context.Context, p *peer, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error) error {
+	if len(reqs) != len(out) || len(reqs) != len(movedTo) {
+		return fmt.Errorf("transport: forward: %d requests but %d outcomes and %d moved-to entries", len(reqs), len(out), len(movedTo))
+	}
+	if pullFrom != nil && len(pullFrom) != len(reqs) {
+		return fmt.Errorf("transport: forward: %d requests but %d pull-from entries", len(reqs), len(pullFrom))
 	}
 	if len(reqs) == 0 {
 		return nil
@@ -233,7 +240,11 @@ func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Re
 	defer cancel()
 	for start := 0; start < len(reqs); start += pc.maxBatch {
 		end := min(start+pc.maxBatch, len(reqs))
-		if err := send(ctx, p, reqs[start:end], out[start:end]); err != nil {
+		var pf []string
+		if pullFrom != nil {
+			pf = pullFrom[start:end]
+		}
+		if err := send(ctx, p, reqs[start:end], pf, out[start:end], movedTo[start:end]); err != nil {
 			return err
 		}
 	}
@@ -241,18 +252,13 @@ func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Re
 }
 
 // forwardStandIn sends one chunk as a stand-in Forward RPC.
-func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) error {
+func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
 	req := &sluicev1.ForwardRequest{From: p.pc.name, Cluster: p.pc.cluster, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, len(reqs))}
 	for i := range reqs {
 		req.Requests = append(req.Requests, RequestToProto(reqs[i]))
-		if reqs[i].PullFrom != "" && req.PullFrom == nil {
-			req.PullFrom = make([]string, len(reqs))
-		}
 	}
-	if req.PullFrom != nil {
-		for i := range reqs {
-			req.PullFrom[i] = reqs[i].PullFrom
-		}
+	if slices.ContainsFunc(pullFrom, func(a string) bool { return a != "" }) {
+		req.PullFrom = pullFrom
 	}
 	resp, err := p.client.Forward(ctx, req)
 	if err != nil {
@@ -264,10 +270,12 @@ func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, out []
 	if err := checkMoved(resp, len(reqs)); err != nil {
 		return fmt.Errorf("transport: %s: %w", p.addr, err)
 	}
+	mv := resp.GetMovedTo()
 	for i, r := range resp.GetResponses() {
 		out[i] = OutcomeFromProto(r)
-		if mv := resp.GetMovedTo(); len(mv) > 0 {
-			out[i].MovedTo = mv[i]
+		movedTo[i] = ""
+		if len(mv) > 0 {
+			movedTo[i] = mv[i]
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // recordingHandler is the Handler and PeerHandler of FuzzServiceMessages:
@@ -33,10 +34,15 @@ func (h *recordingHandler) note(err error) {
 	}
 }
 
-func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome) {
+func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome, pullFrom, movedTo []string, peer bool) {
 	var err error
-	if len(reqs) != len(out) {
+	switch {
+	case len(reqs) != len(out):
 		err = errors.New("outcomes and requests differ in length")
+	case peer && len(movedTo) != len(reqs):
+		err = errors.New("moved-to entries and requests differ in length")
+	case pullFrom != nil && len(pullFrom) != len(reqs):
+		err = errors.New("pull-from entries and requests differ in length")
 	}
 	h.note(err)
 	for i := range reqs {
@@ -48,15 +54,15 @@ func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome)
 }
 
 func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
-	h.outcomes(reqs, out)
+	h.outcomes(reqs, out, nil, nil, false)
 }
 
-func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
-	h.outcomes(reqs, out)
+func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+	h.outcomes(reqs, out, pullFrom, movedTo, true)
 }
 
-func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
-	h.outcomes(reqs, out)
+func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+	h.outcomes(reqs, out, nil, movedTo, true)
 }
 
 func (h *recordingHandler) Replicate(_ context.Context, _ string, _ bool, counters []bucket.Counter) (int, int) {
@@ -80,8 +86,11 @@ func (h *recordingHandler) Replicate(_ context.Context, _ string, _ bool, counte
 	return len(counters), 0
 }
 
-func (h *recordingHandler) Pull(_ context.Context, _ string, keys []bucket.Counter, _ bool, ttl time.Duration) {
+func (h *recordingHandler) Pull(_ context.Context, _ string, keys []bucket.Counter, _ bool, ttl time.Duration, ans []route.PullAnswer) {
 	var err error
+	if len(ans) != len(keys) {
+		err = errors.New("Pull got answers and keys of different lengths")
+	}
 	for _, k := range keys {
 		if e := bucket.ValidateCounterKey(k.Name, k.Key); e != nil {
 			err = errors.New("Pull got an invalid key: " + e.Error())

@@ -39,7 +39,7 @@ func TestForwardLoneCallerSentAtOnce(t *testing.T) {
 	for i := range 5 {
 		rs := []bucket.Request{req("k"+strconv.Itoa(i), 1)}
 		out := make([]bucket.Outcome, 1)
-		if err := pc.Forward(context.Background(), s.GRPCAddr(), rs, out); err != nil {
+		if err := pc.Forward(context.Background(), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 			t.Fatal(err)
 		}
 		if err := checkOwn("a", rs, out); err != nil {
@@ -77,7 +77,7 @@ func TestForwardCoalescesConcurrentCallers(t *testing.T) {
 		rs := keys("c"+strconv.Itoa(i)+"-", 1+i%3)
 		wg.Go(func() {
 			out := make([]bucket.Outcome, len(rs))
-			if err := pc.Forward(testCtx(t), addr, rs, out); err != nil {
+			if err := pc.Forward(testCtx(t), addr, rs, out, make([]string, len(out))); err != nil {
 				errs <- err
 				return
 			}
@@ -133,7 +133,7 @@ func TestForwardStress(t *testing.T) {
 				if i%10 == 9 {
 					cancel() // gives up at once: error or answers, never a crossed answer
 				}
-				err := pc.Forward(ctx, addr, rs, out)
+				err := pc.Forward(ctx, addr, rs, out, make([]string, len(out)))
 				cancel()
 				if err == nil {
 					err = checkOwn("a", rs, out)
@@ -167,7 +167,7 @@ func TestForwardSplitsLargeCalls(t *testing.T) {
 	defer pc.Close()
 	rs := keys("k", 25)
 	out := make([]bucket.Outcome, len(rs))
-	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	if err := checkOwn("a", rs, out); err != nil {
@@ -188,7 +188,7 @@ func TestForwardUnreachablePeer(t *testing.T) {
 	defer pc.Close()
 	for range 3 { // the first dial and the reconnects after it
 		start := time.Now()
-		err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1))
+		err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1))
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("forward to a closed port: %v (after %v), want Unavailable", err, time.Since(start))
 		}
@@ -210,7 +210,7 @@ func TestForwardHangingPeer(t *testing.T) {
 	for i := range callers {
 		go func() {
 			start := time.Now()
-			err := pc.Forward(context.Background(), s.GRPCAddr(), keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1))
+			err := pc.Forward(context.Background(), s.GRPCAddr(), keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1), make([]string, 1))
 			if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 				errs <- fmt.Errorf("caller %d: %v, want DeadlineExceeded", i, err)
 				return
@@ -245,13 +245,15 @@ func TestForwardCancelWhileQueued(t *testing.T) {
 	defer pc.Close()
 
 	first := make(chan error, 1)
-	go func() { first <- pc.Forward(context.Background(), addr, keys("first", 1), make([]bucket.Outcome, 1)) }()
+	go func() {
+		first <- pc.Forward(context.Background(), addr, keys("first", 1), make([]bucket.Outcome, 1), make([]string, 1))
+	}()
 	waitFor(t, 10*time.Second, "the first forward on the wire", func() bool { return h.forwards.Load() == 1 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	queued := make(chan error, 1)
 	out := make([]bucket.Outcome, 1)
-	go func() { queued <- pc.Forward(ctx, addr, keys("queued", 1), out) }()
+	go func() { queued <- pc.Forward(ctx, addr, keys("queued", 1), out, make([]string, len(out))) }()
 	waitFor(t, 10*time.Second, "the second forward queued", func() bool { _, q := peerState(pc, addr); return q == 1 })
 	cancel()
 	select {
@@ -268,7 +270,7 @@ func TestForwardCancelWhileQueued(t *testing.T) {
 	third := make(chan error, 1)
 	rs := keys("third", 2)
 	out3 := make([]bucket.Outcome, 2)
-	go func() { third <- pc.Forward(context.Background(), addr, rs, out3) }()
+	go func() { third <- pc.Forward(context.Background(), addr, rs, out3, make([]string, len(out3))) }()
 	waitFor(t, 10*time.Second, "the third forward queued", func() bool { _, q := peerState(pc, addr); return q == 2 })
 	close(h.block)
 	if err := <-first; err != nil {
@@ -294,31 +296,31 @@ func TestForwardEdges(t *testing.T) {
 	s := startServer(t, h)
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	ctx := testCtx(t)
-	if err := pc.Forward(ctx, s.GRPCAddr(), nil, nil); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), nil, nil, nil); err != nil {
 		t.Errorf("empty forward: %v", err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 2), make([]bucket.Outcome, 1)); err == nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 2), make([]bucket.Outcome, 1), make([]string, 1)); err == nil {
 		t.Error("forward with a short out succeeded")
 	}
-	if err := pc.Forward(ctx, "", keys("k", 1), make([]bucket.Outcome, 1)); err == nil {
+	if err := pc.Forward(ctx, "", keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err == nil {
 		t.Error("forward to an empty address succeeded")
 	}
 	if h.forwards.Load() != 0 {
 		t.Errorf("%d RPCs for edge cases, want 0", h.forwards.Load())
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := pc.ClosePeer(s.GRPCAddr()); err != nil {
 		t.Fatal(err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
 		t.Fatalf("forward after ClosePeer (redials): %v", err)
 	}
 	if err := pc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1)); !errors.Is(err, ErrClosed) {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); !errors.Is(err, ErrClosed) {
 		t.Errorf("forward after Close: %v, want ErrClosed", err)
 	}
 	if err := pc.Close(); err != nil {
@@ -337,7 +339,7 @@ func TestPeerClientCloseFailsInFlight(t *testing.T) {
 	errs := make(chan error, 3)
 	for i := range 3 {
 		go func() {
-			errs <- pc.Forward(context.Background(), addr, keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1))
+			errs <- pc.Forward(context.Background(), addr, keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1), make([]string, 1))
 		}()
 	}
 	waitFor(t, 10*time.Second, "one forward on the wire, two queued", func() bool {
@@ -372,7 +374,7 @@ func TestForwardKeepsMore(t *testing.T) {
 	rs := []bucket.Request{full, req("plain", 1), alone}
 	out := make([]bucket.Outcome, len(rs))
 	for range 2 { // the second time on recycled messages
-		if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+		if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 			t.Fatal(err)
 		}
 		h.mu.Lock()
@@ -402,21 +404,21 @@ func TestForwardStandInReachesCheckStandIn(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	defer pc.Close()
 	reqs := []bucket.Request{
-		{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}, PullFrom: "10.0.0.1:8081"},
+		{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}},
 		{Name: "n", Key: "k2", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}},
 	}
 	out := make([]bucket.Outcome, 2)
-	if err := pc.ForwardStandIn(context.Background(), addr, reqs, out); err != nil {
+	if err := pc.ForwardStandIn(context.Background(), addr, reqs, []string{"10.0.0.1:8081", ""}, out, make([]string, 2)); err != nil {
 		t.Fatal(err)
 	}
 	if h.standIns.Load() != 1 {
 		t.Fatalf("CheckStandIn called %d times, want 1", h.standIns.Load())
 	}
 	h.mu.Lock()
-	got := append([]bucket.Request(nil), h.lastFwd...)
+	got, pull := append([]bucket.Request(nil), h.lastFwd...), h.lastPull
 	h.mu.Unlock()
-	if len(got) != 2 || got[0].PullFrom != "10.0.0.1:8081" || got[1].PullFrom != "" {
-		t.Fatalf("the handler saw %+v, want PullFrom carried per request", got)
+	if len(got) != 2 || len(pull) != 2 || pull[0] != "10.0.0.1:8081" || pull[1] != "" {
+		t.Fatalf("the handler saw %+v pulling from %q, want pull_from carried per request", got, pull)
 	}
 	if out[0].Err != "" || out[0].Status == bucket.StatusUnspecified {
 		t.Fatalf("answer %+v", out[0])
@@ -432,11 +434,11 @@ func TestResetBackoffReconnectsAtOnce(t *testing.T) {
 	addr := startServer(t, h).GRPCAddr()
 	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
 	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	pc.ResetBackoff(addr) // a known, healthy peer: calls go on
-	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatalf("forward after ResetBackoff: %v", err)
 	}
 }
@@ -461,7 +463,7 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	}
 	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
 	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -472,7 +474,7 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	// Down: forwards fail until the connection has been refused a few
 	// times, so that it waits out a backoff longer than this test's wait.
 	for i := 0; i < 5; i++ {
-		if err := pc.Forward(context.Background(), addr, reqs, out); err == nil {
+		if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err == nil {
 			t.Fatal("forward to a stopped peer succeeded")
 		}
 	}
@@ -482,7 +484,7 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	}
 	startServer(t, h, func(c *ServerConfig) { c.GRPCListener = ln2 })
 	pc.ResetBackoff(addr)
-	if err := pc.Forward(context.Background(), addr, reqs, out); err != nil {
+	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatalf("first forward after the peer came back and ResetBackoff: %v", err)
 	}
 }
@@ -519,7 +521,7 @@ func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 	defer pc.Close()
 	reqs := []bucket.Request{req("k", 1)}
 	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(testCtx(t), addr, reqs, out); err != nil {
+	if err := pc.Forward(testCtx(t), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	shutdown(old)
@@ -527,7 +529,7 @@ func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 	// connection is in gRPC's TRANSIENT_FAILURE, waiting out a backoff).
 	var lastErr error
 	waitFor(t, 10*time.Second, "a forward to fail with connection refused", func() bool {
-		lastErr = pc.Forward(testCtx(t), addr, reqs, out)
+		lastErr = pc.Forward(testCtx(t), addr, reqs, out, make([]string, len(out)))
 		return lastErr != nil && strings.Contains(lastErr.Error(), "connection refused")
 	})
 	ln2, err := net.Listen("tcp", addr)
@@ -537,7 +539,7 @@ func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 	back := serveOn(ln2)
 	defer shutdown(back)
 	pc.ResetBackoff(addr)
-	if err := pc.Forward(testCtx(t), addr, reqs, out); err != nil {
+	if err := pc.Forward(testCtx(t), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatalf("forward right after ResetBackoff to a peer back on %s: %v", addr, err)
 	}
 	if err := checkOwn("a", reqs, out); err != nil {

@@ -55,6 +55,7 @@ type call struct {
 	ptrs  []*sluicev1.RateLimitRequest
 	req   sluicev1.ForwardRequest // for a direct send
 	out   []bucket.Outcome
+	moved []string // the caller's movedTo
 	dl    time.Time
 	span  trace.SpanContext // the caller's, when traced: parent of a queued batch's RPC
 	state atomic.Int32
@@ -68,7 +69,7 @@ type batch struct {
 	req   sluicev1.ForwardRequest
 }
 
-func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, dl time.Time) *call {
+func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, movedTo []string, dl time.Time) *call {
 	c := pc.calls.Get().(*call)
 	n := len(reqs)
 	if cap(c.items) < n {
@@ -81,7 +82,7 @@ func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, dl ti
 		fillRequest(&c.items[i], &reqs[i], &c.hits[i])
 		c.ptrs[i] = &c.items[i]
 	}
-	c.out, c.dl = out, dl
+	c.out, c.moved, c.dl = out, movedTo, dl
 	return c
 }
 
@@ -91,7 +92,7 @@ func (pc *PeerClient) putCall(c *call) {
 		c.items[i].Name, c.items[i].Key, c.items[i].Limits = "", "", nil
 	}
 	clear(c.ptrs)
-	c.out = nil
+	c.out, c.moved = nil, nil
 	c.span = trace.SpanContext{}
 	c.req.Requests = nil
 	c.state.Store(callWaiting)
@@ -99,10 +100,10 @@ func (pc *PeerClient) putCall(c *call) {
 }
 
 // forward sends one chunk of at most maxBatch items; ctx has a deadline.
-func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) error {
+func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
 	pc := p.pc
 	dl, _ := ctx.Deadline()
-	c := pc.getCall(reqs, out, dl)
+	c := pc.getCall(reqs, out, movedTo, dl)
 
 	p.mu.Lock()
 	if p.inflight < pc.maxInFlight { // the queue is empty: send now
@@ -175,8 +176,10 @@ func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string) error {
 	for i, r := range resps {
 		c.out[i] = OutcomeFromProto(r)
 	}
-	for i, addr := range moved {
-		c.out[i].MovedTo = addr
+	if len(moved) == 0 { // all decided
+		clear(c.moved)
+	} else {
+		copy(c.moved, moved)
 	}
 	return nil
 }

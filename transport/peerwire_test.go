@@ -6,7 +6,6 @@ package transport
 
 import (
 	"context"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // bogusPeer answers with whatever its fields say, to check what PeerClient
@@ -78,10 +78,10 @@ func TestPeerClientRefusesMalformedAnswers(t *testing.T) {
 			var err error
 			if tt.peer.forward != nil {
 				out := make([]bucket.Outcome, 2)
-				err = pc.Forward(testCtx(t), addr, keys("k", 2), out)
+				err = pc.Forward(testCtx(t), addr, keys("k", 2), out, make([]string, 2))
 			} else {
 				ks := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api", Key: "y"}}
-				err = pc.Pull(testCtx(t), addr, ks, false, 0)
+				err = pc.Pull(testCtx(t), addr, ks, false, 0, make([]route.PullAnswer, len(ks)))
 				if ks[0].Version != 0 || ks[1].Version != 0 {
 					t.Fatalf("a refused answer was installed: %+v", ks)
 				}
@@ -151,7 +151,7 @@ func FuzzCounterFromProto(f *testing.F) {
 		m := &sluicev1.Counter{Name: name, Key: key, State: state, Version: version}
 		c, err := CounterFromProto(m)
 		if err != nil {
-			if !reflect.DeepEqual(c, bucket.Counter{}) {
+			if c != (bucket.Counter{}) {
 				t.Fatalf("refused counter %v came back non-zero: %+v", err, c)
 			}
 			return
@@ -179,15 +179,15 @@ func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
 
 	other := NewPeerClient(PeerConfig{NodeName: "x", ClusterName: "green"})
 	defer other.Close()
-	out := make([]bucket.Outcome, 1)
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
 	for what, err := range map[string]error{
-		"forward":  other.Forward(ctx, addr, keys("k", 1), out),
-		"stand-in": other.ForwardStandIn(ctx, addr, keys("k", 1), out),
+		"forward":  other.Forward(ctx, addr, keys("k", 1), out, moved),
+		"stand-in": other.ForwardStandIn(ctx, addr, keys("k", 1), nil, out, moved),
 		"replicate": func() error {
 			_, _, err := other.Replicate(ctx, addr, false, counters)
 			return err
 		}(),
-		"pull": other.Pull(ctx, addr, []bucket.Counter{{Name: "n", Key: "k"}}, true, time.Second),
+		"pull": other.Pull(ctx, addr, []bucket.Counter{{Name: "n", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1)),
 	} {
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `cluster "green"`) || !strings.Contains(err.Error(), `"blue"`) {
 			t.Errorf("%s from another cluster: %v, want FAILED_PRECONDITION naming both clusters", what, err)
@@ -202,7 +202,7 @@ func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
 
 	same := NewPeerClient(PeerConfig{NodeName: "y", ClusterName: "blue"})
 	defer same.Close()
-	if err := same.Forward(ctx, addr, keys("k", 1), out); err != nil || out[0].Err != "" {
+	if err := same.Forward(ctx, addr, keys("k", 1), out, make([]string, len(out))); err != nil || out[0].Err != "" {
 		t.Fatalf("forward from the same cluster: %v %+v", err, out[0])
 	}
 	if installed, _, err := same.Replicate(ctx, addr, false, counters); err != nil || installed != 1 {

@@ -5,7 +5,6 @@ package transport
 
 import (
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 func TestPull(t *testing.T) {
@@ -39,13 +39,17 @@ func TestPull(t *testing.T) {
 		{Name: "api", Key: "none", State: bucket.State{Count: 5}, Version: 3}, // output only
 		{Name: "api", Key: "z"},
 	}
-	if err := pc.Pull(ctx, addr, ks, true, 1500*time.Microsecond); err != nil {
+	ans := make([]route.PullAnswer, len(ks))
+	if err := pc.Pull(ctx, addr, ks, true, 1500*time.Microsecond, ans); err != nil {
 		t.Fatal(err)
 	}
 	want := []bucket.Counter{held[1], {Name: "api", Key: "none"}, held[0], {Name: "api", Key: "none"}, held[1]}
 	for i := range want {
-		if !reflect.DeepEqual(ks[i], want[i]) {
+		if ks[i] != want[i] {
 			t.Fatalf("keys[%d] = %+v, want %+v", i, ks[i], want[i])
+		}
+		if ans[i].MovedTo != "" || ans[i].Holders != nil {
+			t.Fatalf("answer %d = %+v, want nothing besides the record", i, ans[i])
 		}
 	}
 	if got := fmt.Sprint(h.pullCalls()); got != "[{b 2 true 2ms} {b 2 true 2ms} {b 1 true 2ms}]" {
@@ -74,14 +78,14 @@ func TestPull(t *testing.T) {
 
 	// One invalid key refuses the call, naming it.
 	bad := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api"}}
-	err = pc.Pull(ctx, addr, bad, false, 0)
+	err = pc.Pull(ctx, addr, bad, false, 0, make([]route.PullAnswer, len(bad)))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key 1") {
 		t.Fatalf("pull of an empty key: %v, want InvalidArgument naming key 1", err)
 	}
 	if bad[0].Version != 0 {
 		t.Fatal("a failed pull filled keys")
 	}
-	if err := pc.Pull(ctx, addr, nil, true, time.Second); err != nil {
+	if err := pc.Pull(ctx, addr, nil, true, time.Second, nil); err != nil {
 		t.Fatalf("empty pull: %v", err)
 	}
 	many := &sluicev1.PullRequest{Keys: make([]*sluicev1.CounterKey, MaxCounters+1)}
@@ -108,7 +112,7 @@ func TestPullHalvesLargeAnswers(t *testing.T) {
 	s := startPeerServer(t, h)
 	pc := NewPeerClient(PeerConfig{NodeName: "b", Timeout: time.Minute})
 	defer pc.Close()
-	if err := pc.Pull(testCtx(t), s.GRPCAddr(), ks, false, 0); err != nil {
+	if err := pc.Pull(testCtx(t), s.GRPCAddr(), ks, false, 0, make([]route.PullAnswer, len(ks))); err != nil {
 		t.Fatal(err)
 	}
 	for i := range ks {

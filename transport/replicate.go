@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // Limits of Peer/Replicate and Peer/Pull.
@@ -137,7 +138,8 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 	if len(keys) == 0 {
 		return resp, nil
 	}
-	h.Pull(ctx, from, keys, req.GetRelease(), releaseTTL(req.GetReleaseTtlMs()))
+	ans := make([]route.PullAnswer, len(keys))
+	h.Pull(ctx, from, keys, req.GetRelease(), releaseTTL(req.GetReleaseTtlMs()), ans)
 
 	msgs := make([]sluicev1.Counter, len(keys))
 	resp.Counters = make([]*sluicev1.Counter, len(keys))
@@ -148,13 +150,14 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 			m.State, _ = keys[i].State.MarshalBinary() // never fails
 		}
 		resp.Counters[i] = m
-		if keys[i].MovedTo != "" && resp.MovedTo == nil {
+		a := &ans[i]
+		if a.MovedTo != "" && resp.MovedTo == nil {
 			resp.MovedTo = make([]string, len(keys))
 		}
 		if resp.MovedTo != nil {
-			resp.MovedTo[i] = keys[i].MovedTo
+			resp.MovedTo[i] = a.MovedTo
 		}
-		for _, hd := range keys[i].Holders[:min(len(keys[i].Holders), bucket.MaxHolders)] {
+		for _, hd := range a.Holders[:min(len(a.Holders), route.MaxHolders)] {
 			resp.Holders = append(resp.Holders, &sluicev1.PullHolder{Index: uint32(i), Addr: hd.Addr, Release: hd.Release})
 		}
 	}
@@ -267,16 +270,22 @@ func (e *counterEncoder) encode(cs []bucket.Counter) []*sluicev1.Counter {
 
 // Pull asks the node at addr for its counters of keys (Peer/Pull) and fills
 // each element's State and Version in place (Version 0: it holds none); only
-// Name and Key are read. With release, that node stops deciding those keys
-// for ttl (clamped to MaxReleaseTTL) and redirects them here. Keys go in one
-// RPC, or several of at most MaxCounters keys; an RPC whose answer is too
-// large for the 4 MiB message limit (big sliding logs) is retried as two
-// halves. The call ends by ctx's deadline, or Timeout when ctx has none.
+// Name and Key are read. It fills ans[i] (len(ans) == len(keys)) with what
+// the answer says about keys[i] besides: moved_to and holders. With
+// release, that node stops deciding those keys for ttl (clamped to
+// MaxReleaseTTL) and redirects them here. Keys go in one RPC, or several of
+// at most MaxCounters keys; an RPC whose answer is too large for the 4 MiB
+// message limit (big sliding logs) is retried as two halves. The call ends
+// by ctx's deadline, or Timeout when ctx has none.
 //
-// keys is changed only when every answer arrived and is well formed: a count
-// or key that does not match the question, or a state that does not decode,
-// is an error and nothing is filled.
-func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error {
+// keys and ans are changed only when every answer arrived and is well
+// formed: a count or key that does not match the question, a state that
+// does not decode, a moved_to of the wrong length or a bad holder is an
+// error and nothing is filled.
+func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
+	if len(ans) != len(keys) {
+		return fmt.Errorf("transport: pull: %d keys but %d answers", len(keys), len(ans))
+	}
 	if len(keys) == 0 {
 		return nil
 	}
@@ -289,6 +298,7 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 	dl, _ := ctx.Deadline()
 
 	got := make([]bucket.Counter, len(keys))
+	gotAns := make([]route.PullAnswer, len(keys))
 	msgs := make([]sluicev1.CounterKey, len(keys))
 	ptrs := make([]*sluicev1.CounterKey, len(keys))
 	for i := range keys {
@@ -316,26 +326,27 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 				return fmt.Errorf("transport: pull from %s: %d moved_to entries for %d keys", addr, len(mv), end-start)
 			}
 			for i, a := range mv {
-				got[start+i].MovedTo = a
+				gotAns[start+i].MovedTo = a
 			}
 		}
-		if err := decodeHolders(resp.GetHolders(), got[start:end]); err != nil {
+		if err := decodeHolders(resp.GetHolders(), gotAns[start:end]); err != nil {
 			return fmt.Errorf("transport: pull from %s: %w", addr, err)
 		}
 		start = end
 	}
 	for i := range keys {
-		keys[i].State, keys[i].Version, keys[i].MovedTo, keys[i].Holders = got[i].State, got[i].Version, got[i].MovedTo, got[i].Holders
+		keys[i].State, keys[i].Version = got[i].State, got[i].Version
 	}
+	copy(ans, gotAns)
 	return nil
 }
 
 // decodeHolders checks a pull answer's holders (each names one of the
-// keys asked, by index, and a host:port; at most bucket.MaxHolders per
+// keys asked, by index, and a host:port; at most route.MaxHolders per
 // key) and adds them to got. A bad entry refuses the whole answer.
-func decodeHolders(hs []*sluicev1.PullHolder, got []bucket.Counter) error {
-	if len(hs) > bucket.MaxHolders*len(got) {
-		return fmt.Errorf("%d holders for %d keys (at most %d per key)", len(hs), len(got), bucket.MaxHolders)
+func decodeHolders(hs []*sluicev1.PullHolder, got []route.PullAnswer) error {
+	if len(hs) > route.MaxHolders*len(got) {
+		return fmt.Errorf("%d holders for %d keys (at most %d per key)", len(hs), len(got), route.MaxHolders)
 	}
 	per := make(map[uint32]int)
 	for j, h := range hs {
@@ -346,13 +357,13 @@ func decodeHolders(hs []*sluicev1.PullHolder, got []bucket.Counter) error {
 		if err := checkHostPort(h.GetAddr()); err != nil {
 			return fmt.Errorf("holder %d: %w", j, err)
 		}
-		if per[i]++; per[i] > bucket.MaxHolders {
-			return fmt.Errorf("more than %d holders for key %d", bucket.MaxHolders, i)
+		if per[i]++; per[i] > route.MaxHolders {
+			return fmt.Errorf("more than %d holders for key %d", route.MaxHolders, i)
 		}
 	}
 	for _, h := range hs { // all checked: nothing is added from a refused answer
 		i := h.GetIndex()
-		got[i].Holders = append(got[i].Holders, bucket.Holder{Addr: h.GetAddr(), Release: h.GetRelease()})
+		got[i].Holders = append(got[i].Holders, route.Holder{Addr: h.GetAddr(), Release: h.GetRelease()})
 	}
 	return nil
 }

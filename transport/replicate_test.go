@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring/route"
 )
 
 // fakePeer is a PeerHandler over a map: it installs what is newer and
@@ -77,7 +77,7 @@ func (h *fakePeer) Replicate(_ context.Context, from string, handoff bool, count
 	return installed, stale
 }
 
-func (h *fakePeer) Pull(_ context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration) {
+func (h *fakePeer) Pull(_ context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, _ []route.PullAnswer) {
 	h.mu.Lock()
 	h.pulls = append(h.pulls, pullCall{from, len(keys), release, ttl})
 	block := h.block
@@ -199,7 +199,7 @@ func TestReplicateChunksAndSums(t *testing.T) {
 	h.mu.Lock()
 	got := h.held["api\x00k42"]
 	h.mu.Unlock()
-	if !reflect.DeepEqual(got, cs[42]) {
+	if got != cs[42] {
 		t.Fatalf("held %+v, want %+v", got, cs[42])
 	}
 	if installed, stale, err := pc.Replicate(ctx, s.GRPCAddr(), false, nil); installed != 0 || stale != 0 || err != nil {
@@ -309,7 +309,7 @@ func TestReplicatePullUnimplementedWithoutPeer(t *testing.T) {
 	if _, _, err := pc.Replicate(ctx, s.GRPCAddr(), false, counters("k", 1, 1)); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("Replicate: %v, want Unimplemented", err)
 	}
-	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0); status.Code(err) != codes.Unimplemented {
+	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]route.PullAnswer, 1)); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("Pull: %v, want Unimplemented", err)
 	}
 	if err := pc.Close(); err != nil {
@@ -318,7 +318,7 @@ func TestReplicatePullUnimplementedWithoutPeer(t *testing.T) {
 	if _, _, err := pc.Replicate(ctx, s.GRPCAddr(), false, counters("k", 1, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Replicate after Close: %v, want ErrClosed", err)
 	}
-	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0); !errors.Is(err, ErrClosed) {
+	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]route.PullAnswer, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Pull after Close: %v, want ErrClosed", err)
 	}
 }
@@ -347,10 +347,10 @@ func TestReplicatePullDeadline(t *testing.T) {
 			return err
 		}},
 		{"pull/timeout", PeerConfig{Timeout: short, BulkTimeout: time.Hour}, 0, func(ctx context.Context, pc *PeerClient) error {
-			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second)
+			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1))
 		}},
 		{"pull/ctx deadline", PeerConfig{Timeout: time.Millisecond, BulkTimeout: time.Millisecond}, short, func(ctx context.Context, pc *PeerClient) error {
-			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second)
+			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1))
 		}},
 	}
 	for _, tt := range tests {

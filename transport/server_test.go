@@ -256,7 +256,7 @@ func TestForwardRPCPassesSender(t *testing.T) {
 	defer pc.Close()
 	rs := keys("k", 3)
 	out := make([]bucket.Outcome, len(rs))
-	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out); err != nil {
+	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	for i := range out {
@@ -286,7 +286,7 @@ func TestShutdownCutsOffAtDeadline(t *testing.T) {
 	defer pc.Close()
 	errc := make(chan error, 1)
 	go func() {
-		errc <- pc.Forward(context.Background(), s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1))
+		errc <- pc.Forward(context.Background(), s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1))
 	}()
 	waitFor(t, 10*time.Second, "the forward to reach the handler", func() bool { return h.forwards.Load() == 1 })
 

@@ -17,8 +17,9 @@ import (
 
 // checkBuf holds the per-call slices the handler works on; pooled.
 type checkBuf struct {
-	reqs []bucket.Request
-	outs []bucket.Outcome
+	reqs  []bucket.Request
+	outs  []bucket.Outcome
+	moved []string // a peer's answer: where each undecided item went
 }
 
 func (s *Server) getBuf(n int) *checkBuf {
@@ -26,14 +27,16 @@ func (s *Server) getBuf(n int) *checkBuf {
 	if cap(b.reqs) < n {
 		b.reqs = make([]bucket.Request, n)
 		b.outs = make([]bucket.Outcome, n)
+		b.moved = make([]string, n)
 	}
-	b.reqs, b.outs = b.reqs[:n], b.outs[:n]
+	b.reqs, b.outs, b.moved = b.reqs[:n], b.outs[:n], b.moved[:n]
 	return b
 }
 
 func (s *Server) putBuf(b *checkBuf) {
-	clear(b.reqs) // drop references to names, keys and owners
+	clear(b.reqs) // drop references to names, keys, owners and addresses
 	clear(b.outs)
+	clear(b.moved)
 	s.bufs.Put(b)
 }
 
@@ -49,8 +52,9 @@ func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, 
 	return resp
 }
 
-// run is decide's work: the wire answers, and moved (nil unless some outcome
-// has MovedTo, else one address per item, "" for the decided ones).
+// run is decide's work: the wire answers, and moved (nil unless the
+// Handler moved some item, else one address per item, "" for the decided
+// ones). pullFrom, for stand-ins, has one address per item or none.
 func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn bool, from string, pullFrom []string) (resps []*sluicev1.RateLimitResponse, moved []string) {
 	n := len(reqs)
 	if n == 0 {
@@ -59,27 +63,27 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 	b := s.getBuf(n)
 	for i, r := range reqs {
 		b.reqs[i] = RequestFromProto(r)
-		if standIn && len(pullFrom) == n {
-			b.reqs[i].PullFrom = pullFrom[i]
-		}
+	}
+	if len(pullFrom) != n {
+		pullFrom = nil
 	}
 	switch {
 	case standIn:
-		s.cfg.Handler.CheckStandIn(ctx, from, b.reqs, b.outs)
+		s.cfg.Handler.CheckStandIn(ctx, from, b.reqs, pullFrom, b.outs, b.moved)
 	case forwarded:
-		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs)
+		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs, b.moved)
 	default:
 		s.cfg.Handler.Check(ctx, b.reqs, b.outs)
 	}
 	resps = AppendResponses(make([]*sluicev1.RateLimitResponse, 0, n), b.outs)
-	for i := range b.outs {
-		if b.outs[i].MovedTo == "" {
+	for i, addr := range b.moved {
+		if addr == "" {
 			continue
 		}
 		if moved == nil {
 			moved = make([]string, n)
 		}
-		moved[i] = b.outs[i].MovedTo
+		moved[i] = addr
 	}
 	s.putBuf(b)
 	return resps, moved

@@ -52,7 +52,7 @@ func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
 	errs := make(chan error, 2)
 	forward := func(ctx context.Context, key string) {
 		out := make([]bucket.Outcome, 1)
-		errs <- pc.Forward(ctx, addr, []bucket.Request{req(key, 1)}, out)
+		errs <- pc.Forward(ctx, addr, []bucket.Request{req(key, 1)}, out, make([]string, len(out)))
 	}
 	wg.Go(func() { forward(ctxA, "a") })
 	waitFor(t, 10*time.Second, "A's RPC in flight", func() bool { in, _ := peerState(pc, addr); return in == 1 && h.forwards.Load() == 1 })
@@ -80,7 +80,7 @@ func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
 	// Untraced: no span anywhere.
 	exp.Reset()
 	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(testCtx(t), addr, []bucket.Request{req("c", 1)}, out); err != nil {
+	if err := pc.Forward(testCtx(t), addr, []bucket.Request{req("c", 1)}, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	if ss := exp.GetSpans(); len(ss) != 0 {

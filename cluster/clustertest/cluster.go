@@ -374,12 +374,12 @@ type countingPeers struct {
 	c *Cluster
 }
 
-func (p countingPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out))
+func (p countingPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out, movedTo))
 }
 
-func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
-	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, out))
+func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
 }
 
 func (p countingPeers) count(reqs []bucket.Request, err error) error {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -64,12 +65,12 @@ func TestTableChangedRegistersTheMove(t *testing.T) {
 		t.Fatal("a key moved to the joiner is not unsettled")
 	}
 	srcs, settles := joiner.Moves().Plan(h, k, "c", cur, now, nil)
-	if len(settles) != 1 || !slices.Contains(srcs, Source{"a:1", true}) {
+	if len(settles) != 1 || !slices.Contains(srcs, route.Holder{Addr: "a:1", Release: true}) {
 		t.Fatalf("plan %v (for %d moves), want the previous owner a with release", srcs, len(settles))
 	}
 	var reps []ring.Member
 	for _, r := range cur.Replicas(h, reps) {
-		if r.Name != "c" && !slices.Contains(srcs, Source{r.Addr, true}) {
+		if r.Name != "c" && !slices.Contains(srcs, route.Holder{Addr: r.Addr, Release: true}) {
 			t.Errorf("plan %v: the key's current replica %s (the joiner entered with this change) not asked with release", srcs, r.Name)
 		}
 	}
@@ -126,7 +127,7 @@ func TestPlanAsksEveryMemberWhenNoHolderIsLeft(t *testing.T) {
 	}
 	srcs, _ := b.Moves().Plan(h, k, "a", cur, now, nil)
 	for _, m := range []string{"e:1", "f:1"} {
-		if !slices.Contains(srcs, Source{m, false}) && !slices.Contains(srcs, Source{m, true}) {
+		if !slices.Contains(srcs, route.Holder{Addr: m, Release: false}) && !slices.Contains(srcs, route.Holder{Addr: m, Release: true}) {
 			t.Errorf("plan %v: member %s not asked", srcs, m)
 		}
 	}
@@ -191,13 +192,13 @@ func TestBookRecordsAreBounded(t *testing.T) {
 // not itself.
 func TestFollow(t *testing.T) {
 	t.Parallel()
-	asked := []Source{{"a:1", true}, {"b:1", false}}
+	asked := []route.Holder{{Addr: "a:1", Release: true}, {Addr: "b:1", Release: false}}
 	for _, c := range []struct {
 		to   string
 		want bool
 	}{{"", false}, {"self:1", false}, {"a:1", false}, {"b:1", false}, {"c:1", true}} {
 		src, ok := Follow(asked, c.to, true, "self:1")
-		if ok != c.want || (ok && src != (Source{c.to, true})) {
+		if ok != c.want || (ok && src != (route.Holder{Addr: c.to, Release: true})) {
 			t.Errorf("moved_to %q: %v %v, want %v", c.to, src, ok, c.want)
 		}
 	}

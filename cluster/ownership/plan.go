@@ -5,19 +5,14 @@ package ownership
 
 import (
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// Source is one node to pull a key from, releasing it there or not.
-type Source struct {
-	Addr    string
-	Release bool
-}
-
 // Plan appends to srcs the nodes to pull key k (ring hash h) from before
-// self decides it, and returns them with the moves k is settled for once
-// they answered (none when no move applies or k is settled). cur is
-// self's current table. For each move in its window that brought k here
+// self decides it, each marked whether to release the key there, and
+// returns them with the moves k is settled for once they answered (none
+// when no move applies or k is settled). cur is self's current table. For each move in its window that brought k here
 // and has not settled it, it asks:
 //   - the previous owner, releasing the key there (so it stops deciding it);
 //   - the previous owner's replicas, without releasing: a replica that stood
@@ -35,7 +30,7 @@ type Source struct {
 //
 // A node asked for several reasons is asked once, releasing when any
 // reason says so.
-func (ms Moves) Plan(h uint64, k writeback.Key, self string, cur *ring.Table, now int64, srcs []Source) ([]Source, Moves) {
+func (ms Moves) Plan(h uint64, k writeback.Key, self string, cur *ring.Table, now int64, srcs []route.Holder) ([]route.Holder, Moves) {
 	var settles Moves
 	var reps []ring.Member
 	for _, m := range ms {
@@ -77,18 +72,18 @@ func (ms Moves) Plan(h uint64, k writeback.Key, self string, cur *ring.Table, no
 
 // Ask adds addr to srcs, or makes an existing entry release when release is
 // set.
-func Ask(srcs []Source, addr string, release bool) []Source {
+func Ask(srcs []route.Holder, addr string, release bool) []route.Holder {
 	for j := range srcs {
 		if srcs[j].Addr == addr {
 			srcs[j].Release = srcs[j].Release || release
 			return srcs
 		}
 	}
-	return append(srcs, Source{addr, release})
+	return append(srcs, route.Holder{Addr: addr, Release: release})
 }
 
 // Asks reports whether addr is among srcs.
-func Asks(srcs []Source, addr string) bool {
+func Asks(srcs []route.Holder, addr string) bool {
 	for _, s := range srcs {
 		if s.Addr == addr {
 			return true
@@ -102,9 +97,9 @@ func Asks(srcs []Source, addr string) bool {
 // released it to (moved_to, with release), or a node the answerer would
 // have pulled it from itself (a holder). That node is asked too, unless
 // it is self (selfAddr) or was asked already.
-func Follow(srcs []Source, addr string, release bool, selfAddr string) (Source, bool) {
+func Follow(srcs []route.Holder, addr string, release bool, selfAddr string) (route.Holder, bool) {
 	if addr == "" || addr == selfAddr || Asks(srcs, addr) {
-		return Source{}, false
+		return route.Holder{}, false
 	}
-	return Source{addr, release}, true
+	return route.Holder{Addr: addr, Release: release}, true
 }

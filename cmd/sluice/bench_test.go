@@ -44,11 +44,11 @@ func (h *allowAll) Check(ctx context.Context, reqs []bucket.Request, out []bucke
 	}
 }
 
-func (h *allowAll) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *allowAll) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *allowAll) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *allowAll) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
@@ -196,11 +196,11 @@ func (h *overOnZero) Check(_ context.Context, reqs []bucket.Request, out []bucke
 	}
 }
 
-func (h *overOnZero) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *overOnZero) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -540,16 +541,16 @@ func (o observedPeers) ResetBackoff(addr string) {
 	}
 }
 
-func (o observedPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+func (o observedPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
 	start := time.Now()
-	err := o.next.Forward(ctx, addr, reqs, out)
+	err := o.next.Forward(ctx, addr, reqs, out, movedTo)
 	o.m.observe(rpcForward, addr, start, err)
 	return err
 }
 
-func (o observedPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome) error {
+func (o observedPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
 	start := time.Now()
-	err := o.next.ForwardStandIn(ctx, addr, reqs, out)
+	err := o.next.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo)
 	o.m.observe(rpcStandIn, addr, start, err)
 	return err
 }
@@ -565,9 +566,9 @@ func (o observedPeers) Replicate(ctx context.Context, addr string, handoff bool,
 	return installed, stale, err
 }
 
-func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration) error {
+func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
 	start := time.Now()
-	err := o.next.Pull(ctx, addr, keys, release, ttl)
+	err := o.next.Pull(ctx, addr, keys, release, ttl, ans)
 	o.m.observe(rpcPull, addr, start, err)
 	return err
 }

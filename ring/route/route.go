@@ -1,0 +1,32 @@
+// Package route holds the peer protocol's routing words, shared by cluster
+// and transport, which may not import each other: the nodes that may hold
+// a newer state of a key (Holder) and what a pull's answer says about a
+// key besides its record (PullAnswer). Addresses are gRPC host:port
+// strings; a forward's moved-to and a stand-in's pull-from addresses
+// travel as plain strings beside the requests (cluster.Peers,
+// transport.Handler). bucket keeps the algorithms and their values; this
+// package imports nothing of Sluice's.
+package route
+
+// Holder is a node that may hold a newer state of a key: its gRPC
+// address, and whether to pull the key from it with release (it then stops
+// deciding the key and points it at the puller).
+type Holder struct {
+	Addr    string
+	Release bool
+}
+
+// MaxHolders is the most holders a pull's answer names for one key.
+const MaxHolders = 32
+
+// PullAnswer is what a pull's answer says about one key besides its
+// record.
+type PullAnswer struct {
+	// MovedTo is the gRPC address of the node the answering node had
+	// already released the key to ("" when none): it holds a newer state.
+	MovedTo string
+	// Holders are the nodes the answering node would pull the key from
+	// before deciding it (it has not settled it since a membership change
+	// gave it the key): they may hold a newer state. At most MaxHolders.
+	Holders []Holder
+}
