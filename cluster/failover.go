@@ -166,7 +166,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	// The policy decides from what this node holds, whatever its records
 	// say (ownership.Serve): a key it had released is taken back.
 	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
-	if errors.Is(err, writeback.ErrMoved) {
+	if errors.Is(err, writeback.ErrFenced) {
 		if eff := ownership.Step(n.released(ownership.Facts{}, k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
 			n.reclaim(rt.hash, k, rt.lims)
 		}

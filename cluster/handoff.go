@@ -93,7 +93,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if !eff.Release {
 			return true // unsettled: the new owner pulls it on first touch
 		}
-		rec, held, err := n.cache.Release(h, r.Key, now, n.cfg.MoveWindow)
+		rec, held, err := n.cache.Fence(h, r.Key, now, n.cfg.MoveWindow)
 		if err != nil || !held {
 			return true
 		}
@@ -257,7 +257,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 		var installed1 bool
 		switch {
 		case eff.Adopt:
-			installed1 = n.cache.Adopt(h, rec)
+			installed1 = n.cache.Install(h, rec)
 		case eff.Merge:
 			installed1 = n.cache.Merge(h, rec)
 		}
@@ -297,7 +297,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 			// A key already released to another node: that node has the
 			// newer state; the answer says so, so that the puller asks it
 			// too.
-			f.ReleasedTo, f.Released = to, n.cache.Released(h, k, now)
+			f.ReleasedTo, f.Released = to, n.cache.Fenced(h, k, now)
 		}
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Pull, From: addr, Release: release})
 		ans[i] = route.PullAnswer{MovedTo: eff.MovedTo}
@@ -306,7 +306,7 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 		}
 		if eff.Release {
 			// Released keys are redirected to the puller from now on.
-			rec, ok, err = n.cache.Release(h, k, now, ttl)
+			rec, ok, err = n.cache.Fence(h, k, now, ttl)
 			if eff.NoteTo != "" {
 				n.book.NoteReleased(k, eff.NoteTo, now)
 			}

@@ -161,7 +161,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	}
 	cache := n.cache
 	n.book = ownership.NewBook(cfg.Name, cfg.MoveWindow, func(k writeback.Key, now int64) bool {
-		return cache.Released(keyHash(k), k, now)
+		return cache.Fenced(keyHash(k), k, now)
 	})
 	// A node without seeds is a cluster of its own from the start; one with
 	// seeds decides nothing until it has joined (enterRing).

@@ -30,11 +30,11 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	}
 	h := ring.Hash("api", key)
 	k := writeback.Key{Name: "api", Key: key}
-	if !nodes[0].Cache().Released(h, k, t0.UnixNano()) {
+	if !nodes[0].Cache().Fenced(h, k, t0.UnixNano()) {
 		t.Fatal("a pull with release did not release the key")
 	}
 	// n1 decides two hits with what it pulled.
-	nodes[1].Cache().Adopt(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
+	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
 	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
 	nodes[1].CheckStandIn(context.Background(), "x", []bucket.Request{req("api", key, 2, 10)}, []string{""}, out, moved)
 	if !out[0].Allowed() || out[0].Remaining != 5 {
@@ -46,7 +46,7 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
 		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4)", out[0], moved[0])
 	}
-	if !nodes[1].Cache().Released(h, k, t0.UnixNano()) {
+	if !nodes[1].Cache().Fenced(h, k, t0.UnixNano()) {
 		t.Fatal("taking the key back did not release it on n1")
 	}
 }
@@ -111,7 +111,7 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 	}
 	for _, k := range keys {
 		for _, n := range nodes[:2] {
-			if n.Cache().Released(ring.Hash("api", k), writeback.Key{Name: "api", Key: k}, t0.UnixNano()) {
+			if n.Cache().Fenced(ring.Hash("api", k), writeback.Key{Name: "api", Key: k}, t0.UnixNano()) {
 				t.Fatalf("%s released %s to a draining node", n.Name(), k)
 			}
 		}

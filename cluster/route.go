@@ -253,7 +253,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 			return ""
 		}
 		err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
-		if errors.Is(err, writeback.ErrMoved) && !f.Released {
+		if errors.Is(err, writeback.ErrFenced) && !f.Released {
 			// This node had released the key: the step for a released key
 			// says where to point, or to take it back.
 			f = n.released(f, k)
@@ -285,11 +285,11 @@ func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims l
 // reclaim takes back every cache key of k's limits.
 func (n *Node) reclaim(h uint64, k writeback.Key, lims limits) {
 	if len(lims.more) == 0 {
-		n.cache.Reclaim(h, k)
+		n.cache.Unfence(h, k)
 		return
 	}
 	for i := range 1 + len(lims.more) {
-		n.cache.Reclaim(h, writeback.SubKey(k, i))
+		n.cache.Unfence(h, writeback.SubKey(k, i))
 	}
 }
 

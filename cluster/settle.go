@@ -87,7 +87,7 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 	for i := range items {
 		it := &items[i]
 		if it.best.Version > 0 {
-			n.cache.AdoptUnlessReleasedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
+			n.cache.InstallUnlessFencedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
 		}
 		if ctx.Err() == nil {
 			// A key whose caller gave up is not settled: its pulls may have
@@ -224,7 +224,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 	}
 	for _, c := range keys {
 		if c.Version > 0 {
-			n.cache.Adopt(h, writeback.RecordOf(c))
+			n.cache.Install(h, writeback.RecordOf(c))
 		}
 	}
 }

@@ -22,6 +22,6 @@ func (n *Node) sweepLoop() {
 // sweep drops the moves whose window ended before now, the cache's
 // expired releases and the records of where keys no longer released went.
 func (n *Node) sweep(now int64) {
-	n.cache.DropExpiredReleases(now)
+	n.cache.DropExpiredFences(now)
 	n.book.Sweep(now)
 }

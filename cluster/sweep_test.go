@@ -56,7 +56,7 @@ func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
 	if to, _ := n.book.ReleasedTo(k); to != nodes[1].cfg.GRPCAddr {
 		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
 	}
-	if !n.Cache().Released(keyHash(k), k, clock.Load()) {
+	if !n.Cache().Fenced(keyHash(k), k, clock.Load()) {
 		t.Error("the release still in force was dropped")
 	}
 }

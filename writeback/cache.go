@@ -20,9 +20,10 @@ import (
 // ErrClosed is returned by calls on a Cache after Close.
 var ErrClosed = errors.New("writeback: cache closed")
 
-// ErrMoved is returned by Decide for a key that Release handed to another
-// node, until the release expires or Adopt or Reclaim takes the key back.
-var ErrMoved = errors.New("writeback: key released to another node")
+// ErrFenced is returned by Decide for a key under a fence (Fence: the
+// cluster released it to another node), until the fence expires or Install
+// or Unfence lifts it.
+var ErrFenced = errors.New("writeback: key released to another node")
 
 // Stats are the Cache's counters since New.
 type Stats struct {
@@ -95,7 +96,7 @@ func New(cfg Config, store Store) (*Cache, error) {
 	c.writable.Store(true)
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
-		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, moved: map[Key]release{}, track: cfg.TrackChanges,
+		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, fences: map[Key]fence{}, track: cfg.TrackChanges,
 			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
@@ -186,8 +187,8 @@ func (c *Cache) DecideLoad(hash uint64, k Key, lim *bucket.Limit, hits, now int6
 func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.Limit, hits, now int64, load float64) error {
 	s := c.shardFor(hash)
 	sl, err := c.find(s, hash, k, now, true)
-	if err == nil && len(s.moved) > 0 && s.isMoved(k, now) {
-		err = ErrMoved
+	if err == nil && len(s.fences) > 0 && s.isFenced(k, now) {
+		err = ErrFenced
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -205,7 +206,7 @@ func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.L
 }
 
 // TakeChanged calls fn, without any lock held, with the caller's hash and
-// the current record of every key changed by Decide or installed by Adopt
+// the current record of every key changed by Decide or installed by Install
 // since the previous call (with Config.TrackChanges; otherwise it finds
 // none). A key that is fresh at now is skipped. The replication of cluster
 // sends these records to the keys' replicas.

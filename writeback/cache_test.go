@@ -391,31 +391,31 @@ func TestSlabIndices(t *testing.T) {
 	}
 }
 
-// A key released after a pull began stays released: AdoptUnlessReleasedSince
+// A key released after a pull began stays released: InstallUnlessFencedSince
 // neither installs the pulled record nor ends the release. One released
 // before keeps Adopt's behaviour.
-func TestAdoptUnlessReleasedSince(t *testing.T) {
+func TestInstallUnlessFencedSince(t *testing.T) {
 	t.Parallel()
 	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
 	k := Key{Name: "n", Key: "k"}
 	h := hashKey(k)
 	decide(t, c, k, lim10, 3, base)
 	// Released at base+10; a pull that began at base+5 comes back.
-	if _, _, err := c.Release(h, k, base+10, time.Minute); err != nil {
+	if _, _, err := c.Fence(h, k, base+10, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	rec := Record{Key: k, State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: base + int64(time.Hour)}, Version: uint64(base + 20)}
-	if c.AdoptUnlessReleasedSince(h, rec, base+5) {
+	if c.InstallUnlessFencedSince(h, rec, base+5) {
 		t.Fatal("adopted a record over a release made after the pull began")
 	}
-	if !c.Released(h, k, base+30) {
+	if !c.Fenced(h, k, base+30) {
 		t.Fatal("the release made after the pull began was ended")
 	}
 	// A pull that began after the release: the usual adoption.
-	if !c.AdoptUnlessReleasedSince(h, rec, base+15) {
+	if !c.InstallUnlessFencedSince(h, rec, base+15) {
 		t.Fatal("did not adopt over a release made before the pull began")
 	}
-	if c.Released(h, k, base+30) {
+	if c.Fenced(h, k, base+30) {
 		t.Fatal("the adoption did not end the older release")
 	}
 	if got, ok, _ := c.Get(h, k, base+30); !ok || got.State.Count != 1 || got.Version != rec.Version {
@@ -437,10 +437,10 @@ func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
 		name    string
 		install func(c *Cache, h uint64, rec Record) bool
 	}{
-		{"Adopt", (*Cache).Adopt},
+		{"Install", (*Cache).Install},
 		{"Merge", (*Cache).Merge},
-		{"AdoptUnlessReleasedSince", func(c *Cache, h uint64, rec Record) bool {
-			return c.AdoptUnlessReleasedSince(h, rec, base)
+		{"InstallUnlessFencedSince", func(c *Cache, h uint64, rec Record) bool {
+			return c.InstallUnlessFencedSince(h, rec, base)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

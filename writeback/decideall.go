@@ -64,8 +64,8 @@ func (r Record) Counter() bucket.Counter {
 // DecideAll applies hits to the limits lims of k atomically: every limit
 // admits and all consume, or none does (bucket.DecideAllLoad). Limit i's
 // state is kept under SubKey(k, i), in the same shard, so one lock covers
-// them all. It returns the combined decision (bucket.Combine). ErrMoved when
-// any of the keys is released.
+// them all. It returns the combined decision (bucket.Combine). ErrFenced when
+// any of the keys is fenced.
 func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
 	s := c.shardFor(hash)
 	keys := make([]Key, len(lims))
@@ -98,10 +98,10 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 		}
 	}
 	defer s.mu.Unlock()
-	if len(s.moved) > 0 {
+	if len(s.fences) > 0 {
 		for i := range keys {
-			if s.isMoved(keys[i], now) {
-				return bucket.Decision{}, ErrMoved
+			if s.isFenced(keys[i], now) {
+				return bucket.Decision{}, ErrFenced
 			}
 		}
 	}

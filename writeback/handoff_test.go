@@ -20,14 +20,14 @@ func TestReleaseStopsDecisionsUntilTTLOrAdopt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rec, ok, err := c.Release(h, k, base, time.Second)
+	rec, ok, err := c.Fence(h, k, base, time.Second)
 	if err != nil || !ok || rec.State.Count != 3 {
 		t.Fatalf("release: %+v %v %v", rec, ok, err)
 	}
-	if _, err := c.Decide(h, k, lim10, 1, base+1); !errors.Is(err, ErrMoved) {
-		t.Fatalf("decide after release: %v, want ErrMoved", err)
+	if _, err := c.Decide(h, k, lim10, 1, base+1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("decide after release: %v, want ErrFenced", err)
 	}
-	if !c.Released(h, k, base+1) {
+	if !c.Fenced(h, k, base+1) {
 		t.Fatal("Released is false after Release")
 	}
 	// After the TTL the key is decided here again, from the state it had.
@@ -36,13 +36,13 @@ func TestReleaseStopsDecisionsUntilTTLOrAdopt(t *testing.T) {
 		t.Fatalf("decide after ttl: %+v %v", d, err)
 	}
 	// Adopt ends a release at once and installs a newer record.
-	if _, _, err := c.Release(h, k, base+int64(time.Second), time.Hour); err != nil {
+	if _, _, err := c.Fence(h, k, base+int64(time.Second), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	newer := rec
 	newer.State.Count = 9
 	newer.Version = rec.Version + uint64(time.Hour)
-	if !c.Adopt(h, newer) {
+	if !c.Install(h, newer) {
 		t.Fatal("adopt of a newer record did not install it")
 	}
 	d, err = c.Decide(h, k, lim10, 1, base+2*int64(time.Second))
@@ -50,8 +50,8 @@ func TestReleaseStopsDecisionsUntilTTLOrAdopt(t *testing.T) {
 		t.Fatalf("decide after adopt: %+v %v", d, err)
 	}
 	// Reclaim ends a release without a record.
-	c.Release(h, k, base+3*int64(time.Second), time.Hour)
-	c.Reclaim(h, k)
+	c.Fence(h, k, base+3*int64(time.Second), time.Hour)
+	c.Unfence(h, k)
 	if _, err := c.Decide(h, k, lim10, 0, base+3*int64(time.Second)); err != nil {
 		t.Fatalf("decide after reclaim: %v", err)
 	}
@@ -75,7 +75,7 @@ func TestReleaseIsAtomicWithDecide(t *testing.T) {
 			defer wg.Done()
 			for range 2000 {
 				d, err := c.Decide(h, k, lim, 1, base)
-				if errors.Is(err, ErrMoved) {
+				if errors.Is(err, ErrFenced) {
 					return
 				}
 				if err != nil {
@@ -90,7 +90,7 @@ func TestReleaseIsAtomicWithDecide(t *testing.T) {
 			}
 		}()
 	}
-	rec, _, err := c.Release(h, k, base, time.Hour)
+	rec, _, err := c.Fence(h, k, base, time.Hour)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestTakeChangedAndRange(t *testing.T) {
 	}
 	// Adopt counts as a change.
 	k := Key{Name: "b", Key: "1"}
-	c.Adopt(hashKey(k), Record{Key: k, State: mustState(t, c, keys[0]), Version: uint64(base) + 100})
+	c.Install(hashKey(k), Record{Key: k, State: mustState(t, c, keys[0]), Version: uint64(base) + 100})
 	var adopted []Key
 	c.TakeChanged(base, func(h uint64, r Record) { adopted = append(adopted, r.Key) })
 	if len(adopted) != 1 || adopted[0] != k {

@@ -79,15 +79,15 @@ type shard struct {
 	// takes counts TakeChanged calls, from 1: see retired.
 	flushStarts, flushDone, takes uint64
 
-	// moved holds the keys Release handed to another node, with the Unix
+	// fences holds the keys Fence stopped deciding, with the Unix
 	// nanosecond time until which Decide refuses them.
-	moved map[Key]release
-	// movedSweepAt is the size of moved at which Release next drops the
-	// expired releases (isMoved drops one only when its key is looked up
+	fences map[Key]fence
+	// fenceSweepAt is the size of fences at which Fence next drops the
+	// expired fences (isFenced drops one only when its key is looked up
 	// again, and most never are): twice the size after the last sweep, at
-	// least minMovedSweep, so the map stays within twice the releases in
-	// force and a sweep costs O(1) per Release, amortised.
-	movedSweepAt int
+	// least minFenceSweep, so the map stays within twice the fences in
+	// force and a sweep costs O(1) per Fence, amortised.
+	fenceSweepAt int
 	now          int64 // the now of the call that may evict, for onEvict
 	// writeSeq is bumped whenever a flush completes in this shard: a load
 	// that raced with one may have read an older record and must retry.

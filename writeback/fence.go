@@ -1,7 +1,11 @@
 package writeback
 
-// Keys that move between nodes: releases, adoption of another node's copy
-// (merged, never lowering a count), and installs.
+// The decision fence, and installs of other nodes' copies (merged, never
+// lowering a count). The cache knows nothing of ownership: the cluster's
+// ownership component (cluster/ownership) decides when a key is fenced
+// (released to another node), to whom, and when it is taken back; the
+// fence is here only because it must stop decisions under the lock that
+// serialises them, in the same step that reads the record handed over.
 
 import (
 	"errors"
@@ -12,80 +16,82 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// release is when a key was released (Unix ns) and until when.
-type release struct{ at, until int64 }
+// fence is when a key was fenced (Unix ns) and until when.
+type fence struct{ at, until int64 }
 
-// minMovedSweep is the smallest size of a shard's releases at which
-// Release drops the expired ones (shard.movedSweepAt).
-const minMovedSweep = 64
+// minFenceSweep is the smallest size of a shard's fences at which Fence
+// drops the expired ones (shard.fenceSweepAt).
+const minFenceSweep = 64
 
-// isMoved reports whether k is released at now, forgetting an expired
-// release. s.mu must be held.
-func (s *shard) isMoved(k Key, now int64) bool {
-	r, ok := s.moved[k]
+// isFenced reports whether k is fenced at now, forgetting an expired
+// fence. s.mu must be held.
+func (s *shard) isFenced(k Key, now int64) bool {
+	r, ok := s.fences[k]
 	if ok && r.until <= now {
-		delete(s.moved, k)
+		delete(s.fences, k)
 		ok = false
 	}
 	return ok
 }
 
-// Release returns k's current record, like Get, and atomically stops this
-// cache from deciding k until now+ttl (Decide answers ErrMoved): the key now
-// belongs to another node, which got the returned record (the key is
-// "released to" it, in docs/ownership.md). Every change Decide made before
-// Release is in the record: this is the invariant's hand-over step.
-func (c *Cache) Release(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
+// Fence returns k's current record, like Get, and atomically stops this
+// cache from deciding k until now+ttl (Decide answers ErrFenced). The
+// cluster fences a key it releases to another node, which gets the
+// returned record ("released to" in docs/ownership.md): every change
+// Decide made before Fence is in the record, which is the invariant's
+// hand-over step.
+func (c *Cache) Fence(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
 	s := c.shardFor(hash)
 	sl, err := c.find(s, hash, k, now, false)
 	defer s.mu.Unlock()
 	if err != nil {
 		return Record{}, false, err
 	}
-	if len(s.moved) >= max(s.movedSweepAt, minMovedSweep) {
-		for mk, r := range s.moved {
+	if len(s.fences) >= max(s.fenceSweepAt, minFenceSweep) {
+		for mk, r := range s.fences {
 			if r.until <= now {
-				delete(s.moved, mk)
+				delete(s.fences, mk)
 			}
 		}
-		s.movedSweepAt = 2 * len(s.moved)
+		s.fenceSweepAt = 2 * len(s.fences)
 	}
-	s.moved[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}] = release{at: now, until: now + int64(ttl)}
+	s.fences[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}] = fence{at: now, until: now + int64(ttl)}
 	if sl == nil || sl.fresh(now) {
 		return Record{}, false, nil
 	}
 	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
 }
 
-// Released reports whether k is released at now.
-func (c *Cache) Released(hash uint64, k Key, now int64) bool {
+// Fenced reports whether k is fenced at now.
+func (c *Cache) Fenced(hash uint64, k Key, now int64) bool {
 	s := c.shardFor(hash)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.moved) > 0 && s.isMoved(k, now)
+	return len(s.fences) > 0 && s.isFenced(k, now)
 }
 
-// Reclaim makes this cache decide k again (this node owns it again).
-func (c *Cache) Reclaim(hash uint64, k Key) {
+// Unfence lifts k's fence: this cache decides k again.
+func (c *Cache) Unfence(hash uint64, k Key) {
 	s := c.shardFor(hash)
 	s.mu.Lock()
-	delete(s.moved, k)
+	delete(s.fences, k)
 	s.mu.Unlock()
 }
 
-// Adopt takes ownership of rec's key: it ends a release of the key and
-// installs rec when it is newer than what is held, like Merge, reporting
-// whether it did. An installed record counts as a change (TakeChanged).
-func (c *Cache) Adopt(hash uint64, rec Record) bool {
+// Install lifts a fence on rec's key and installs rec when it is newer
+// than what is held (or their merge), like Merge, reporting whether it
+// did: the cluster adopts a key handed to it. An installed record counts
+// as a change (TakeChanged).
+func (c *Cache) Install(hash uint64, rec Record) bool {
 	return c.install(hash, rec, math.MaxInt64)
 }
 
-// AdoptUnlessReleasedSince is Adopt, except that when this cache released
-// the key at or after since (Unix ns) it changes nothing and reports false.
-// A node that pulls a key from another (since: when it began) must not end
-// a release that happened meanwhile: the node the key went to took this
-// cache's state, and it decides the key now.
-func (c *Cache) AdoptUnlessReleasedSince(hash uint64, rec Record, since int64) bool {
+// InstallUnlessFencedSince is Install, except that when the key was fenced
+// at or after since (Unix ns) it changes nothing and reports false. A node
+// that pulls a key from another (since: when it began) must not lift a
+// fence set meanwhile: the node the key was released to took this cache's
+// state, and it decides the key now.
+func (c *Cache) InstallUnlessFencedSince(hash uint64, rec Record, since int64) bool {
 	return c.install(hash, rec, since)
 }
 
@@ -163,7 +169,7 @@ func (c *Cache) Merge(hash uint64, rec Record) bool {
 	return c.mergeCopy(hash, rec)
 }
 
-// install is AdoptUnlessReleasedSince. (Merge keeps copies apart: mergeCopy.)
+// install is InstallUnlessFencedSince. (Merge keeps copies apart: mergeCopy.)
 func (c *Cache) install(hash uint64, rec Record, since int64) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
@@ -176,10 +182,10 @@ func (c *Cache) install(hash uint64, rec Record, since int64) bool {
 		}
 		return false
 	}
-	if r, ok := s.moved[rec.Key]; ok && r.at >= since {
+	if r, ok := s.fences[rec.Key]; ok && r.at >= since {
 		return false
 	}
-	delete(s.moved, rec.Key)
+	delete(s.fences, rec.Key)
 	if !s.installIn(e, rec) {
 		return false
 	}

@@ -19,30 +19,30 @@ func TestExpiredReleasesAreDropped(t *testing.T) {
 	ttl := time.Millisecond
 	now := int64(1_000_000_000)
 	live := Key{Name: "api", Key: "still-moving"}
-	c.Release(hashKey(live), live, now, time.Hour)
+	c.Fence(hashKey(live), live, now, time.Hour)
 	for i := range n {
 		k := Key{Name: "api", Key: fmt.Sprint("k", i)}
 		now += int64(2 * ttl) // the previous release has expired
-		if _, _, err := c.Release(hashKey(k), k, now, ttl); err != nil {
+		if _, _, err := c.Fence(hashKey(k), k, now, ttl); err != nil {
 			t.Fatal(err)
 		}
 	}
 	total, most := 0, 0
 	for _, s := range c.shards {
 		s.mu.Lock()
-		total += len(s.moved)
-		most = max(most, len(s.moved))
+		total += len(s.fences)
+		most = max(most, len(s.fences))
 		s.mu.Unlock()
 	}
 	// In force at the end: the hour-long release and the last one. A
 	// shard sweeps when it reaches max(2 × its size after the last sweep,
-	// minMovedSweep), so it never holds more than minMovedSweep + 2 × 2.
-	bound := minMovedSweep + 4
+	// minFenceSweep), so it never holds more than minFenceSweep + 2 × 2.
+	bound := minFenceSweep + 4
 	t.Logf("%d keys released one after another: %d releases recorded in all, at most %d in one shard (bound %d)", n, total, most, bound)
 	if most > bound {
 		t.Errorf("a shard records %d releases, want at most %d", most, bound)
 	}
-	if !c.Released(hashKey(live), live, now) {
+	if !c.Fenced(hashKey(live), live, now) {
 		t.Error("a release still in force was dropped by a sweep")
 	}
 }
