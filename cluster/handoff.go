@@ -89,15 +89,26 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if !ok || o.Name != n.name || c.Name == n.name {
 			return true
 		}
-		eff := ownership.Step(ownership.Facts{OwnerAddr: c.Addr, Unsettled: moves.Unsettled(h, r.Key, n.name, now)}, ownership.Event{Kind: ownership.Lost})
+		f := ownership.Facts{OwnerAddr: c.Addr, Unsettled: moves.Unsettled(h, r.Key, n.name, now)}
+		eff := ownership.Step(f, ownership.Event{Kind: ownership.Lost})
 		if !eff.Release {
 			return true // unsettled: the new owner pulls it on first touch
 		}
-		rec, held, err := n.cache.Fence(h, r.Key, now, n.cfg.MoveWindow)
-		if err != nil || !held {
+		// Fenced only if this node still decides the key: one it had
+		// released to another node meanwhile is not handed off
+		// (Step(Lost) with Released).
+		rec, held, err := n.cache.FenceIfDeciding(h, r.Key, now, n.cfg.MoveWindow)
+		if errors.Is(err, writeback.ErrFenced) {
+			f.Released = true
+			eff = ownership.Step(f, ownership.Event{Kind: ownership.Lost})
+		}
+		if err != nil || !held || !eff.Push {
 			return true
 		}
 		n.book.NoteReleased(r.Key, eff.NoteTo, now)
+		if n.debug {
+			n.log.Debug("handing off", "name", r.Key.Name, "key", r.Key.Key, "to", eff.NoteTo, "count", rec.State.Count, "version", rec.Version)
+		}
 		batches[eff.NoteTo] = append(batches[eff.NoteTo], writeback.Record{Key: r.Key, State: rec.State, Version: rec.Version}.Counter())
 		return true
 	})
@@ -264,6 +275,9 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 		if eff.MarkSettled {
 			n.book.MarkSettled(rec.Key)
 		}
+		if n.debug && handoff {
+			n.log.Debug("handoff received", "name", rec.Key.Name, "key", rec.Key.Key, "from", from, "count", rec.State.Count, "version", rec.Version, "installed", installed1)
+		}
 		if installed1 {
 			installed++
 		} else {
@@ -319,6 +333,10 @@ func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, rel
 		keys[i].State, keys[i].Version = bucket.State{}, 0
 		if ok {
 			keys[i].State, keys[i].Version = rec.State, rec.Version
+		}
+		if n.debug {
+			n.log.Debug("pull answered", "name", k.Name, "key", k.Key, "from", from, "release", eff.Release,
+				"count", keys[i].State.Count, "version", keys[i].Version, "moved_to", ans[i].MovedTo, "holders", len(ans[i].Holders))
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -337,4 +338,53 @@ func TestHandoffOf100kKeys(t *testing.T) {
 	}
 	t.Logf("graceful leave handed %d counters to the next owner in %v (flush, store scan, push, includes %v of leave propagation); installing them on the leaving node took %v",
 		k, took.Round(time.Millisecond), DefaultConfig().LeavePropagation, install.Round(time.Millisecond))
+}
+
+// A key this node had already released to another node (X pulled it with
+// release: X took its state and decides it) is not handed off when a table
+// change moves its partition to a third node C: the pushed record would
+// be stale, C would take it as settled and never pull, and X's decisions
+// would be lost (seen under load in TestScaleOutThenInUnderLoad: two
+// nodes joining one after the other, the first one's view lagging, 21–27
+// admitted for a limit of 20). C pulls on first touch instead, and this
+// node's answer names X (moved_to).
+func TestReleasedKeyIsNotHandedOff(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	n0 := nodes[0]
+	all := n0.Ring().Table()
+	without, err := n0.Ring().Build(all.Members()[1:]) // n0 gone: its keys move
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all.Members()[0].Name != "n0" {
+		t.Fatalf("first member %s, want n0", all.Members()[0].Name)
+	}
+	key := keysOwnedBy(n0, "n0", 1)[0]
+	if got := admit(t, n0, key, 5, 10); got != 5 {
+		t.Fatalf("admitted %d", got)
+	}
+	h := ring.Hash("api", key)
+	c, _ := without.Owner(h) // the node the change moves the key to
+	x := nodes[1]            // the node that pulled it before the change
+	if x.Name() == c.Name {
+		x = nodes[2]
+	}
+	pulled := []bucket.Counter{{Name: "api", Key: key}}
+	n0.Pull(context.Background(), x.Name(), pulled, true, time.Hour, make([]route.PullAnswer, 1))
+	if pulled[0].Version == 0 {
+		t.Fatal("the pull got no record")
+	}
+	before := n0.Status().HandedOff
+	n0.handOffMoved(context.Background(), all, without)
+	if got := n0.Status().HandedOff - before; got != 0 {
+		t.Errorf("%d counters handed off to %s; want none: the key was released to %s", got, c.Name, x.Name())
+	}
+	for _, nd := range nodes {
+		if nd.Name() == c.Name {
+			if _, ok, _ := nd.Cache().Get(h, writeback.Key{Name: "api", Key: key}, t0.UnixNano()); ok {
+				t.Errorf("%s holds the key's stale record: it would decide from it without pulling", c.Name)
+			}
+		}
+	}
 }

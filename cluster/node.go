@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -55,6 +56,8 @@ type Node struct {
 	// metaReady, or has no seeds). A fact beside the phase, set once: see
 	// phase.
 	inRing atomic.Bool
+	// debug: the logger takes debug records (per-key traces of moves).
+	debug bool
 	// book holds the ownership records: the moves that brought keys here
 	// and where released keys went (package ownership).
 	book      *ownership.Book
@@ -160,6 +163,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	cache := n.cache
+	n.debug = lg.Enabled(context.Background(), slog.LevelDebug)
 	n.book = ownership.NewBook(cfg.Name, cfg.MoveWindow, func(k writeback.Key, now int64) bool {
 		return cache.Fenced(keyHash(k), k, now)
 	})

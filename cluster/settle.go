@@ -76,16 +76,13 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 		it := &items[i]
 		it.asked, it.moves = ms.Plan(it.h, it.k, n.name, cur, now, it.asked)
 	}
-	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked })
-	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
-		// A node asked had already handed the key on, or had not settled
-		// it itself since a move: the node it went to, or the nodes it
-		// would have pulled it from, may hold a newer state.
-		next := more
-		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] })
-	}
+	n.pullRounds(ctx, items)
 	for i := range items {
 		it := &items[i]
+		if n.debug {
+			n.log.Debug("settled", "name", it.k.Name, "key", it.k.Key, "asked", len(it.asked), "count", it.best.State.Count,
+				"version", it.best.Version, "moves", len(it.moves), "ctx_err", ctx.Err())
+		}
 		if it.best.Version > 0 {
 			n.cache.InstallUnlessFencedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
 		}
@@ -94,6 +91,19 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 			// failed for that reason alone, and the next touch asks again.
 			ownership.Settled(it.k, it.moves)
 		}
+	}
+}
+
+// pullRounds pulls every item from the nodes in its asked list, then, for
+// up to maxPullRounds-1 more rounds, from the nodes the answers name: a
+// node asked had already handed the key on, or had not settled it itself
+// since a move, and the node it went to, or the nodes it would have pulled
+// it from, may hold a newer state (ownership.Follow).
+func (n *Node) pullRounds(ctx context.Context, items []settleItem) {
+	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked })
+	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
+		next := more
+		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] })
 	}
 }
 
@@ -202,29 +212,26 @@ func mergeCopies(best, got bucket.Counter) bucket.Counter {
 }
 
 // pullKey pulls k's counters (every limit's) from the node at addr,
-// releasing them there, and adopts what is newer. A failed pull is counted
-// and the decision goes on with what this node holds.
+// releasing them there, and from the nodes its answer names (where it had
+// released them to, or the holders it would have asked), as a settle does
+// (pullRounds), and installs the merge of what it got. A failed pull is
+// counted and the decision goes on with what this node holds.
 func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
-	var keys []bucket.Counter
+	var items []settleItem
 	if len(lims.more) == 0 {
-		keys = []bucket.Counter{{Name: k.Name, Key: k.Key}}
+		items = []settleItem{{h: h, k: k, asked: []route.Holder{{Addr: addr, Release: true}}}}
 	} else {
 		for i := range 1 + len(lims.more) {
-			sk := writeback.SubKey(k, i)
-			keys = append(keys, sk.Counter())
+			items = append(items, settleItem{h: h, k: writeback.SubKey(k, i), asked: []route.Holder{{Addr: addr, Release: true}}})
 		}
 	}
-	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-	err := n.peers.Pull(pctx, addr, keys, true, n.cfg.MoveWindow, make([]route.PullAnswer, len(keys)))
-	cancel()
-	n.pulls.Add(1)
-	if err != nil {
-		n.pullErrors.Add(1)
-		return
-	}
-	for _, c := range keys {
-		if c.Version > 0 {
-			n.cache.Install(h, writeback.RecordOf(c))
+	n.pullRounds(ctx, items)
+	for _, it := range items {
+		if n.debug {
+			n.log.Debug("pulled back", "name", it.k.Name, "key", it.k.Key, "from", addr, "asked", len(it.asked), "count", it.best.State.Count, "version", it.best.Version)
+		}
+		if it.best.Version > 0 {
+			n.cache.Install(h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version})
 		}
 	}
 }

@@ -30,14 +30,28 @@ type load struct {
 	maxLatency              atomic.Int64
 	firstErr                atomic.Pointer[string]
 
+	// hist is every answer to a tight key, in the order they came, for
+	// the log of a key that went over its limit.
+	histMu sync.Mutex
+	hist   map[string][]answer
+	start  time.Time
+
 	// forwardErrors is the sluice_forward_errors_total of processes
 	// that have since stopped (their counters go with them), added up by
 	// noteStopping.
 	forwardErrors float64
 }
 
+// answer is one answer of the load to a tight key.
+type answer struct {
+	at, took  time.Duration // sent at, since the load was made
+	owner     string
+	admitted  bool
+	remaining int64
+}
+
 func newLoad(k int) *load {
-	l := &load{tightLimit: 20, looseLimit: 1 << 30, admitted: map[string]*atomic.Int64{}}
+	l := &load{tightLimit: 20, looseLimit: 1 << 30, admitted: map[string]*atomic.Int64{}, hist: map[string][]answer{}, start: time.Now()}
 	for i := range k {
 		t, lo := fmt.Sprintf("tight:%d", i), fmt.Sprintf("loose:%d", i)
 		l.tight, l.loose = append(l.tight, t), append(l.loose, lo)
@@ -104,8 +118,15 @@ func (l *load) run(t *testing.T, workers int, maxCalls int64, maxTime time.Durat
 					}
 					continue
 				}
-				if resp.Responses[0].Status == sluicev1.Status_STATUS_UNDER_LIMIT {
+				r := resp.Responses[0]
+				if r.Status == sluicev1.Status_STATUS_UNDER_LIMIT {
 					l.admitted[key].Add(1)
+				}
+				if limit == l.tightLimit {
+					l.histMu.Lock()
+					l.hist[key] = append(l.hist[key], answer{at: start.Sub(l.start), took: took, owner: r.Owner,
+						admitted: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, remaining: r.Remaining})
+					l.histMu.Unlock()
 				}
 			}
 		}()
@@ -156,7 +177,12 @@ func (l *load) verify(t *testing.T, c *transport.Client, live []*proc, b bound) 
 	for _, k := range l.tight {
 		if got := l.admitted[k].Load(); got > l.tightLimit {
 			over += got - l.tightLimit
-			t.Logf("key %s: %d admitted, limit %d", k, got, l.tightLimit)
+			t.Logf("key %s: %d admitted, limit %d; its answers:", k, got, l.tightLimit)
+			l.histMu.Lock()
+			for _, a := range l.hist[k] {
+				t.Logf("  sent at %v, took %v: %s, admitted %v, remaining %d", a.at.Round(time.Millisecond), a.took.Round(time.Microsecond), a.owner, a.admitted, a.remaining)
+			}
+			l.histMu.Unlock()
 		}
 	}
 	if over > b.over {

@@ -41,11 +41,20 @@ func (s *shard) isFenced(k Key, now int64) bool {
 // Decide made before Fence is in the record, which is the invariant's
 // hand-over step.
 func (c *Cache) Fence(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
+	return c.fence(hash, k, now, ttl, false)
+}
+
+// fence is Fence; with unlessFenced it refuses (ErrFenced) a key fenced at
+// now, checked under the same hold of the lock as the fence itself.
+func (c *Cache) fence(hash uint64, k Key, now int64, ttl time.Duration, unlessFenced bool) (Record, bool, error) {
 	s := c.shardFor(hash)
 	sl, err := c.find(s, hash, k, now, false)
 	defer s.mu.Unlock()
 	if err != nil {
 		return Record{}, false, err
+	}
+	if unlessFenced && len(s.fences) > 0 && s.isFenced(k, now) {
+		return Record{}, false, ErrFenced
 	}
 	if len(s.fences) >= max(s.fenceSweepAt, minFenceSweep) {
 		for mk, r := range s.fences {
@@ -60,6 +69,15 @@ func (c *Cache) Fence(hash uint64, k Key, now int64, ttl time.Duration) (Record,
 		return Record{}, false, nil
 	}
 	return Record{Key: k, State: sl.state(), Version: sl.version}, true, nil
+}
+
+// FenceIfDeciding is Fence, unless k is fenced at now already: then it
+// changes nothing and returns ErrFenced. A node handing a key off to its
+// new owner uses it: a key it had released to another node is not its to
+// hand off (that node took its state and decides the key), and the check
+// must be atomic with the fence.
+func (c *Cache) FenceIfDeciding(hash uint64, k Key, now int64, ttl time.Duration) (Record, bool, error) {
+	return c.fence(hash, k, now, ttl, true)
 }
 
 // Fenced reports whether k is fenced at now.

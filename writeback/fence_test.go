@@ -1,6 +1,7 @@
 package writeback
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -44,5 +45,29 @@ func TestExpiredReleasesAreDropped(t *testing.T) {
 	}
 	if !c.Fenced(hashKey(live), live, now) {
 		t.Error("a release still in force was dropped by a sweep")
+	}
+}
+
+// FenceIfDeciding fences a key this cache decides, like Fence, and refuses
+// one that is fenced already, changing nothing.
+func TestFenceIfDeciding(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+	k := Key{Name: "n", Key: "k"}
+	h := hashKey(k)
+	decide(t, c, k, lim10, 3, base)
+	rec, held, err := c.FenceIfDeciding(h, k, base+1, time.Minute)
+	if err != nil || !held || rec.State.Count != 3 {
+		t.Fatalf("first fence: %+v %v %v, want the record of 3 hits", rec, held, err)
+	}
+	if _, held, err := c.FenceIfDeciding(h, k, base+2, time.Hour); !errors.Is(err, ErrFenced) || held {
+		t.Fatalf("second fence: held %v, err %v; want ErrFenced", held, err)
+	}
+	// The refused call did not stretch the fence to an hour.
+	if c.Fenced(h, k, base+1+int64(time.Minute)) {
+		t.Error("the refused fence changed the fence in force")
+	}
+	if _, _, err := c.FenceIfDeciding(h, k, base+1+int64(time.Minute), time.Minute); err != nil {
+		t.Errorf("after the fence ended: %v", err)
 	}
 }

@@ -189,17 +189,22 @@ func TestBookRecordsAreBounded(t *testing.T) {
 }
 
 // An answer naming another node is followed once, to a node not asked and
-// not itself.
+// not itself; a node asked without release is asked again with release
+// when the answer says the key went there.
 func TestFollow(t *testing.T) {
 	t.Parallel()
 	asked := []route.Holder{{Addr: "a:1", Release: true}, {Addr: "b:1", Release: false}}
 	for _, c := range []struct {
-		to   string
-		want bool
-	}{{"", false}, {"self:1", false}, {"a:1", false}, {"b:1", false}, {"c:1", true}} {
-		src, ok := Follow(asked, c.to, true, "self:1")
-		if ok != c.want || (ok && src != (route.Holder{Addr: c.to, Release: true})) {
-			t.Errorf("moved_to %q: %v %v, want %v", c.to, src, ok, c.want)
+		to      string
+		release bool
+		want    bool
+	}{
+		{"", true, false}, {"self:1", true, false}, {"a:1", true, false}, {"a:1", false, false},
+		{"b:1", false, false}, {"b:1", true, true}, {"c:1", true, true}, {"c:1", false, true},
+	} {
+		src, ok := Follow(asked, c.to, c.release, "self:1")
+		if ok != c.want || (ok && src != (route.Holder{Addr: c.to, Release: c.release})) {
+			t.Errorf("follow %q (release %v): %v %v, want %v", c.to, c.release, src, ok, c.want)
 		}
 	}
 	if got := Ask(asked, "b:1", true); len(got) != 2 || !got[1].Release {

@@ -96,10 +96,18 @@ func Asks(srcs []route.Holder, addr string) bool {
 // node that may hold a newer state of the key: the node the answerer had
 // released it to (moved_to, with release), or a node the answerer would
 // have pulled it from itself (a holder). That node is asked too, unless
-// it is self (selfAddr) or was asked already.
+// it is self (selfAddr) or was asked already as this asks it: a node asked
+// without release (a replica of the previous owner, in this node's older
+// table) that the answer names as where the key went is asked again with
+// release, or it would go on deciding the key beside this node.
 func Follow(srcs []route.Holder, addr string, release bool, selfAddr string) (route.Holder, bool) {
-	if addr == "" || addr == selfAddr || Asks(srcs, addr) {
+	if addr == "" || addr == selfAddr {
 		return route.Holder{}, false
+	}
+	for _, s := range srcs {
+		if s.Addr == addr && (s.Release || !release) {
+			return route.Holder{}, false
+		}
 	}
 	return route.Holder{Addr: addr, Release: release}, true
 }

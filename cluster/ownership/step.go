@@ -200,6 +200,14 @@ func Step(f Facts, e Event) Effects {
 		}
 		return Effects{Next: f.State(), Merge: true}
 	case Lost:
+		if f.Released {
+			// Released to another node before the change: that node took
+			// this node's state and decides the key; a push of this
+			// node's record would be stale, and its receiver would take
+			// it as settled and never pull. The new owner pulls this node
+			// on first touch, and the answer names where the key went.
+			return Effects{Next: ReleasedTo}
+		}
 		if f.Unsettled {
 			// An earlier change gave this node the key and it never
 			// touched it since, so never pulled it: what it holds may be

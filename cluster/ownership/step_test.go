@@ -82,6 +82,7 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 
 		// Table changes that take the key away.
 		{"owned, partition moved to X: released, pushed", with(owned, func(f *Facts) { f.Owns, f.OwnerAddr = false, other }), Event{Kind: Lost}, Effects{Next: ReleasedTo, Release: true, NoteTo: other, Push: true}},
+		{"released to X, partition moved to another node: not handed off", with(releasedUnowned, func(f *Facts) {}), Event{Kind: Lost}, Effects{Next: ReleasedTo}},
 		{"unsettled, partition moved on: not handed off", with(unowned, func(f *Facts) { f.Unsettled = true }), Event{Kind: Lost}, Effects{Next: Unowned}},
 	}
 	for _, c := range cases {
