@@ -1,0 +1,43 @@
+package ownership
+
+import (
+	"testing"
+
+	"github.com/sluicehq/sluice/ring"
+)
+
+// TestReplicasGained: a partition counts when self owns it in cur and its
+// row there has a member the old row did not; checked against the rows
+// themselves for every partition.
+func TestReplicasGained(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		old, cur *ring.Table
+		want     bool // some partition gains
+	}{
+		{"same table", table(t, "a", "b", "c"), table(t, "a", "b", "c"), false},
+		{"a member back (restart)", table(t, "a", "c"), table(t, "a", "b", "c"), true},
+		{"a replica gone for good", table(t, "a", "b", "c"), table(t, "a", "c"), true},
+		{"alone", table(t, "a"), table(t, "a"), false},
+	} {
+		g := ReplicasGained(c.old, c.cur, "a")
+		if (g != nil) != c.want {
+			t.Errorf("%s: gained %v, want some: %v", c.name, g != nil, c.want)
+			continue
+		}
+		for p := range c.cur.Partitions() {
+			own, _ := c.cur.PartitionOwner(p)
+			oldRow := c.old.PartitionReplicas(p, nil)
+			want := false
+			if own.Name == "a" {
+				for _, m := range c.cur.PartitionReplicas(p, nil)[1:] {
+					want = want || !RowHas(oldRow, m.Name)
+				}
+			}
+			if got := g != nil && g[p]; got != want {
+				t.Errorf("%s: partition %d gained %v, want %v", c.name, p, got, want)
+			}
+		}
+	}
+}
