@@ -170,14 +170,8 @@ func dial(t *testing.T, addr string, opts ...grpc.DialOption) *transport.Client 
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", d, what)
-		}
-		<-tick.C
+	if !waitUntil(d, cond) {
+		t.Fatalf("timed out after %v waiting until %s", d, what)
 	}
 }
 
