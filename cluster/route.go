@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -249,7 +250,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 			// stale (a forward that reached it after a pause, with its
 			// sender's cancellation right behind it; a settle cut short): a
 			// decision from it would only risk outranking a newer count.
-			o.Owner, o.Err = n.name, "check abandoned: "+err.Error()
+			o.Owner, o.Err = n.name, abandoned+err.Error()
 			return ""
 		}
 		err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
@@ -386,14 +387,26 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 		return g, nil
 	}
 	for j, rt := range g {
+		if strings.HasPrefix(subOut[j].Err, abandoned) && ctx.Err() == nil {
+			// The receiver gave up on the item when the forward's deadline
+			// came, deciding nothing, and its answer beat that deadline
+			// back here: the item fails over as after a timed-out forward.
+			n.forwardErrors.Add(1)
+			failed = append(failed, rt)
+			continue
+		}
 		out[rt.i] = subOut[j]
 		if movedTo[j] != "" {
 			rt.to = movedTo[j]
 			moved = append(moved, rt)
 		}
 	}
-	return nil, moved
+	return failed, moved
 }
+
+// abandoned begins the error of a check a node gave up on because its
+// context ended: it decided nothing.
+const abandoned = "check abandoned: "
 
 // sendBufs returns the slices of a send of n items; for a single item, the
 // common case, in one allocation.
@@ -449,7 +462,7 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bu
 	}
 	if ctx.Err() != nil {
 		for _, rt := range failed {
-			out[rt.i] = bucket.Outcome{Owner: n.name, Err: "check abandoned: " + ctx.Err().Error()}
+			out[rt.i] = bucket.Outcome{Owner: n.name, Err: abandoned + ctx.Err().Error()}
 		}
 		return
 	}
