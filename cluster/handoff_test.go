@@ -375,16 +375,27 @@ func TestReleasedKeyIsNotHandedOff(t *testing.T) {
 	if pulled[0].Version == 0 {
 		t.Fatal("the pull got no record")
 	}
+	var cn *Node
+	for _, nd := range nodes {
+		if nd.Name() == c.Name {
+			cn = nd
+		}
+	}
+	// C sees the same change: the key becomes unsettled there, and only
+	// a handoff (settling it) would let C decide without pulling. (C may
+	// hold a replica copy of the key from n0's replication rounds: a
+	// copy, which the pull on first touch replaces.)
+	now := t0.UnixNano()
+	cn.book.TableChanged(all, without, now)
+	if !cn.book.Unsettled(h, writeback.Key{Name: "api", Key: key}, now) {
+		t.Fatalf("%s: the key is not unsettled after the change", c.Name)
+	}
 	before := n0.Status().HandedOff
 	n0.handOffMoved(context.Background(), all, without)
 	if got := n0.Status().HandedOff - before; got != 0 {
 		t.Errorf("%d counters handed off to %s; want none: the key was released to %s", got, c.Name, x.Name())
 	}
-	for _, nd := range nodes {
-		if nd.Name() == c.Name {
-			if _, ok, _ := nd.Cache().Get(h, writeback.Key{Name: "api", Key: key}, t0.UnixNano()); ok {
-				t.Errorf("%s holds the key's stale record: it would decide from it without pulling", c.Name)
-			}
-		}
+	if !cn.book.Unsettled(h, writeback.Key{Name: "api", Key: key}, now) {
+		t.Errorf("%s took the key as settled: it would decide from a stale record without pulling", c.Name)
 	}
 }
