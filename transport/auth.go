@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // internalMethod reports whether a gRPC method is one only members of the
@@ -148,11 +149,36 @@ func proofInterceptor(p *Prover) grpc.UnaryClientInterceptor {
 	}
 }
 
+// streamOpening is the message an internal stream's opening is proven for:
+// a stream has no request when it opens.
+var streamOpening = &emptypb.Empty{}
+
+// proofStreamInterceptor proves the opening of every internal stream made
+// through a connection (Peer/Forwards) with p; the stream's messages carry
+// proofs of their own.
+func proofStreamInterceptor(p *Prover) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if internalMethod(method) {
+			proof, err := p.Sign(time.Now(), method, streamOpening)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "signing %s: %v", method, err)
+			}
+			ctx = metadata.AppendToOutgoingContext(ctx, ProofHeader, proof)
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+}
+
 // WithProofs returns the dial option that signs internal calls with p, for
 // a Client whose Admin calls go to a node that authenticates members by
 // the gossip key.
 func WithProofs(p *Prover) grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(proofInterceptor(p))
+}
+
+// withStreamProofs is WithProofs for internal streams too (PeerClient).
+func withStreamProofs(p *Prover) grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(proofStreamInterceptor(p))
 }
 
 // SecuritySummary describes how a member is secured, for status output:

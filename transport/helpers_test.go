@@ -19,6 +19,7 @@ type fakeHandler struct {
 	calls     atomic.Int64 // Check calls
 	forwards  atomic.Int64 // CheckForwarded calls (= Forward RPCs)
 	standIns  atomic.Int64 // CheckStandIn calls
+	ctxEnded  atomic.Int64 // CheckForwarded calls that stopped waiting on block because their context ended
 	mu        sync.Mutex
 	sizes     []int            // items per CheckForwarded call, in order
 	last      []bucket.Request // copy of the last Check's requests
@@ -66,6 +67,7 @@ func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bu
 		select {
 		case <-block:
 		case <-ctx.Done():
+			h.ctxEnded.Add(1)
 		}
 	}
 	decide(reqs, out, from+"/")

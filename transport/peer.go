@@ -91,6 +91,12 @@ type PeerConfig struct {
 	// Tracing, when set, traces the RPCs made in a traced context and
 	// carries the trace on them (tracing.go); nil installs nothing.
 	Tracing *Tracing
+	// UnaryForwards makes every forward its own unary Peer/Forward call,
+	// as before forwards were streamed (Peer/Forwards, one stream per
+	// peer): for comparison, and for peers whose proxies do not carry
+	// long-lived streams. A peer that does not serve Forwards gets unary
+	// calls without it.
+	UnaryForwards bool
 }
 
 // PeerClient forwards checks to the nodes that own their keys over the
@@ -116,6 +122,10 @@ type PeerClient struct {
 	bulkTimeout time.Duration
 	dialOpts    []grpc.DialOption
 	traced      bool // Tracing set: queued forwards keep their caller's span
+	// unaryForwards: every forward is a unary Forward call (PeerConfig).
+	unaryForwards bool
+	prover        *Prover   // proves Forwards envelopes (no TLS, a gossip key)
+	replyChans    sync.Pool // chan *sluicev1.ForwardReply, capacity 1
 
 	ctx    context.Context // parent of queued batches' RPCs; canceled by Close
 	cancel context.CancelFunc
@@ -176,8 +186,10 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	case cfg.TLS != nil:
 		pc.dialOpts = append(pc.dialOpts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS.PeerClientConfig())))
 	case cfg.Prover != nil:
-		pc.dialOpts = append(pc.dialOpts, WithProofs(cfg.Prover))
+		pc.dialOpts = append(pc.dialOpts, WithProofs(cfg.Prover), withStreamProofs(cfg.Prover))
+		pc.prover = cfg.Prover
 	}
+	pc.unaryForwards = cfg.UnaryForwards
 	if cfg.Tracing != nil && cfg.Tracing.Provider != nil {
 		pc.dialOpts = append(pc.dialOpts, grpc.WithStatsHandler(cfg.Tracing.clientHandler()))
 		pc.traced = true
@@ -186,6 +198,7 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	pc.ctx, pc.cancel = context.WithCancel(context.Background())
 	pc.calls.New = func() any { return &call{done: make(chan error, 1)} }
 	pc.batches.New = func() any { return new(batch) }
+	pc.replyChans.New = func() any { return make(chan *sluicev1.ForwardReply, 1) }
 	return pc
 }
 
@@ -196,7 +209,13 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 // an error, and leaves out and movedTo unspecified, when the peer could not
 // answer: the wrapped gRPC error, or ctx.Err() (context.DeadlineExceeded
 // also when Timeout ran out). It never waits past min(ctx's deadline,
-// now+Timeout).
+// now+Timeout), but for a send to a wedged peer on the Forwards stream,
+// which ends within sendGrace (1 ms) after (forwards_client.go).
+//
+// Once the connection to addr is up, forwards travel as envelopes on one
+// Peer/Forwards stream (unless PeerConfig.UnaryForwards, or the call is
+// traced, or the peer does not serve the stream); before, as unary
+// Peer/Forward calls.
 func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
 	return pc.chunked(ctx, addr, reqs, nil, out, movedTo, func(ctx context.Context, p *peer, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) error {
 		if err := p.forward(ctx, reqs, out, movedTo); err != nil {

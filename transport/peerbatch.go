@@ -35,6 +35,10 @@ type peer struct {
 	idle     *sync.Cond // signalled when inflight drops to 0
 	inflight int        // batches on the wire (direct sends included)
 	queue    []*call    // waiting, in arrival order
+
+	smu        sync.Mutex // guards fs and unaryUntil
+	fs         *fwdStream // the Forwards stream; nil until opened or after it ended
+	unaryUntil time.Time  // the peer answered UNIMPLEMENTED to Forwards: unary until then
 }
 
 // The states of a call. A queued call is callWaiting until the sender of its
@@ -110,7 +114,7 @@ func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 		p.inflight++
 		p.mu.Unlock()
 		c.req.Requests, c.req.From, c.req.Cluster = c.ptrs, pc.name, pc.cluster
-		resp, err := p.client.Forward(ctx, &c.req)
+		resp, err := p.forwardRPC(ctx, &c.req)
 		if err == nil {
 			err = checkMoved(resp, len(c.ptrs))
 		}
@@ -254,7 +258,7 @@ func (p *peer) send(b *batch) {
 			}
 			ctx, cancel := context.WithDeadline(parent, dl)
 			b.req.Requests, b.req.From, b.req.Cluster = b.ptrs, p.pc.name, p.pc.cluster
-			resp, err = p.client.Forward(ctx, &b.req)
+			resp, err = p.forwardRPC(ctx, &b.req)
 			cancel()
 		}
 		var resps []*sluicev1.RateLimitResponse

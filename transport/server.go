@@ -154,6 +154,7 @@ type Server struct {
 
 	ready    atomic.Bool
 	stopping atomic.Bool
+	drain    chan struct{} // closed when Shutdown begins: Forwards streams end
 
 	envoyStats envoyCounters
 
@@ -170,7 +171,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, obs: cfg.Observer, maxRecv: cfg.MaxRecvMsgSize}
+	s := &Server{cfg: cfg, log: cfg.Logger, obs: cfg.Observer, maxRecv: cfg.MaxRecvMsgSize, drain: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -192,6 +193,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.maxRecv),
 		grpc.ChainUnaryInterceptor(s.recoverUnary, s.authorizeUnary),
+		grpc.ChainStreamInterceptor(s.authorizeStream),
 		grpc.InitialWindowSize(StreamWindowSize),
 		grpc.InitialConnWindowSize(ConnWindowSize),
 		// Peers ping an idle connection with calls pending every
@@ -347,6 +349,7 @@ func (s *Server) shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	s.ready.Store(false)
 	s.health.Shutdown() // NOT_SERVING for every service, and stays so
+	close(s.drain)      // GracefulStop waits for streams: Forwards ends its own
 
 	var cut error
 	var hwg sync.WaitGroup

@@ -37,6 +37,7 @@ type serveFlags struct {
 	secretsInterval, joinRetry                             time.Duration
 	pprof                                                  bool
 	envoyCountRefused, envoyResponseHeaders                bool
+	forwardStreams                                         bool
 	forwardAuthDenyStatus                                  int
 	configPath                                             string
 }
@@ -63,6 +64,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.heartbeatIdle, "heartbeat-idle", 30*time.Second, "after this long without a check the pause heartbeat stops (no wake-ups while idle); the next check's keys are pulled first, as after a pause; 0 beats always")
 	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
+	fs.BoolVar(&f.forwardStreams, "forward-streams", true, "carry forwarded checks on one long-lived gRPC stream per peer (false: one unary call each, as before)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -218,7 +220,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		return nil, nil, nil, err
 	}
 	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
-		TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
+		UnaryForwards: !f.forwardStreams, TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
 	metrics := newNodeMetrics(watcher(cfg.Rules))
 	cfg.Cache.OnFlush = metrics.observeFlush
 	node, err := cluster.New(*cfg, observedPeers{next: peers, m: metrics.peers})

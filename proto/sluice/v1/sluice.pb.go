@@ -281,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17, 0}
 }
 
 type OwnersRequest struct {
@@ -1500,6 +1500,167 @@ func (x *ForwardResponse) GetMovedTo() []string {
 	return nil
 }
 
+// ForwardEnvelope is one Forward call on a Forwards stream.
+type ForwardEnvelope struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // chosen by the sender; unique among its calls in flight
+	Request *ForwardRequest        `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// timeout_micros: how long the sender waits for the reply from when it
+	// sends the envelope (its call's deadline, as a duration so that the two
+	// nodes' clocks need not agree); the receiver decides nothing after it.
+	// Required: 0 or less is refused.
+	TimeoutMicros int64 `protobuf:"varint,3,opt,name=timeout_micros,json=timeoutMicros,proto3" json:"timeout_micros,omitempty"`
+	// proof: with a gossip key and no TLS, the proof of membership of this
+	// envelope (with proof empty) for method /sluice.v1.Peer/Forwards, as
+	// the x-sluice-proof header carries for a unary call.
+	Proof string `protobuf:"bytes,4,opt,name=proof,proto3" json:"proof,omitempty"`
+	// cancel: the sender stopped waiting for envelope id (its deadline
+	// passed, or its caller went away). The receiver ends that envelope's
+	// decision if it is still running, as a unary call's cancellation
+	// would, and sends no reply; request and timeout_micros are not read.
+	// A node that was paused finds its senders' cancellations behind the
+	// envelopes they sent it and decides none of those.
+	Cancel        bool `protobuf:"varint,5,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardEnvelope) Reset() {
+	*x = ForwardEnvelope{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardEnvelope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardEnvelope) ProtoMessage() {}
+
+func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
+func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ForwardEnvelope) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ForwardEnvelope) GetRequest() *ForwardRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *ForwardEnvelope) GetTimeoutMicros() int64 {
+	if x != nil {
+		return x.TimeoutMicros
+	}
+	return 0
+}
+
+func (x *ForwardEnvelope) GetProof() string {
+	if x != nil {
+		return x.Proof
+	}
+	return ""
+}
+
+func (x *ForwardEnvelope) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+// ForwardReply answers the ForwardEnvelope with the same id: response, or,
+// when code is not 0 (a google.rpc.Code), the error the unary Forward would
+// have returned, and nothing was decided.
+type ForwardReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Response      *ForwardResponse       `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	Code          int32                  `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardReply) Reset() {
+	*x = ForwardReply{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardReply) ProtoMessage() {}
+
+func (x *ForwardReply) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
+func (*ForwardReply) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ForwardReply) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ForwardReply) GetResponse() *ForwardResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *ForwardReply) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ForwardReply) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // Counter is one key's counter state as it travels between nodes.
 type Counter struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1513,7 +1674,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1686,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1699,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Counter) GetName() string {
@@ -1581,7 +1742,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1754,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1767,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -1648,7 +1809,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1821,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1834,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -1707,7 +1868,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1880,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1893,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CounterKey) GetName() string {
@@ -1762,7 +1923,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1935,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1948,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -1844,7 +2005,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2017,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2030,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -1906,7 +2067,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2079,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2092,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -2067,7 +2228,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\acluster\x18\x05 \x01(\tR\acluster\"h\n" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
-	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"_\n" +
+	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"\xab\x01\n" +
+	"\x0fForwardEnvelope\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
+	"\arequest\x18\x02 \x01(\v2\x19.sluice.v1.ForwardRequestR\arequest\x12%\n" +
+	"\x0etimeout_micros\x18\x03 \x01(\x03R\rtimeoutMicros\x12\x14\n" +
+	"\x05proof\x18\x04 \x01(\tR\x05proof\x12\x16\n" +
+	"\x06cancel\x18\x05 \x01(\bR\x06cancel\"\x84\x01\n" +
+	"\fForwardReply\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
+	"\bresponse\x18\x02 \x01(\v2\x1a.sluice.v1.ForwardResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"_\n" +
 	"\aCounter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -2129,11 +2301,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
 	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2F\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xc9\x01\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\x8e\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
-	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
+	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12C\n" +
+	"\bForwards\x12\x1a.sluice.v1.ForwardEnvelope\x1a\x17.sluice.v1.ForwardReply(\x010\x01B5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -2148,7 +2321,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Status)(0),                // 1: sluice.v1.Status
@@ -2169,13 +2342,15 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*Member)(nil),             // 16: sluice.v1.Member
 	(*ForwardRequest)(nil),     // 17: sluice.v1.ForwardRequest
 	(*ForwardResponse)(nil),    // 18: sluice.v1.ForwardResponse
-	(*Counter)(nil),            // 19: sluice.v1.Counter
-	(*ReplicateRequest)(nil),   // 20: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),  // 21: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),         // 22: sluice.v1.CounterKey
-	(*PullRequest)(nil),        // 23: sluice.v1.PullRequest
-	(*PullResponse)(nil),       // 24: sluice.v1.PullResponse
-	(*PullHolder)(nil),         // 25: sluice.v1.PullHolder
+	(*ForwardEnvelope)(nil),    // 19: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),       // 20: sluice.v1.ForwardReply
+	(*Counter)(nil),            // 21: sluice.v1.Counter
+	(*ReplicateRequest)(nil),   // 22: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),  // 23: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),         // 24: sluice.v1.CounterKey
+	(*PullRequest)(nil),        // 25: sluice.v1.PullRequest
+	(*PullResponse)(nil),       // 26: sluice.v1.PullResponse
+	(*PullHolder)(nil),         // 27: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -2193,28 +2368,32 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	15, // 12: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
 	9,  // 13: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	12, // 14: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	4,  // 15: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	19, // 16: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	22, // 17: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	19, // 18: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	25, // 19: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	8,  // 20: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 21: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 22: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 23: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	20, // 24: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	23, // 25: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	11, // 26: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 27: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 28: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 29: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	21, // 30: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	24, // 31: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	17, // 15: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	18, // 16: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	4,  // 17: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	21, // 18: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	24, // 19: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	21, // 20: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	27, // 21: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	8,  // 22: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 23: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	13, // 24: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	17, // 25: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	22, // 26: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	25, // 27: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	19, // 28: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	11, // 29: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 30: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 31: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 32: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	23, // 33: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	26, // 34: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	20, // 35: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2229,7 +2408,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -290,6 +290,7 @@ const (
 	Peer_Forward_FullMethodName   = "/sluice.v1.Peer/Forward"
 	Peer_Replicate_FullMethodName = "/sluice.v1.Peer/Replicate"
 	Peer_Pull_FullMethodName      = "/sluice.v1.Peer/Pull"
+	Peer_Forwards_FullMethodName  = "/sluice.v1.Peer/Forwards"
 )
 
 // PeerClient is the client API for Peer service.
@@ -312,6 +313,12 @@ type PeerClient interface {
 	// set the receiver also stops deciding those keys (it answers moved_to
 	// the puller) because the puller now owns them.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (*PullResponse, error)
+	// Forwards carries Forward calls on one long-lived stream per pair of
+	// nodes: each ForwardEnvelope is answered by the ForwardReply with its id,
+	// in any order. It saves the receiver a whole gRPC call per forward
+	// (stream, headers, deadline, hand-off to a worker). A sender whose peer
+	// answers UNIMPLEMENTED uses Forward.
+	Forwards(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardEnvelope, ForwardReply], error)
 }
 
 type peerClient struct {
@@ -352,6 +359,19 @@ func (c *peerClient) Pull(ctx context.Context, in *PullRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *peerClient) Forwards(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardEnvelope, ForwardReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_Forwards_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ForwardEnvelope, ForwardReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ForwardsClient = grpc.BidiStreamingClient[ForwardEnvelope, ForwardReply]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -372,6 +392,12 @@ type PeerServer interface {
 	// set the receiver also stops deciding those keys (it answers moved_to
 	// the puller) because the puller now owns them.
 	Pull(context.Context, *PullRequest) (*PullResponse, error)
+	// Forwards carries Forward calls on one long-lived stream per pair of
+	// nodes: each ForwardEnvelope is answered by the ForwardReply with its id,
+	// in any order. It saves the receiver a whole gRPC call per forward
+	// (stream, headers, deadline, hand-off to a worker). A sender whose peer
+	// answers UNIMPLEMENTED uses Forward.
+	Forwards(grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -390,6 +416,9 @@ func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*R
 }
 func (UnimplementedPeerServer) Pull(context.Context, *PullRequest) (*PullResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Pull not implemented")
+}
+func (UnimplementedPeerServer) Forwards(grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]) error {
+	return status.Error(codes.Unimplemented, "method Forwards not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -466,6 +495,13 @@ func _Peer_Pull_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Forwards_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).Forwards(&grpc.GenericServerStream[ForwardEnvelope, ForwardReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ForwardsServer = grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -486,6 +522,13 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_Pull_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Forwards",
+			Handler:       _Peer_Forwards_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "sluice/v1/sluice.proto",
 }
