@@ -25,7 +25,10 @@
 #   COMPARE_NET     first node address; nodes on it and the next two
 #                   (default 127.0.0.71)
 #   COMPARE_PPROF   a directory: CPU profiles of the three Sluice nodes
-#                   during every single@3k round (nodes run with --pprof)
+#                   during every single@3k round (nodes run with --pprof),
+#                   named nodeN-repR.pprof, or during the rounds named in
+#   COMPARE_PPROF_ROUNDS (default single@3k); a round other than single@3k
+#                   names its files nodeN-ROUND-repR.pprof
 #   SLUICE_BIN      a prebuilt sluice binary (default: built from this tree)
 #   SLUICE_ARGS     extra flags for every Sluice node
 #   SLUICE_ENV      NAME=VALUE pairs for the Sluice nodes' environment only
@@ -131,11 +134,6 @@ threenodes_start cmp ${SLUICE_ARGS:-}
 for kv in "${senv[@]}"; do unset "${kv%%=*}"; done
 threenodes_wait
 sluice_addr="$(ip 1):18081"
-# For cluster.Config.MoveWindow (30 s) after the last join, a node's first
-# check of a key pulls it from the key's previous owner: a start-up cost, not
-# the steady state measured here. Wait it out (threenodes_wait took 5 s).
-echo "waiting out the 30 s move window after the joins" >&2
-sleep 27
 
 # ghz's proto parser (v0.93.0) refuses proto3 `optional` labels, which are
 # wire-compatible with plain fields: it gets copies without them.
@@ -174,6 +172,20 @@ for b in 1 100; do
   [ -n "$peer" ] && mkdata "$kind" "$b" "$tmp/peer-$b.json"
 done
 
+# For cluster.Config.MoveWindow (30 s) after the last join, a node's first
+# check of a key pulls it from the key's previous owner: a start-up cost, not
+# the steady state measured here. Waiting it out idle is no good either: a
+# node without a check for --heartbeat-idle (30 s) takes its next check for
+# the end of a pause and pulls every key it owns once more, for another
+# move window (docs/guarantees.md, "pause"). So a warm-up touches all the
+# keys at 400 checks/s for 32 s, past the window, and the rounds follow at
+# once. Between two of its rounds Sluice idles while the peer's round runs:
+# keep rounds under 30 s to keep that idle gap under --heartbeat-idle.
+echo "warming up: every key at 400 checks/s for 32 s, past the move window after the joins" >&2
+"$ghz" --insecure -c 4 --rps 400 -z 32s --duration-stop ignore -t 5s -O json -o "$tmp/warmup.json" \
+  --proto "$tmp/proto/sluice/v1/sluice.proto" --import-paths "$tmp/proto" --call sluice.v1.RateLimiter.Check \
+  -D "$tmp/sluice-1.json" "$sluice_addr" 2>"$tmp/warmup.err" || { echo "warm-up failed:" >&2; cat "$tmp/warmup.err" >&2; exit 1; }
+
 hz=$(getconf CLK_TCK)
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 rss_kb() { local r=0 p; for p in "$@"; do r=$((r + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status"))); done; echo "$r"; }
@@ -198,10 +210,11 @@ run_round() {
   [ "$rps" -gt 0 ] && args+=(--rps "$rps")
   alive "${srv[@]}"
   out="$tmp/ghz-$sys-$round-$rep.json"
-  if [ "$sys" = sluice ] && [ -n "$pprof_dir" ] && [ "$round" = single@3k ]; then
+  if [ "$sys" = sluice ] && [ -n "$pprof_dir" ] && [[ " ${COMPARE_PPROF_ROUNDS:-single@3k} " == *" $round "* ]]; then
+    local tag=""; [ "$round" = single@3k ] || tag="-$round"
     local i
     for i in 1 2 3; do
-      curl -fsS -o "$pprof_dir/node$i-rep$rep.pprof" "http://$(ip "$i"):18080/debug/pprof/profile?seconds=$((secs - 1))" &
+      curl -fsS -o "$pprof_dir/node$i$tag-rep$rep.pprof" "http://$(ip "$i"):18080/debug/pprof/profile?seconds=$((secs - 1))" &
       prof+=($!)
     done
   fi
