@@ -109,11 +109,9 @@ func (fs *fwdStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (re
 	fs.mu.Unlock()
 
 	env := &sluicev1.ForwardEnvelope{Id: id, Request: req, TimeoutMicros: max(1, time.Until(dl).Microseconds())}
-	if pr := fs.p.pc.prover; pr != nil {
-		if env.Proof, err = pr.Sign(time.Now(), forwardsMethod, env); err != nil {
-			fs.forget(id, ch)
-			return nil, status.Errorf(codes.Internal, "signing %s: %v", forwardsMethod, err), true
-		}
+	if err := fs.prove(env); err != nil {
+		fs.forget(id, ch)
+		return nil, err, true
 	}
 	select {
 	case fs.sending <- struct{}{}:
@@ -173,16 +171,27 @@ func (fs *fwdStream) call(ctx context.Context, req *sluicev1.ForwardRequest) (re
 	}
 }
 
+// prove sets env's proof, when members prove themselves with the gossip key.
+func (fs *fwdStream) prove(env *sluicev1.ForwardEnvelope) error {
+	pr := fs.p.pc.prover
+	if pr == nil {
+		return nil
+	}
+	proof, err := pr.Sign(time.Now(), forwardsMethod, env)
+	if err != nil {
+		return status.Errorf(codes.Internal, "signing %s: %v", forwardsMethod, err)
+	}
+	env.Proof = proof
+	return nil
+}
+
 // sendCancel tells the peer that the call of envelope id stopped waiting:
 // if it is still deciding it, it stops (a peer that was paused finds the
 // cancellation right behind the envelope and decides nothing).
 func (fs *fwdStream) sendCancel(id uint64) {
 	env := &sluicev1.ForwardEnvelope{Id: id, Cancel: true}
-	if pr := fs.p.pc.prover; pr != nil {
-		var err error
-		if env.Proof, err = pr.Sign(time.Now(), forwardsMethod, env); err != nil {
-			return
-		}
+	if fs.prove(env) != nil {
+		return
 	}
 	ctx := fs.stream.Context()
 	select {
