@@ -175,7 +175,7 @@ func (g peerServer) serveEnvelope(ctx context.Context, env *sluicev1.ForwardEnve
 	if err := g.checkProof(ctx, env); err != nil {
 		return errorReply(id, err)
 	}
-	resp, err := g.forward(ctx, env.GetRequest())
+	resp, err := g.Forward(ctx, env.GetRequest())
 	if err != nil {
 		return errorReply(id, err)
 	}

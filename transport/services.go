@@ -132,13 +132,8 @@ type peerServer struct {
 
 // Forward decides forwarded items; moved_to is filled only when some item's
 // key has moved to another node, and then has one entry per item.
+// It serves a unary call and an envelope on a Forwards stream alike.
 func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
-	return g.forward(ctx, req)
-}
-
-// forward is Forward's work, for a unary call and for an envelope on a
-// Forwards stream alike.
-func (g peerServer) forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sluicev1.ForwardResponse, error) {
 	if err := g.sameCluster("forward", req.GetFrom(), req.GetCluster()); err != nil {
 		return nil, err
 	}
