@@ -73,62 +73,76 @@ func benchTracing(b *testing.B) *Tracing {
 // BenchmarkCheckBatch100 is one call of 100 items.
 func BenchmarkCheckBatch100(b *testing.B) { benchCheck(b, 100, nil) }
 
+// forwardModes are the two ways a forward travels: on the Peer/Forwards
+// stream (the default) and as a unary Peer/Forward call.
+var forwardModes = []struct {
+	name  string
+	unary bool
+}{{"stream", false}, {"unary", true}}
+
 // BenchmarkForwardParallel forwards one item per call from GOMAXPROCS×4
-// goroutines through one PeerClient to a loopback peer; rpcs/op shows the
-// batching.
+// goroutines through one PeerClient to a loopback peer, on the stream and
+// as unary calls; rpcs/op shows the batching.
 func BenchmarkForwardParallel(b *testing.B) {
 	for _, inflight := range []int{1, 2, 4} {
-		b.Run("inflight="+strconv.Itoa(inflight), func(b *testing.B) {
-			h := &trivialHandler{}
-			s := startServer(b, h)
-			pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: inflight})
-			b.Cleanup(func() { pc.Close() })
-			addr := s.GRPCAddr()
-			if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
-				b.Fatal(err)
-			}
-			h.forwards.Store(0)
-			var id atomic.Int64
-			b.SetParallelism(4)
-			b.ReportAllocs()
-			b.ResetTimer()
-			done := cpuMeter(b)
-			b.RunParallel(func(pb *testing.PB) {
-				rs := []bucket.Request{req("w"+strconv.FormatInt(id.Add(1), 10), 1)}
-				out := make([]bucket.Outcome, 1)
-				ctx := context.Background()
-				for pb.Next() {
-					if err := pc.Forward(ctx, addr, rs, out, make([]string, len(out))); err != nil {
-						b.Error(err)
-						return
-					}
+		for _, m := range forwardModes {
+			b.Run("inflight="+strconv.Itoa(inflight)+"/"+m.name, func(b *testing.B) {
+				h := &trivialHandler{}
+				s := startServer(b, h)
+				pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: inflight, UnaryForwards: m.unary})
+				b.Cleanup(func() { pc.Close() })
+				addr := s.GRPCAddr()
+				if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
+					b.Fatal(err)
 				}
+				h.forwards.Store(0)
+				var id atomic.Int64
+				b.SetParallelism(4)
+				b.ReportAllocs()
+				b.ResetTimer()
+				done := cpuMeter(b)
+				b.RunParallel(func(pb *testing.PB) {
+					rs := []bucket.Request{req("w"+strconv.FormatInt(id.Add(1), 10), 1)}
+					out := make([]bucket.Outcome, 1)
+					ctx := context.Background()
+					for pb.Next() {
+						if err := pc.Forward(ctx, addr, rs, out, make([]string, len(out))); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				done()
+				b.ReportMetric(float64(h.forwards.Load())/float64(b.N), "rpcs/op")
 			})
-			done()
-			b.ReportMetric(float64(h.forwards.Load())/float64(b.N), "rpcs/op")
-		})
+		}
 	}
 }
 
-// BenchmarkForwardSerial is one caller: the latency of an unbatched forward.
+// BenchmarkForwardSerial is one caller: the latency of an unbatched
+// forward, on the stream and as a unary call.
 func BenchmarkForwardSerial(b *testing.B) {
-	s := startServer(b, &trivialHandler{})
-	pc := NewPeerClient(PeerConfig{NodeName: "a"})
-	b.Cleanup(func() { pc.Close() })
-	rs, out := keys("k", 1), make([]bucket.Outcome, 1)
-	ctx := context.Background()
-	if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
-		b.Fatal(err)
+	for _, m := range forwardModes {
+		b.Run(m.name, func(b *testing.B) {
+			s := startServer(b, &trivialHandler{})
+			pc := NewPeerClient(PeerConfig{NodeName: "a", UnaryForwards: m.unary})
+			b.Cleanup(func() { pc.Close() })
+			rs, out := keys("k", 1), make([]bucket.Outcome, 1)
+			ctx := context.Background()
+			if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			done := cpuMeter(b)
+			for b.Loop() {
+				if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			done()
+		})
 	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	done := cpuMeter(b)
-	for b.Loop() {
-		if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
-			b.Fatal(err)
-		}
-	}
-	done()
 }
 
 // BenchmarkServerDecide is the server's part of a 100-item check without the
