@@ -1,6 +1,9 @@
 package bucket
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Algorithm selects how a limit is counted. The numbers are those of the
 // sluice.v1.Algorithm enum and never change.
@@ -236,6 +239,19 @@ type Outcome struct {
 	Decision
 	Owner string
 	Err   string
+	// Lease, on an answer a key's owner sends the node that forwarded the
+	// check, is a quota lease for that node (docs/leases.md); zero
+	// otherwise, and never sent to clients.
+	Lease Lease
+}
+
+// Lease is a quota lease as it travels from a key's owner to the node that
+// forwarded a check of it: Tokens more hits of the request's limit, which
+// the owner has already admitted, for that node to admit itself, one check
+// at a time, until TTL after it sent the check.
+type Lease struct {
+	Tokens int64
+	TTL    time.Duration
 }
 
 // ValidateKey checks name and key against docs/architecture.md §5.

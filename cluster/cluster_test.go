@@ -50,19 +50,24 @@ func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 	owner, _ := nodes[0].Ring().Owner(ring.Hash("api", "user:42"))
 	admitted := 0
 	for i := range 300 {
-		o := check1(nodes[i%3], req("api", "user:42", 1, 100))
+		n := nodes[i%3]
+		o := check1(n, req("api", "user:42", 1, 100))
 		if o.Err != "" {
 			t.Fatalf("check %d: %s", i, o.Err)
 		}
-		if o.Owner != owner.Name {
-			t.Fatalf("check %d decided by %s, owner is %s", i, o.Owner, owner.Name)
+		// The owner decides, or the node asked, from a lease the owner
+		// granted it (the clock stands still: every node's rate is high).
+		if o.Owner != owner.Name && o.Owner != n.Name() {
+			t.Fatalf("check %d through %s decided by %s, owner is %s", i, n.Name(), o.Owner, owner.Name)
 		}
 		if o.Allowed() {
 			admitted++
 		}
 	}
-	if admitted != 100 {
-		t.Fatalf("admitted %d of 300 with limit 100, want exactly 100", admitted)
+	// The owner admitted the whole limit, some of it as leases: what the
+	// holders have not spent yet is all that is missing.
+	if unspent := UnspentLeases(nodes); int64(admitted) != 100-unspent {
+		t.Fatalf("admitted %d of 300 with limit 100 and %d leased hits unspent, want exactly %d", admitted, unspent, 100-unspent)
 	}
 	if net.Calls() == 0 {
 		t.Fatal("no check was forwarded")

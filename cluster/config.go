@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -139,6 +140,14 @@ type Config struct {
 	// each key the node owns is pulled once, on its first touch within
 	// MoveWindow, before it is decided. 0 beats always. Default 30 s.
 	HeartbeatIdle time.Duration
+	// HotKeyThreshold is the rate, in hits per second of one key from one
+	// other node, from which this node, as the key's owner, grants that
+	// node quota leases for the key: slices of the limit it admits itself
+	// (docs/leases.md). 0 grants none. Default DefaultHotKeyThreshold.
+	HotKeyThreshold float64
+	// LeaseTTL is the longest a lease lasts; a windowed limit's lease also
+	// ends with its window. Default 100 ms, at most MaxLeaseTTL.
+	LeaseTTL time.Duration
 	// Rules resolves checks with limit 0; nil means there are no rules.
 	Rules Rules
 	// Load, when set, replaces the measured CPU load that elastic limits
@@ -178,8 +187,18 @@ func DefaultConfig() Config {
 		LeavePropagation:    time.Second,
 		ReconnectInterval:   2 * time.Second,
 		HeartbeatIdle:       30 * time.Second,
+		HotKeyThreshold:     DefaultHotKeyThreshold,
+		LeaseTTL:            100 * time.Millisecond,
 	}
 }
+
+// DefaultHotKeyThreshold is Config.HotKeyThreshold's default, in hits per
+// second of one key from one node (docs/performance.md, "Hot keys").
+const DefaultHotKeyThreshold = 200
+
+// MaxLeaseTTL is the longest Config.LeaseTTL, and the longest lease a
+// node keeps.
+const MaxLeaseTTL = 10 * time.Second
 
 // Validate reports the first missing or invalid setting.
 func (c *Config) Validate() error {
@@ -206,6 +225,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster: replication interval, move window, pull and handoff timeouts must be positive")
 	case c.HeartbeatIdle < 0:
 		return fmt.Errorf("cluster: heartbeat idle %v must not be negative (0 beats always)", c.HeartbeatIdle)
+	case !(c.HotKeyThreshold >= 0) || math.IsInf(c.HotKeyThreshold, 1):
+		return fmt.Errorf("cluster: hot-key threshold %v must be a finite number ≥ 0 (0 grants no leases)", c.HotKeyThreshold)
+	case c.HotKeyThreshold > 0 && (c.LeaseTTL < time.Millisecond || c.LeaseTTL > MaxLeaseTTL):
+		return fmt.Errorf("cluster: lease TTL %v must be between 1ms and %v", c.LeaseTTL, MaxLeaseTTL)
 	case c.OwnerUnavailable > OwnerUnavailableDeny:
 		return fmt.Errorf("cluster: unknown owner-unavailable policy %d", c.OwnerUnavailable)
 	}

@@ -173,6 +173,9 @@ func (n *Node) replicateLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
 		n.ReplicateNow(ctx) // failures are counted and the keys kept for the next round
 		cancel()
+		if n.leases.Len() > 0 {
+			n.leases.Sweep(n.now().UnixNano()) // leases of keys no longer checked
+		}
 		t.Reset(n.cfg.ReplicationInterval)
 	}
 }
@@ -371,6 +374,9 @@ func (n *Node) addrOf(id string) string {
 // not handed off (ctx ended first, a new owner did not answer), it logs how
 // many and where they remain, and returns an error that says so.
 func (n *Node) drain(ctx context.Context) error {
+	// A leaving node spends no lease: its checks go to their owners until
+	// it stops (docs/leases.md).
+	n.leases.Revoke()
 	// Decisions hold the gate shared: taking it once waits for those in
 	// progress; later ones see draining.
 	n.gate.Lock()

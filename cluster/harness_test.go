@@ -141,3 +141,14 @@ func WaitRings(t testing.TB, nodes []*Node) {
 		return true
 	})
 }
+
+// UnspentLeases returns the hits the nodes hold in leases and have not
+// spent: admitted by their owners, not (yet) by anyone.
+func UnspentLeases(nodes []*Node) int64 {
+	var n int64
+	for _, nd := range nodes {
+		st := nd.Status()
+		n += int64(st.LeaseTokens - st.LeaseSpent)
+	}
+	return n
+}

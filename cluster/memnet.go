@@ -170,6 +170,11 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 	}
 	if standIn {
 		h.CheckStandIn(ctx, p.from, reqs, pullFrom, out, movedTo)
+	} else if lh, ok := h.(interface {
+		CheckForwardedLeasing(context.Context, string, []bucket.Request, []bucket.Outcome, []string)
+	}); ok {
+		// As a Sluice peer client's forward does: the sender takes leases.
+		lh.CheckForwardedLeasing(ctx, p.from, reqs, out, movedTo)
 	} else {
 		h.CheckForwarded(ctx, p.from, reqs, out, movedTo)
 	}

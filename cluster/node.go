@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -64,6 +65,14 @@ type Node struct {
 	handoffs  chan handoffJob                   // ring changes that moved partitions away
 	gate      sync.RWMutex                      // held shared by every local decision; drain takes it
 	published atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
+
+	// leases are the quota leases this node holds for keys other nodes
+	// own; heat measures, for the keys it owns, how fast each other node
+	// sends their checks (nil: it grants no leases). docs/leases.md.
+	leases      *lease.Table
+	heat        *lease.Heat
+	leaseGrants atomic.Uint64 // leases granted as an owner
+	leaseTokens atomic.Uint64 // hits in them
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -150,6 +159,10 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		handoffs:  make(chan handoffJob, 16),
 		replRound: make(chan struct{}, 1),
 		fatal:     make(chan error, 1),
+		leases:    lease.NewTable(),
+	}
+	if cfg.HotKeyThreshold > 0 {
+		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}
 	cc := cfg.Cache
 	if cc.Logger == nil {
@@ -264,6 +277,11 @@ func (n *Node) rebuild() {
 	}
 	n.ring.SetTable(cur)
 	n.log.Debug("ring rebuilt", "members", len(ms))
+	// Leases are spent only while the membership they were granted in
+	// lasts (docs/leases.md).
+	if n.leases.Len() > 0 {
+		n.leases.Revoke()
+	}
 	if h := n.published.Load(); h != nil {
 		(*h)(cur)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -50,6 +51,12 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 			}
 			owner = ring.Member{Addr: to}
 		}
+		if n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
+			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
+			// Decided from a lease the key's owner granted here.
+			out[i].Owner = n.name
+			continue
+		}
 		remote = append(remote, routed{i: i, hash: h, lims: lims, owner: owner})
 	}
 	n.checks.Add(uint64(len(reqs)))
@@ -80,7 +87,19 @@ func (n *Node) refusedAll(out []bucket.Outcome) bool {
 // the item comes back undecided with movedTo[i] that node ("" for the
 // decided items), and the sender asks it (docs/ownership.md, "Hops").
 func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
-	n.checkHere(ctx, reqs, false, nil, out, movedTo)
+	n.checkHere(ctx, reqs, false, nil, "", out, movedTo)
+}
+
+// CheckForwardedLeasing is CheckForwarded for a sender that keeps quota
+// leases: an item of a key the sender checks often enough
+// (Config.HotKeyThreshold) may come back with a lease in out[i].Lease
+// (docs/leases.md).
+func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+	lessee := ""
+	if n.heat != nil {
+		lessee = from
+	}
+	n.checkHere(ctx, reqs, false, nil, lessee, out, movedTo)
 }
 
 // CheckStandIn decides reqs that the node from sent here because their
@@ -89,10 +108,12 @@ func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Re
 // per request, the node that handed the key here ("" for none): this node
 // pulls the key from it first. movedTo is as for CheckForwarded.
 func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
-	n.checkHere(ctx, reqs, true, pullFrom, out, movedTo)
+	n.checkHere(ctx, reqs, true, pullFrom, "", out, movedTo)
 }
 
-func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+// checkHere decides forwarded checks; lessee, when not "", is the sender
+// to grant leases to.
+func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, lessee string, out []bucket.Outcome, movedTo []string) {
 	clear(movedTo)
 	if n.refusedAll(out) {
 		return
@@ -119,8 +140,51 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 				ev.From = pullFrom[i]
 			}
 		}
-		movedTo[i] = n.decide(ctx, ring.Hash(r.Name, r.Key), r, lims, ev, now, &out[i])
+		h := ring.Hash(r.Name, r.Key)
+		movedTo[i] = n.decide(ctx, h, r, lims, ev, now, &out[i])
+		if lessee != "" && movedTo[i] == "" {
+			n.grant(ctx, h, r, lims, ev, lessee, now, &out[i])
+		}
 	}
+}
+
+// Leases of hot keys (docs/leases.md): the owner's side.
+const (
+	heatSlots = 4096                   // (key, sender) pairs whose rate is kept
+	heatTick  = 100 * time.Millisecond // over which a rate is counted
+)
+
+// grant, on the owner of r's key, after o answered r for the node lessee:
+// when lessee sends the key's hits at HotKeyThreshold or more, and got no
+// lease of it in the last half lease, it admits a slice of the limit at
+// once — what lessee would spend in a lease's lifetime, at most half of
+// what is left — and puts it in o.Lease for lessee to spend.
+func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, lessee string, now int64, o *bucket.Outcome) {
+	if o.Err != "" || !o.Allowed() || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
+		return
+	}
+	ttl := lease.TTL(lims.one, now, n.cfg.LeaseTTL)
+	if ttl == 0 {
+		return
+	}
+	rate, ok := n.heat.Observe(h, ring.Hash(lessee, ""), r.Hits, now, n.cfg.HotKeyThreshold, ttl/2)
+	if !ok {
+		return
+	}
+	size := lease.Size(rate, ttl, o.Remaining)
+	if size == 0 {
+		return
+	}
+	g := *r
+	g.Hits = size
+	var gd bucket.Outcome
+	if n.decide(ctx, h, &g, lims, ev, now, &gd) != "" || gd.Err != "" || !gd.Allowed() {
+		return
+	}
+	o.Lease = bucket.Lease{Tokens: size, TTL: ttl}
+	o.Remaining = gd.Remaining
+	n.leaseGrants.Add(1)
+	n.leaseTokens.Add(uint64(size))
 }
 
 // presettle settles at once (settleBatch) the keys of a batch that this
@@ -362,6 +426,7 @@ func groupByAddr(remote []routed) [][]routed {
 // those it pointed elsewhere instead of deciding (their to holds the
 // address).
 func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []routed) (failed, moved []routed) {
+	sent := n.now().UnixNano() // before the receiver decides: a lease's lifetime counts from here
 	sub, subOut, movedTo := sendBufs(len(g))
 	for j, rt := range g {
 		sub[j] = reqs[rt.i]
@@ -395,6 +460,10 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 			failed = append(failed, rt)
 			continue
 		}
+		if l := subOut[j].Lease; l.Tokens > 0 {
+			subOut[j].Lease = bucket.Lease{}
+			n.keepLease(&sub[j], rt.lims, l, sent, subOut[j].ResetAfterMS)
+		}
 		out[rt.i] = subOut[j]
 		if movedTo[j] != "" {
 			rt.to = movedTo[j]
@@ -402,6 +471,19 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 		}
 	}
 	return failed, moved
+}
+
+// keepLease keeps a lease the owner of r's key granted with its answer to
+// a check sent at sent. A lease this node could not have asked for (a
+// limit it would not lease, or out of bounds) is dropped with a warning.
+func (n *Node) keepLease(r *bucket.Request, lims limits, l bucket.Lease, sent, resetAfterMS int64) {
+	if n.draining() {
+		return // it sends every check to its owner until it stops
+	}
+	if len(lims.more) > 0 || !lease.Leasable(lims.one, max(r.Hits, 1)) ||
+		!n.leases.Put(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, l, sent, resetAfterMS, MaxLeaseTTL) {
+		n.log.Warn("dropped an invalid lease from a key's owner", "name", r.Name, "tokens", l.Tokens, "ttl", l.TTL)
+	}
 }
 
 // abandoned begins the error of a check a node gave up on because its

@@ -26,6 +26,22 @@ type Status struct {
 	Pulls             uint64
 	PullErrors        uint64
 	Rejoins           uint64
+	// Quota leases of hot keys (docs/leases.md). As a key's owner:
+	// LeaseGrants leases granted to other nodes, of LeaseGrantTokens hits
+	// in all. As a holder: LeasedKeys keys with a live lease here now;
+	// LeasesHeld leases received, of LeaseTokens hits; LeaseDecisions
+	// checks decided from them, spending LeaseSpent hits; LeaseUnused hits
+	// left when a lease ended or was revoked (admitted by the owner, then by
+	// nobody); LeasesRevoked leases dropped on a membership change or leave.
+	LeaseGrants       uint64
+	LeaseGrantTokens  uint64
+	LeasedKeys        int
+	LeasesHeld        uint64
+	LeaseTokens       uint64
+	LeaseDecisions    uint64
+	LeaseSpent        uint64
+	LeaseUnused       uint64
+	LeasesRevoked     uint64
 	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
 	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
 	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
@@ -95,6 +111,10 @@ func (n *Node) Status() Status {
 		st.StoreError = store.Err.Error()
 	}
 	st.FlushFailures = n.cache.Stats().FlushErrors
+	ls := n.leases.Stats()
+	st.LeaseGrants, st.LeaseGrantTokens, st.LeasedKeys = n.leaseGrants.Load(), n.leaseTokens.Load(), n.leases.Len()
+	st.LeasesHeld, st.LeaseTokens, st.LeaseDecisions, st.LeaseSpent, st.LeaseUnused, st.LeasesRevoked =
+		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
 	st.MemberEvents = n.roster.counts()
 	st.RecentEvents = n.roster.recentEvents()
 	return st

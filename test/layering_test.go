@@ -25,12 +25,15 @@ var layers = []layer{
 	// which may not import each other: a leaf.
 	{pkg: "ring/route", mustNot: []string{"bucket", "ring", "writeback", "cluster", "transport", "proto/sluice/v1"}},
 	{pkg: "writeback", may: []string{"bucket", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
-	{pkg: "cluster", may: []string{"cluster/ownership", "ring", "ring/route", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+	{pkg: "cluster", may: []string{"cluster/ownership", "cluster/lease", "ring", "ring/route", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	// The key-ownership protocol: records and a pure step function, no
 	// I/O — no memberlist, no gRPC, nothing of the node.
 	{pkg: "cluster/ownership", may: []string{"ring", "ring/route", "writeback"},
 		mustNot: []string{"cluster", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
+	// Quota leases: records and arithmetic, no I/O, like ownership.
+	{pkg: "cluster/lease", may: []string{"bucket"},
+		mustNot: []string{"cluster", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// The in-process cluster of the tests: nodes over memory networks.
 	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
@@ -54,6 +57,10 @@ var layers = []layer{
 	// Shared by tests of several packages (writeback's included): it
 	// builds the binary with the go tool, it imports none of ours.
 	{pkg: "test/testsupport", mustNot: []string{"bucket", "ring", "writeback", "cluster", "transport", "proto/sluice/v1"}},
+	// The grpc-go floor of the side-by-side harness: a Check server that
+	// does nothing, so nothing of a node's work may reach it.
+	{pkg: "test/grpcfloor", may: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc"},
+		mustNot: []string{"cluster", "writeback", "github.com/hashicorp/memberlist", "github.com/cockroachdb/pebble"}},
 }
 
 // The ring's implementation (consistent) stands for the ring: through

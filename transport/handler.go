@@ -42,6 +42,16 @@ type Handler interface {
 // copies out are its own). Every Counter it is given has passed
 // bucket.ValidateKey and carries a State that bucket.State.UnmarshalBinary
 // accepted.
+// LeasingHandler is a Handler that may grant quota leases for hot keys
+// (docs/leases.md). The server calls CheckForwardedLeasing instead of
+// CheckForwarded for a forward whose sender takes leases
+// (ForwardRequest.takes_leases): it is CheckForwarded, and may also set
+// out[i].Lease for an item decided here, which the server sends back in
+// ForwardResponse.leases. A Handler without it grants none.
+type LeasingHandler interface {
+	CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
+}
+
 type PeerHandler interface {
 	// Replicate installs counters whose Version is newer than what this node holds; handoff means this node now owns them.
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)

@@ -113,13 +113,13 @@ func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.
 	if p.inflight < pc.maxInFlight { // the queue is empty: send now
 		p.inflight++
 		p.mu.Unlock()
-		c.req.Requests, c.req.From, c.req.Cluster = c.ptrs, pc.name, pc.cluster
+		c.req.Requests, c.req.From, c.req.Cluster, c.req.TakesLeases = c.ptrs, pc.name, pc.cluster, true
 		resp, err := p.forwardRPC(ctx, &c.req)
 		if err == nil {
 			err = checkMoved(resp, len(c.ptrs))
 		}
 		if err == nil {
-			err = fill(c, resp.GetResponses(), resp.GetMovedTo())
+			err = fill(c, resp.GetResponses(), resp.GetMovedTo(), resp.GetLeases(), 0)
 		} else {
 			err = callerErr(ctx, dl, err)
 		}
@@ -163,22 +163,50 @@ func callerErr(ctx context.Context, dl time.Time, err error) error {
 }
 
 // checkMoved checks the shape of a Forward answer to n items: moved_to is
-// empty or has one entry per item.
+// empty or has one entry per item, and each lease names a distinct item
+// with positive tokens and lifetime (their upper bounds are the holder's
+// to check).
 func checkMoved(resp *sluicev1.ForwardResponse, n int) error {
 	if m := len(resp.GetMovedTo()); m != 0 && m != n {
 		return fmt.Errorf("peer answered moved_to for %d of %d requests", m, n)
 	}
+	ls := resp.GetLeases()
+	if len(ls) == 0 {
+		return nil
+	}
+	if len(ls) > n {
+		return fmt.Errorf("peer answered %d leases for %d requests", len(ls), n)
+	}
+	for j, l := range ls {
+		switch {
+		case l.GetIndex() >= uint32(n):
+			return fmt.Errorf("peer answered a lease for item %d of %d", l.GetIndex(), n)
+		case l.GetTokens() <= 0 || l.GetTtlMicros() <= 0:
+			return fmt.Errorf("peer answered a lease of %d tokens for %d µs for item %d", l.GetTokens(), l.GetTtlMicros(), l.GetIndex())
+		}
+		for _, o := range ls[:j] {
+			if o.GetIndex() == l.GetIndex() {
+				return fmt.Errorf("peer answered two leases for item %d", l.GetIndex())
+			}
+		}
+	}
 	return nil
 }
 
-// fill copies a peer's answers for c's items; moved is empty or has one
-// entry per answer (checkMoved).
-func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string) error {
+// fill copies a peer's answers for c's items, which are the answers'
+// items from off on; moved is empty or has one entry per answer, and the
+// leases are the whole answer's (checkMoved).
+func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string, leases []*sluicev1.LeaseGrant, off int) error {
 	if len(resps) != len(c.ptrs) {
 		return fmt.Errorf("peer answered %d of %d requests", len(resps), len(c.ptrs))
 	}
 	for i, r := range resps {
 		c.out[i] = OutcomeFromProto(r)
+	}
+	for _, l := range leases {
+		if i := int(l.GetIndex()) - off; i >= 0 && i < len(resps) {
+			c.out[i].Lease = bucket.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond}
+		}
 	}
 	if len(moved) == 0 { // all decided
 		clear(c.moved)
@@ -257,14 +285,15 @@ func (p *peer) send(b *batch) {
 				parent = trace.ContextWithSpanContext(parent, sc)
 			}
 			ctx, cancel := context.WithDeadline(parent, dl)
-			b.req.Requests, b.req.From, b.req.Cluster = b.ptrs, p.pc.name, p.pc.cluster
+			b.req.Requests, b.req.From, b.req.Cluster, b.req.TakesLeases = b.ptrs, p.pc.name, p.pc.cluster, true
 			resp, err = p.forwardRPC(ctx, &b.req)
 			cancel()
 		}
 		var resps []*sluicev1.RateLimitResponse
 		var moved []string
+		var leases []*sluicev1.LeaseGrant
 		if err == nil {
-			resps, moved = resp.GetResponses(), resp.GetMovedTo()
+			resps, moved, leases = resp.GetResponses(), resp.GetMovedTo(), resp.GetLeases()
 			if len(resps) != len(b.ptrs) {
 				err = fmt.Errorf("peer answered %d of %d requests", len(resps), len(b.ptrs))
 			} else {
@@ -281,7 +310,7 @@ func (p *peer) send(b *batch) {
 					if len(moved) != 0 {
 						m = moved[off : off+n]
 					}
-					cerr = fill(c, resps[off:off+n], m)
+					cerr = fill(c, resps[off:off+n], m, leases, off)
 				}
 				c.done <- cerr
 			}

@@ -48,17 +48,19 @@ func batchTooLarge(n int) error {
 // response. from is "" for a client's check.
 func (s *Server) decide(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded bool, from string) *sluicev1.CheckResponse {
 	resp := &sluicev1.CheckResponse{}
-	resp.Responses, _ = s.run(ctx, reqs, forwarded, false, from, nil)
+	resp.Responses, _, _ = s.run(ctx, reqs, forwarded, false, false, from, nil)
 	return resp
 }
 
 // run is decide's work: the wire answers, and moved (nil unless the
 // Handler moved some item, else one address per item, "" for the decided
-// ones). pullFrom, for stand-ins, has one address per item or none.
-func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn bool, from string, pullFrom []string) (resps []*sluicev1.RateLimitResponse, moved []string) {
+// ones). pullFrom, for stand-ins, has one address per item or none. With
+// leasing (a forward whose sender takes leases) a LeasingHandler decides,
+// and leases holds the grants it made.
+func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, forwarded, standIn, leasing bool, from string, pullFrom []string) (resps []*sluicev1.RateLimitResponse, moved []string, leases []*sluicev1.LeaseGrant) {
 	n := len(reqs)
 	if n == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	b := s.getBuf(n)
 	for i, r := range reqs {
@@ -70,6 +72,13 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 	switch {
 	case standIn:
 		s.cfg.Handler.CheckStandIn(ctx, from, b.reqs, pullFrom, b.outs, b.moved)
+	case forwarded && leasing:
+		if lh, ok := s.cfg.Handler.(LeasingHandler); ok {
+			lh.CheckForwardedLeasing(ctx, from, b.reqs, b.outs, b.moved)
+			leases = appendLeases(nil, b.outs)
+			break
+		}
+		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs, b.moved)
 	case forwarded:
 		s.cfg.Handler.CheckForwarded(ctx, from, b.reqs, b.outs, b.moved)
 	default:
@@ -86,7 +95,17 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 		moved[i] = addr
 	}
 	s.putBuf(b)
-	return resps, moved
+	return resps, moved, leases
+}
+
+// appendLeases appends the grants among outs (Outcome.Lease), by index.
+func appendLeases(dst []*sluicev1.LeaseGrant, outs []bucket.Outcome) []*sluicev1.LeaseGrant {
+	for i := range outs {
+		if l := outs[i].Lease; l.Tokens > 0 {
+			dst = append(dst, &sluicev1.LeaseGrant{Index: uint32(i), Tokens: l.Tokens, TtlMicros: l.TTL.Microseconds()})
+		}
+	}
+	return dst
 }
 
 type rateLimiterServer struct {
@@ -145,7 +164,7 @@ func (g peerServer) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (
 	if pf := req.GetPullFrom(); len(pf) != 0 && len(pf) != len(req.GetRequests()) {
 		return nil, status.Errorf(codes.InvalidArgument, "pull_from has %d entries for %d requests", len(pf), len(req.GetRequests()))
 	}
-	resp.Responses, resp.MovedTo = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetFrom(), req.GetPullFrom())
+	resp.Responses, resp.MovedTo, resp.Leases = g.s.run(ctx, req.GetRequests(), true, req.GetStandIn(), req.GetTakesLeases(), req.GetFrom(), req.GetPullFrom())
 	return resp, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -204,6 +205,8 @@ func configScalar(key string, v *yaml.Node, fv flag.Value) (string, error) {
 		ok = v.Tag == "!!bool"
 	case "a whole number":
 		ok = v.Tag == "!!int"
+	case "a number":
+		ok = v.Tag == "!!int" || v.Tag == "!!float"
 	case "a duration with a unit (250ms, 1s, 2m)":
 		ok = v.Tag == "!!str" // a bare number has no unit: refused
 	default: // a size: 67108864 or "64MiB"
@@ -226,6 +229,8 @@ func flagType(key string, fv flag.Value) string {
 		return "true or false"
 	case int, int64, uint, uint64:
 		return "a whole number"
+	case float64:
+		return "a number"
 	case time.Duration:
 		return "a duration with a unit (250ms, 1s, 2m)"
 	}
@@ -300,6 +305,9 @@ func (f *serveFlags) validate() (string, error) {
 	}
 	if f.heartbeatIdle < 0 {
 		return "heartbeat-idle", fmt.Errorf("%v: want a duration of 0 (beat always) or more", f.heartbeatIdle)
+	}
+	if t := f.hotKeyThreshold; !(t >= 0) || math.IsInf(t, 1) {
+		return "hot-key-threshold", fmt.Errorf("%v: want a number of hits per second, 0 (no leases) or more", t)
 	}
 	if f.cacheSize < 1 {
 		return "cache-size", fmt.Errorf("%d: want at least 1", f.cacheSize)

@@ -43,6 +43,7 @@ join:
   - 10.0.0.1:7946
   - 10.0.0.2:7946
 gc-min-heap: 32MiB
+hot-key-threshold: 50.5
 `
 	env := map[string]string{"SLUICE_HTTP_ADDR": "127.0.0.1:9102", "SLUICE_NODE_NAME": "from-env", "SLUICE_CACHE_SIZE": "7000"}
 	args := []string{"--config", "s.yaml", "--node-name", "from-flag", "--cache-size", "9000"}
@@ -59,6 +60,7 @@ gc-min-heap: 32MiB
 		{"pprof (file)", strconv.FormatBool(f.pprof), "true", "s.yaml:7:8: pprof"},
 		{"join (file, a list)", f.join, "10.0.0.1:7946,10.0.0.2:7946", "s.yaml:9:3: join"},
 		{"gc-min-heap (file)", f.gcMinHeap.String(), "32MiB", "s.yaml:11:14: gc-min-heap"},
+		{"hot-key-threshold (file, a decimal number)", strconv.FormatFloat(f.hotKeyThreshold, 'g', -1, 64), "50.5", "s.yaml:12:20: hot-key-threshold"},
 		{"gossip-addr (default)", f.gossipAddr, ":7946", ""},
 	} {
 		name := strings.Fields(c.what)[0]
@@ -152,6 +154,9 @@ func TestServeRefusesABadConfig(t *testing.T) {
 		{"bad value", "on-owner-unavailable: shrug\n", "", "c.yaml:6:23: on-owner-unavailable: "},
 		{"bad value", "forward-auth-deny-status: 503\n", "", "c.yaml:6:27: forward-auth-deny-status: 503: want 400..499"},
 		{"bad value", "forward-timeout: -1s\n", "", "c.yaml:6:18: forward-timeout: -1s: want a positive duration"},
+		{"bad value", "hot-key-threshold: -5\n", "", "c.yaml:6:20: hot-key-threshold: -5: want a number of hits per second"},
+		{"bad value", "hot-key-threshold: .inf\n", "", "c.yaml:6:20: hot-key-threshold: invalid value \".inf\""},
+		{"wrong type", "hot-key-threshold: many\n", "", "c.yaml:6:20: hot-key-threshold: want a number, got a string many"},
 		{"bad address", "gossip-addr: nowhere\n", "", "c.yaml:5:14: gossip-addr: \"nowhere\": want host:port"},
 	} {
 		path := filepath.Join(dir, "c.yaml")

@@ -38,6 +38,7 @@ type serveFlags struct {
 	pprof                                                  bool
 	envoyCountRefused, envoyResponseHeaders                bool
 	forwardStreams                                         bool
+	hotKeyThreshold                                        float64
 	forwardAuthDenyStatus                                  int
 	configPath                                             string
 }
@@ -65,6 +66,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
 	fs.BoolVar(&f.forwardStreams, "forward-streams", true, "carry forwarded checks on one long-lived gRPC stream per peer (false: one unary call each, as before)")
+	fs.Float64Var(&f.hotKeyThreshold, "hot-key-threshold", cluster.DefaultHotKeyThreshold, "hits per second of one key from one other node from which this node, as the key's owner, grants that node quota leases to decide the key itself (docs/leases.md); 0 grants none")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -345,6 +347,7 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.ReplicationInterval = f.replicationInterval
 	cfg.MoveWindow = f.moveWindow
 	cfg.HeartbeatIdle = f.heartbeatIdle
+	cfg.HotKeyThreshold = f.hotKeyThreshold
 	cfg.Log = lg
 	if cfg.OwnerUnavailable, err = cluster.ParseOwnerUnavailable(f.onOwnerUnavailable); err != nil {
 		return cfg, fmt.Errorf("--on-owner-unavailable: %w", err)

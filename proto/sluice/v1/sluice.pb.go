@@ -281,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type OwnersRequest struct {
@@ -1376,7 +1376,11 @@ type ForwardRequest struct {
 	// receiver in another cluster refuses the call (FAILED_PRECONDITION), so
 	// an address reused by another cluster's node never takes or gives
 	// counters.
-	Cluster       string `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Cluster string `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// takes_leases: the sender keeps quota leases for hot keys (leases in
+	// the answer). A receiver grants none to a sender without it: the hits
+	// it leased would go unspent.
+	TakesLeases   bool `protobuf:"varint,6,opt,name=takes_leases,json=takesLeases,proto3" json:"takes_leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1446,12 +1450,23 @@ func (x *ForwardRequest) GetCluster() string {
 	return ""
 }
 
+func (x *ForwardRequest) GetTakesLeases() bool {
+	if x != nil {
+		return x.TakesLeases
+	}
+	return false
+}
+
 type ForwardResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Responses []*RateLimitResponse   `protobuf:"bytes,1,rep,name=responses,proto3" json:"responses,omitempty"` // same order as the requests
 	// moved_to[i], when not empty, is the gRPC address of the node that now
 	// holds item i's key; responses[i] is then not a decision.
-	MovedTo       []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	MovedTo []string `protobuf:"bytes,2,rep,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// leases: quota leases the key's owner grants the sender with these
+	// answers, at most one per item, for items whose key the sender checks
+	// often (docs/leases.md). Only to a sender that takes_leases.
+	Leases        []*LeaseGrant `protobuf:"bytes,3,rep,name=leases,proto3" json:"leases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1500,6 +1515,76 @@ func (x *ForwardResponse) GetMovedTo() []string {
 	return nil
 }
 
+func (x *ForwardResponse) GetLeases() []*LeaseGrant {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+// LeaseGrant: the owner of responses[index]'s key has admitted tokens more
+// hits of that item's limit for the sender, which may admit them itself,
+// one check at a time, until ttl_micros after it sent the request.
+type LeaseGrant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Tokens        int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`                        // 1 .. 2^20
+	TtlMicros     int64                  `protobuf:"varint,3,opt,name=ttl_micros,json=ttlMicros,proto3" json:"ttl_micros,omitempty"` // 1 .. 10,000,000
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseGrant) Reset() {
+	*x = LeaseGrant{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseGrant) ProtoMessage() {}
+
+func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
+func (*LeaseGrant) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LeaseGrant) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *LeaseGrant) GetTtlMicros() int64 {
+	if x != nil {
+		return x.TtlMicros
+	}
+	return 0
+}
+
 // ForwardEnvelope is one Forward call on a Forwards stream.
 type ForwardEnvelope struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1527,7 +1612,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1624,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1637,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -1605,7 +1690,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1702,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1715,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -1674,7 +1759,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1771,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1784,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Counter) GetName() string {
@@ -1742,7 +1827,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1839,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1852,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -1809,7 +1894,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +1906,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +1919,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -1868,7 +1953,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1965,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1978,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CounterKey) GetName() string {
@@ -1923,7 +2008,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2020,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2033,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -2005,7 +2090,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2102,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2115,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -2067,7 +2152,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2164,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2177,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -2219,16 +2304,24 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10gossip_encrypted\x18\t \x01(\bR\x0fgossipEncrypted\x12*\n" +
 	"\x11checks_per_second\x18\n" +
 	" \x01(\x01R\x0fchecksPerSecond\x12\"\n" +
-	"\funreplicated\x18\v \x01(\x03R\funreplicated\"\xaf\x01\n" +
+	"\funreplicated\x18\v \x01(\x03R\funreplicated\"\xd2\x01\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +
 	"\bstand_in\x18\x03 \x01(\bR\astandIn\x12\x1b\n" +
 	"\tpull_from\x18\x04 \x03(\tR\bpullFrom\x12\x18\n" +
-	"\acluster\x18\x05 \x01(\tR\acluster\"h\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\x12!\n" +
+	"\ftakes_leases\x18\x06 \x01(\bR\vtakesLeases\"\x97\x01\n" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
-	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\"\xab\x01\n" +
+	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\x12-\n" +
+	"\x06leases\x18\x03 \x03(\v2\x15.sluice.v1.LeaseGrantR\x06leases\"Y\n" +
+	"\n" +
+	"LeaseGrant\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"ttl_micros\x18\x03 \x01(\x03R\tttlMicros\"\xab\x01\n" +
 	"\x0fForwardEnvelope\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\arequest\x18\x02 \x01(\v2\x19.sluice.v1.ForwardRequestR\arequest\x12%\n" +
@@ -2321,7 +2414,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Status)(0),                // 1: sluice.v1.Status
@@ -2342,15 +2435,16 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*Member)(nil),             // 16: sluice.v1.Member
 	(*ForwardRequest)(nil),     // 17: sluice.v1.ForwardRequest
 	(*ForwardResponse)(nil),    // 18: sluice.v1.ForwardResponse
-	(*ForwardEnvelope)(nil),    // 19: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),       // 20: sluice.v1.ForwardReply
-	(*Counter)(nil),            // 21: sluice.v1.Counter
-	(*ReplicateRequest)(nil),   // 22: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),  // 23: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),         // 24: sluice.v1.CounterKey
-	(*PullRequest)(nil),        // 25: sluice.v1.PullRequest
-	(*PullResponse)(nil),       // 26: sluice.v1.PullResponse
-	(*PullHolder)(nil),         // 27: sluice.v1.PullHolder
+	(*LeaseGrant)(nil),         // 19: sluice.v1.LeaseGrant
+	(*ForwardEnvelope)(nil),    // 20: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),       // 21: sluice.v1.ForwardReply
+	(*Counter)(nil),            // 22: sluice.v1.Counter
+	(*ReplicateRequest)(nil),   // 23: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),  // 24: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),         // 25: sluice.v1.CounterKey
+	(*PullRequest)(nil),        // 26: sluice.v1.PullRequest
+	(*PullResponse)(nil),       // 27: sluice.v1.PullResponse
+	(*PullHolder)(nil),         // 28: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -2368,32 +2462,33 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	15, // 12: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
 	9,  // 13: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	12, // 14: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	17, // 15: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	18, // 16: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	4,  // 17: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	21, // 18: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	24, // 19: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	21, // 20: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	27, // 21: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	8,  // 22: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 23: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 24: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 25: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	22, // 26: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	25, // 27: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	19, // 28: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	11, // 29: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 30: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 31: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 32: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	23, // 33: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	26, // 34: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	20, // 35: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	29, // [29:36] is the sub-list for method output_type
-	22, // [22:29] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	19, // 15: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	17, // 16: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	18, // 17: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	4,  // 18: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	22, // 19: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	25, // 20: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	22, // 21: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	28, // 22: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	8,  // 23: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 24: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	13, // 25: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	17, // 26: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	23, // 27: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	26, // 28: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	20, // 29: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	11, // 30: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 31: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 32: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 33: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	24, // 34: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	27, // 35: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	21, // 36: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	30, // [30:37] is the sub-list for method output_type
+	23, // [23:30] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2408,7 +2503,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1,0 +1,97 @@
+package lease
+
+import (
+	"sync"
+	"time"
+)
+
+// Heat measures, on a key's owner, how fast each other node sends it the
+// key's hits, over ticks of a fixed length, in a fixed number of slots: a
+// key that loses its slot to a hotter one is simply forgotten, so the
+// memory is bounded whatever the number of keys. Safe for concurrent use.
+type Heat struct {
+	tick  int64 // ns
+	mask  uint64
+	slots []heatSlot
+	mu    [heatStripes]sync.Mutex
+}
+
+const heatStripes = 64
+
+type heatSlot struct {
+	key, from uint64
+	start     int64 // the tick cur counts in (Unix ns)
+	cur, prev int64 // hits in that tick and in the one before it
+	granted   int64 // Unix ns of the last grant to from for key; 0 none
+}
+
+// NewHeat returns a Heat of at least slots slots (rounded up to a power of
+// two, at least 64) over ticks of tick.
+func NewHeat(slots int, tick time.Duration) *Heat {
+	n := 64
+	for n < slots {
+		n <<= 1
+	}
+	return &Heat{tick: max(int64(tick), 1), mask: uint64(n - 1), slots: make([]heatSlot, n)}
+}
+
+// mix spreads a (key, sender) pair over the slots.
+func mix(key, from uint64) uint64 {
+	x := key ^ (from * 0x9e3779b97f4a7c15)
+	x ^= x >> 29
+	x *= 0xbf58476d1ce4e5b9
+	return x ^ x>>32
+}
+
+// Observe counts hits of key from the node whose name hashes to from, at
+// now, and reports whether a lease may be granted to it: its rate (hits
+// per second, the more of the current and the last tick) is at least
+// threshold and it got no grant for key within gap. When grant is true the
+// grant is recorded as made at now. rate is returned either way.
+func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap time.Duration) (rate float64, grant bool) {
+	x := mix(key, from)
+	i := x & h.mask
+	j := i ^ 1                      // the other candidate slot
+	mu := &h.mu[(i>>1)%heatStripes] // one lock for both
+
+	start := now - now%h.tick
+	mu.Lock()
+	defer mu.Unlock()
+	s := &h.slots[i]
+	switch o := &h.slots[j]; {
+	case s.key == key && s.from == from && s.start != 0:
+	case o.key == key && o.from == from && o.start != 0:
+		s = o
+	default:
+		// Take the colder of the two.
+		if h.warmth(o, start) < h.warmth(s, start) {
+			s = o
+		}
+		*s = heatSlot{key: key, from: from, start: start}
+	}
+	switch {
+	case s.start == start:
+	case s.start == start-h.tick:
+		s.prev, s.cur, s.start = s.cur, 0, start
+	case s.start < start:
+		s.prev, s.cur, s.start = 0, 0, start
+	}
+	s.cur += hits
+	rate = float64(max(s.cur, s.prev)) * float64(time.Second) / float64(h.tick)
+	if rate >= threshold && (s.granted == 0 || now-s.granted >= int64(gap) || now < s.granted) {
+		s.granted = now
+		grant = true
+	}
+	return rate, grant
+}
+
+// warmth is what a slot counted in the tick at start and the one before.
+func (h *Heat) warmth(s *heatSlot, start int64) int64 {
+	switch s.start {
+	case start:
+		return s.cur + s.prev
+	case start - h.tick:
+		return s.cur
+	}
+	return 0
+}

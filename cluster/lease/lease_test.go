@@ -1,0 +1,297 @@
+package lease
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+const ms = int64(time.Millisecond)
+
+func TestLeasable(t *testing.T) {
+	t.Parallel()
+	base := bucket.Limit{Limit: 10, WindowMS: 1000}
+	with := func(f func(*bucket.Limit)) *bucket.Limit { l := base; f(&l); return &l }
+	cases := []struct {
+		name string
+		lim  *bucket.Limit
+		hits int64
+		want bool
+	}{
+		{"sliding window", &base, 1, true},
+		{"sliding window, explicit", with(func(l *bucket.Limit) { l.Algorithm = bucket.SlidingWindow }), 3, true},
+		{"peek", &base, 0, false},
+		{"sub-windows", with(func(l *bucket.Limit) { l.SubWindows = 4 }), 1, false},
+		{"token bucket", with(func(l *bucket.Limit) { l.Algorithm = bucket.TokenBucket }), 1, true},
+		{"fixed window", with(func(l *bucket.Limit) { l.Algorithm = bucket.FixedWindow }), 1, true},
+		{"calendar window", with(func(l *bucket.Limit) { l.Algorithm, l.Calendar = bucket.FixedWindow, bucket.CalendarDay }), 1, false},
+		{"sliding log", with(func(l *bucket.Limit) { l.Algorithm = bucket.SlidingLog }), 1, false},
+		{"gcra", with(func(l *bucket.Limit) { l.Algorithm = bucket.GCRA }), 1, false},
+		{"leaky bucket", with(func(l *bucket.Limit) { l.Algorithm = bucket.LeakyBucket }), 1, false},
+		{"soft mode", with(func(l *bucket.Limit) { l.Mode, l.SoftPercent = bucket.ModeSoft, 120 }), 1, false},
+		{"counted refusals", with(func(l *bucket.Limit) { l.CountRefused = true }), 1, false},
+		{"zero limit", with(func(l *bucket.Limit) { l.Limit = 0 }), 1, false},
+	}
+	for _, c := range cases {
+		if got := Leasable(c.lim, c.hits); got != c.want {
+			t.Errorf("%s: Leasable = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestTTLEndsAtTheWindow(t *testing.T) {
+	t.Parallel()
+	win := &bucket.Limit{Limit: 10, WindowMS: 1000, Algorithm: bucket.FixedWindow}
+	tb := &bucket.Limit{Limit: 10, WindowMS: 1000, Algorithm: bucket.TokenBucket}
+	max := 100 * time.Millisecond
+	for _, c := range []struct {
+		lim  *bucket.Limit
+		now  int64
+		want time.Duration
+	}{
+		{win, 5_000 * ms, max},                   // a whole window ahead
+		{win, 5_950 * ms, 50 * time.Millisecond}, // the window ends first
+		{win, 5_999*ms + ms/2, 0},                // under a millisecond left
+		{tb, 5_999*ms + ms/2, max},               // no window
+		{&bucket.Limit{Limit: 1, WindowMS: 1000}, 7_930 * ms, 70 * time.Millisecond}, // sliding window
+	} {
+		if got := TTL(c.lim, c.now, max); got != c.want {
+			t.Errorf("TTL(%v at %d) = %v, want %v", c.lim.Algorithm, c.now, got, c.want)
+		}
+	}
+}
+
+func TestSize(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		rate      float64
+		ttl       time.Duration
+		remaining int64
+		want      int64
+	}{
+		{1000, 100 * time.Millisecond, 1000, 100}, // a lifetime of traffic
+		{1000, 100 * time.Millisecond, 120, 60},   // at most half of what is left
+		{1000, 100 * time.Millisecond, 1, 0},      // nothing to share
+		{0, 100 * time.Millisecond, 1000, 0},
+		{1e12, time.Second, 1 << 40, MaxTokens},
+		{5, 100 * time.Millisecond, 1000, 1}, // rounded up
+	} {
+		if got := Size(c.rate, c.ttl, c.remaining); got != c.want {
+			t.Errorf("Size(%v, %v, %d) = %d, want %d", c.rate, c.ttl, c.remaining, got, c.want)
+		}
+	}
+}
+
+func TestTableSpendsTheSliceThatEndsFirst(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	k := Key{Name: "n", Key: "k", Limit: bucket.Limit{Limit: 100, WindowMS: 1000}}
+	max := time.Second
+	var d bucket.Decision
+	if tb.Take(k, 1, 0, &d) {
+		t.Fatal("an empty table decided")
+	}
+	if !tb.Put(k, Grant{Tokens: 3, TTL: 200 * time.Millisecond}, 0, 900, max) ||
+		!tb.Put(k, Grant{Tokens: 5, TTL: 100 * time.Millisecond}, 10*ms, 800, max) {
+		t.Fatal("valid grants refused")
+	}
+	// The second ends at 110 ms, the first at 200 ms: the second is spent first.
+	if !tb.Take(k, 5, 50*ms, &d) || d.Remaining != 3 || !d.Allowed() || d.Limit != 100 {
+		t.Fatalf("take 5 at 50 ms: %+v", d)
+	}
+	if tb.Take(k, 4, 60*ms, &d) {
+		t.Fatal("took 4 from slices of 3 and 0")
+	}
+	// At 150 ms the spent slice is gone and the other still has 3.
+	if !tb.Take(k, 2, 150*ms, &d) || d.Remaining != 1 {
+		t.Fatalf("take 2 at 150 ms: %+v", d)
+	}
+	if tb.Take(k, 1, 200*ms, &d) {
+		t.Fatal("spent a slice at its end")
+	}
+	if tb.Len() != 0 {
+		t.Fatalf("Len = %d after every slice ended", tb.Len())
+	}
+	st := tb.Stats()
+	if st.Granted != 2 || st.Tokens != 8 || st.Decisions != 2 || st.Spent != 7 || st.Unused != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Another limit for the same key spends nothing of it.
+	tb.Put(k, Grant{Tokens: 3, TTL: 100 * time.Millisecond}, 300*ms, 0, max)
+	other := k
+	other.Limit.Limit = 99
+	if tb.Take(other, 1, 310*ms, &d) {
+		t.Fatal("a lease was spent under another limit")
+	}
+	if n := tb.Revoke(); n != 1 || tb.Len() != 0 || tb.Stats().Unused != 4 {
+		t.Fatalf("Revoke = %d, Len %d, stats %+v", n, tb.Len(), tb.Stats())
+	}
+}
+
+func TestTableRefusesInvalidGrants(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	k := Key{Name: "n", Key: "k"}
+	for _, g := range []Grant{{Tokens: 0, TTL: time.Millisecond}, {Tokens: -1, TTL: time.Millisecond},
+		{Tokens: MaxTokens + 1, TTL: time.Millisecond}, {Tokens: 1, TTL: 0}, {Tokens: 1, TTL: -time.Second},
+		{Tokens: 1, TTL: 2 * time.Second}} {
+		if tb.Put(k, g, 0, 0, time.Second) {
+			t.Errorf("Put(%+v) kept", g)
+		}
+	}
+	if tb.Len() != 0 {
+		t.Fatalf("Len = %d", tb.Len())
+	}
+}
+
+func TestTableKeepsAtMostMaxSlices(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	k := Key{Name: "n", Key: "k"}
+	for i := range MaxSlices + 2 {
+		tb.Put(k, Grant{Tokens: 10, TTL: time.Duration(100+i) * time.Millisecond}, 0, 0, time.Second)
+	}
+	var d bucket.Decision
+	if !tb.Take(k, 1, 0, &d) || d.Remaining != MaxSlices*10-1 {
+		t.Fatalf("Remaining %d, want %d", d.Remaining, MaxSlices*10-1)
+	}
+	if st := tb.Stats(); st.Unused != 20 {
+		t.Fatalf("Unused %d, want the 2 dropped slices' 20", st.Unused)
+	}
+}
+
+func TestHeatRateThresholdAndGap(t *testing.T) {
+	t.Parallel()
+	h := NewHeat(1024, 100*time.Millisecond)
+	gap := 50 * time.Millisecond
+	now := int64(1_000_000) * ms
+	// 9 hits in a tick: 90/s, under a threshold of 100/s.
+	for i := range 9 {
+		if rate, grant := h.Observe(1, 7, 1, now+int64(i)*ms, 100, gap); grant || rate != float64(i+1)*10 {
+			t.Fatalf("hit %d: rate %v grant %v", i, rate, grant)
+		}
+	}
+	rate, grant := h.Observe(1, 7, 1, now+9*ms, 100, gap)
+	if rate != 100 || !grant {
+		t.Fatalf("10th hit: rate %v grant %v", rate, grant)
+	}
+	// Within the gap no second grant; the rate carries into the next tick.
+	if _, grant := h.Observe(1, 7, 1, now+20*ms, 100, gap); grant {
+		t.Fatal("granted twice within the gap")
+	}
+	if rate, grant := h.Observe(1, 7, 1, now+110*ms, 100, gap); !grant || rate != 110 {
+		t.Fatalf("next tick: rate %v grant %v", rate, grant)
+	}
+	// Another sender of the same key is counted apart.
+	if rate, _ := h.Observe(1, 8, 1, now+110*ms, 100, gap); rate != 10 {
+		t.Fatalf("other sender's rate %v", rate)
+	}
+	// Two ticks later the key has cooled.
+	if rate, grant := h.Observe(1, 7, 1, now+400*ms, 100, gap); grant || rate != 10 {
+		t.Fatalf("cooled: rate %v grant %v", rate, grant)
+	}
+}
+
+func TestHeatForgetsColdKeysForHotOnes(t *testing.T) {
+	t.Parallel()
+	h := NewHeat(64, 100*time.Millisecond)
+	now := int64(1_000_000) * ms
+	// A hot key, then many cold ones: the hot one keeps being counted,
+	// whatever slot the others take.
+	for i := range 50 {
+		h.Observe(42, 1, 1, now+int64(i)*ms, 1e9, 0)
+	}
+	for k := range uint64(10_000) {
+		h.Observe(1000+k, 1, 1, now+60*ms, 1e9, 0)
+	}
+	if rate, _ := h.Observe(42, 1, 1, now+70*ms, 1e9, 0); rate < 510 {
+		t.Fatalf("hot key's rate %v after 10,000 cold keys, want 510", rate)
+	}
+}
+
+// TestModelLeasesNeverOverAdmit runs an owner deciding with the real
+// algorithms, granting leases as cluster.Node does (Heat, TTL, Size), and
+// holders spending them, at random times, with random crashes (a holder
+// loses its table) and membership changes (every holder revokes), and
+// checks the algorithm's own bound on every window: a fixed window admits
+// at most limit in each window; the sliding-window counter at most limit
+// in each aligned window; a token bucket at most burst + the refill since
+// the start in any prefix. It also counts the hits left unused in leases.
+func TestModelLeasesNeverOverAdmit(t *testing.T) {
+	t.Parallel()
+	algs := []bucket.Limit{
+		{Limit: 50, WindowMS: 1000, Algorithm: bucket.FixedWindow},
+		{Limit: 50, WindowMS: 1000},
+		{Limit: 50, WindowMS: 1000, Algorithm: bucket.TokenBucket},
+	}
+	for seed := range uint64(60) {
+		lim := algs[seed%3]
+		r := rand.New(rand.NewPCG(seed, 99))
+		const holders, ttl = 3, 100 * time.Millisecond
+		heat := NewHeat(256, 100*time.Millisecond)
+		tables := make([]*Table, holders)
+		for i := range tables {
+			tables[i] = NewTable()
+		}
+		var st bucket.State
+		k := Key{Name: "n", Key: "k", Limit: lim}
+		now := int64(1_000_000)*ms + r.Int64N(1000)*ms
+		start := now
+		w := lim.WindowMS * ms
+		admitted := map[int64]int64{} // aligned window start → hits admitted
+		var total, granted int64
+		for step := range 20_000 {
+			now += r.Int64N(3 * ms)
+			if r.IntN(2000) == 0 {
+				tables[r.IntN(holders)] = NewTable() // a holder crashed
+			}
+			if r.IntN(3000) == 0 {
+				for _, tb := range tables {
+					tb.Revoke() // membership changed
+				}
+			}
+			hits := 1 + r.Int64N(2)
+			h := r.IntN(holders + 1) // holders+1: a check at the owner itself
+			var d bucket.Decision
+			switch {
+			case h < holders && tables[h].Take(k, hits, now, &d):
+			default:
+				d = bucket.Decide(&st, lim, hits, now)
+				if h < holders && d.Allowed() {
+					if _, grant := heat.Observe(1, uint64(h), hits, now, 50, ttl/2); grant {
+						if g := Size(1000, TTL(&lim, now, ttl), d.Remaining); g > 0 {
+							if bucket.Decide(&st, lim, g, now).Allowed() {
+								sent := now - r.Int64N(2*ms) // sent before the owner decided
+								tables[h].Put(k, Grant{Tokens: g, TTL: TTL(&lim, now, ttl)}, sent, 0, ttl)
+								granted += g
+							}
+						}
+					}
+				}
+			}
+			if !d.Allowed() {
+				continue
+			}
+			admitted[now-now%w] += hits
+			total += hits
+			if lim.Algorithm == bucket.TokenBucket {
+				// burst (= limit) + refill of limit per W since the start.
+				if bound := lim.Limit + (now-start)*lim.Limit/w; total > bound {
+					t.Fatalf("seed %d step %d: token bucket admitted %d, bound %d", seed, step, total, bound)
+				}
+			}
+		}
+		if lim.Algorithm != bucket.TokenBucket {
+			for ws, n := range admitted {
+				if n > lim.Limit {
+					t.Fatalf("seed %d (%v): window at %d admitted %d > limit %d", seed, lim.Algorithm, ws, n, lim.Limit)
+				}
+			}
+		}
+		if granted == 0 {
+			t.Fatalf("seed %d: no lease was granted: the model tests nothing", seed)
+		}
+	}
+}
