@@ -310,6 +310,12 @@ var (
 	descEnvoyCalls    = desc("sluice_envoy_calls_total", "Envoy ShouldRateLimit calls answered.", prometheus.CounterValue)
 	descEnvoyDescs    = desc("sluice_envoy_descriptors_total", "Envoy descriptors that had a limit.", prometheus.CounterValue)
 	descEnvoyOver     = desc("sluice_envoy_over_limit_total", "Envoy descriptors over their limit, shadow mode included.", prometheus.CounterValue)
+	descLeaseGrants   = desc("sluice_lease_grants_total", "Quota leases of hot keys this node granted as their owner (docs/leases.md).", prometheus.CounterValue)
+	descLeaseTokens   = desc("sluice_lease_granted_hits_total", "Hits in the quota leases this node granted as an owner: admitted at once, for the holders to spend.", prometheus.CounterValue)
+	descLeasedKeys    = desc("sluice_leased_keys", "Keys this node holds a quota lease for now.", prometheus.GaugeValue)
+	descLeaseDecided  = desc("sluice_lease_decisions_total", "Checks this node decided from a quota lease another node granted it.", prometheus.CounterValue)
+	descLeaseUnused   = desc("sluice_lease_unused_hits_total", "Leased hits left unspent when their lease ended or was revoked: admitted by the owner, then by nobody (the leases' under-admission).", prometheus.CounterValue)
+	descLeaseRevoked  = desc("sluice_lease_revocations_total", "Quota leases this node dropped before their end: membership changed, or it left.", prometheus.CounterValue)
 	descIdleResumes   = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow   = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
 	descAuthRefused   = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
@@ -317,6 +323,7 @@ var (
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
 	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
+	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
@@ -349,6 +356,12 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descRejoins, float64(st.Rejoins))
 	put(descPauses, float64(st.Pauses))
 	put(descIdleResumes, float64(st.IdleResumes))
+	put(descLeaseGrants, float64(st.LeaseGrants))
+	put(descLeaseTokens, float64(st.LeaseGrantTokens))
+	put(descLeasedKeys, float64(st.LeasedKeys))
+	put(descLeaseDecided, float64(st.LeaseDecisions))
+	put(descLeaseUnused, float64(st.LeaseUnused))
+	put(descLeaseRevoked, float64(st.LeasesRevoked))
 	put(descKeys, float64(st.Keys))
 	put(descUnreplicated, float64(st.Unreplicated))
 	put(descUnflushed, float64(st.Unflushed))

@@ -432,6 +432,10 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		Failovers:         int64(st.Failovers),
 		Rejoins:           int64(st.Rejoins),
 		RulesHash:         st.RulesHash,
+		LeasedKeys:        int64(st.LeasedKeys),
+		LeaseGrants:       int64(st.LeaseGrants),
+		LeaseDecisions:    int64(st.LeaseDecisions),
+		LeaseUnused:       int64(st.LeaseUnused),
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())
@@ -442,7 +446,7 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 			Tls: m.Security.TLS, ClientAuth: m.Security.ClientAuth, GossipEncrypted: m.Security.GossipEncrypted,
 		}
 		if m.Name == st.Node {
-			mm.Keys, mm.RulesHash = int64(st.Keys), st.RulesHash
+			mm.Keys, mm.RulesHash, mm.LeasedKeys = int64(st.Keys), st.RulesHash, int64(st.LeasedKeys)
 			mm.ChecksPerSecond, mm.Unreplicated = st.ChecksPerSecond, int64(st.Unreplicated)
 		}
 		resp.Members = append(resp.Members, mm)

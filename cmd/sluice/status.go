@@ -56,12 +56,12 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "node %s: %d keys in cache, %.0f checks/s, %d partitions, %d copies of each key\n\n",
 		st.Node, st.Keys, st.ChecksPerSecond, st.Partitions, st.ReplicationFactor)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tRULES\tSECURITY")
+	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tLEASED\tRULES\tSECURITY")
 	hashes := map[string]bool{}
 	for _, m := range st.Members {
-		keys := "-"
+		keys, leased := "-", "-"
 		if m.Keys >= 0 {
-			keys = fmt.Sprint(m.Keys)
+			keys, leased = fmt.Sprint(m.Keys), fmt.Sprint(m.LeasedKeys)
 		}
 		hash := m.RulesHash
 		if m.State == "alive" && m.Keys >= 0 {
@@ -70,7 +70,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if hash == "" {
 			hash = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, hash, transport.SecuritySummary(m))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, leased, hash, transport.SecuritySummary(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -100,7 +100,7 @@ func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout t
 			cctx, cancel := context.WithTimeout(ctx, min(timeout, 2*time.Second))
 			defer cancel()
 			if own, err := c.Status(cctx); err == nil {
-				m.Keys, m.RulesHash = own.Keys, own.RulesHash
+				m.Keys, m.RulesHash, m.LeasedKeys = own.Keys, own.RulesHash, own.LeasedKeys
 				m.ChecksPerSecond, m.Unreplicated = own.ChecksPerSecond, own.Unreplicated
 			}
 		}()

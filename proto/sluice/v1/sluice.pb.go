@@ -1043,9 +1043,16 @@ type StatusResponse struct {
 	RulesHash         string                 `protobuf:"bytes,11,opt,name=rules_hash,json=rulesHash,proto3" json:"rules_hash,omitempty"` // hash of the rules in force on this node ("" without --rules)
 	Rules             int64                  `protobuf:"varint,12,opt,name=rules,proto3" json:"rules,omitempty"`                         // number of rules in force
 	// The last membership changes this node saw (at most 32), newest first.
-	Events        []*MemberEvent `protobuf:"bytes,13,rep,name=events,proto3" json:"events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Events []*MemberEvent `protobuf:"bytes,13,rep,name=events,proto3" json:"events,omitempty"`
+	// Quota leases of hot keys (docs/leases.md): keys this node holds a
+	// lease for now; leases it granted as an owner; checks it decided from
+	// leases; leased hits left unspent when their lease ended or was revoked.
+	LeasedKeys     int64 `protobuf:"varint,14,opt,name=leased_keys,json=leasedKeys,proto3" json:"leased_keys,omitempty"`
+	LeaseGrants    int64 `protobuf:"varint,15,opt,name=lease_grants,json=leaseGrants,proto3" json:"lease_grants,omitempty"`
+	LeaseDecisions int64 `protobuf:"varint,16,opt,name=lease_decisions,json=leaseDecisions,proto3" json:"lease_decisions,omitempty"`
+	LeaseUnused    int64 `protobuf:"varint,17,opt,name=lease_unused,json=leaseUnused,proto3" json:"lease_unused,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1169,6 +1176,34 @@ func (x *StatusResponse) GetEvents() []*MemberEvent {
 	return nil
 }
 
+func (x *StatusResponse) GetLeasedKeys() int64 {
+	if x != nil {
+		return x.LeasedKeys
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseGrants() int64 {
+	if x != nil {
+		return x.LeaseGrants
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseDecisions() int64 {
+	if x != nil {
+		return x.LeaseDecisions
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseUnused() int64 {
+	if x != nil {
+		return x.LeaseUnused
+	}
+	return 0
+}
+
 type MemberEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UnixMs        int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"` // when this node saw it, Unix milliseconds
@@ -1249,8 +1284,11 @@ type Member struct {
 	// its StatusResponse says in checks_per_second and unreplicated.
 	ChecksPerSecond float64 `protobuf:"fixed64,10,opt,name=checks_per_second,json=checksPerSecond,proto3" json:"checks_per_second,omitempty"`
 	Unreplicated    int64   `protobuf:"varint,11,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// leased_keys: keys it holds a quota lease for now (docs/leases.md),
+	// when known (keys >= 0).
+	LeasedKeys    int64 `protobuf:"varint,12,opt,name=leased_keys,json=leasedKeys,proto3" json:"leased_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -1356,6 +1394,13 @@ func (x *Member) GetChecksPerSecond() float64 {
 func (x *Member) GetUnreplicated() int64 {
 	if x != nil {
 		return x.Unreplicated
+	}
+	return 0
+}
+
+func (x *Member) GetLeasedKeys() int64 {
+	if x != nil {
+		return x.LeasedKeys
 	}
 	return 0
 }
@@ -2267,7 +2312,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xbf\x03\n" +
+	"\rStatusRequest\"\xcf\x04\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2285,11 +2330,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"rules_hash\x18\v \x01(\tR\trulesHash\x12\x14\n" +
 	"\x05rules\x18\f \x01(\x03R\x05rules\x12.\n" +
-	"\x06events\x18\r \x03(\v2\x16.sluice.v1.MemberEventR\x06events\"R\n" +
+	"\x06events\x18\r \x03(\v2\x16.sluice.v1.MemberEventR\x06events\x12\x1f\n" +
+	"\vleased_keys\x18\x0e \x01(\x03R\n" +
+	"leasedKeys\x12!\n" +
+	"\flease_grants\x18\x0f \x01(\x03R\vleaseGrants\x12'\n" +
+	"\x0flease_decisions\x18\x10 \x01(\x03R\x0eleaseDecisions\x12!\n" +
+	"\flease_unused\x18\x11 \x01(\x03R\vleaseUnused\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
-	"\x04kind\x18\x03 \x01(\tR\x04kind\"\xc6\x02\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\"\xe7\x02\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x14\n" +
@@ -2304,7 +2354,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10gossip_encrypted\x18\t \x01(\bR\x0fgossipEncrypted\x12*\n" +
 	"\x11checks_per_second\x18\n" +
 	" \x01(\x01R\x0fchecksPerSecond\x12\"\n" +
-	"\funreplicated\x18\v \x01(\x03R\funreplicated\"\xd2\x01\n" +
+	"\funreplicated\x18\v \x01(\x03R\funreplicated\x12\x1f\n" +
+	"\vleased_keys\x18\f \x01(\x03R\n" +
+	"leasedKeys\"\xd2\x01\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +
