@@ -436,6 +436,8 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		LeaseGrants:       int64(st.LeaseGrants),
 		LeaseDecisions:    int64(st.LeaseDecisions),
 		LeaseUnused:       int64(st.LeaseUnused),
+		LeaseGrantedHits:  int64(st.LeaseGrantTokens),
+		LeaseSpentHits:    int64(st.LeaseSpent),
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())

@@ -1051,8 +1051,13 @@ type StatusResponse struct {
 	LeaseGrants    int64 `protobuf:"varint,15,opt,name=lease_grants,json=leaseGrants,proto3" json:"lease_grants,omitempty"`
 	LeaseDecisions int64 `protobuf:"varint,16,opt,name=lease_decisions,json=leaseDecisions,proto3" json:"lease_decisions,omitempty"`
 	LeaseUnused    int64 `protobuf:"varint,17,opt,name=lease_unused,json=leaseUnused,proto3" json:"lease_unused,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Hits in the leases this node granted as an owner, and hits it spent
+	// from leases as a holder: over a cluster, granted − spent is what the
+	// holders have not (yet) admitted.
+	LeaseGrantedHits int64 `protobuf:"varint,18,opt,name=lease_granted_hits,json=leaseGrantedHits,proto3" json:"lease_granted_hits,omitempty"`
+	LeaseSpentHits   int64 `protobuf:"varint,19,opt,name=lease_spent_hits,json=leaseSpentHits,proto3" json:"lease_spent_hits,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1200,6 +1205,20 @@ func (x *StatusResponse) GetLeaseDecisions() int64 {
 func (x *StatusResponse) GetLeaseUnused() int64 {
 	if x != nil {
 		return x.LeaseUnused
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseGrantedHits() int64 {
+	if x != nil {
+		return x.LeaseGrantedHits
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseSpentHits() int64 {
+	if x != nil {
+		return x.LeaseSpentHits
 	}
 	return 0
 }
@@ -2312,7 +2331,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xcf\x04\n" +
+	"\rStatusRequest\"\xa7\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2335,7 +2354,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"leasedKeys\x12!\n" +
 	"\flease_grants\x18\x0f \x01(\x03R\vleaseGrants\x12'\n" +
 	"\x0flease_decisions\x18\x10 \x01(\x03R\x0eleaseDecisions\x12!\n" +
-	"\flease_unused\x18\x11 \x01(\x03R\vleaseUnused\"R\n" +
+	"\flease_unused\x18\x11 \x01(\x03R\vleaseUnused\x12,\n" +
+	"\x12lease_granted_hits\x18\x12 \x01(\x03R\x10leaseGrantedHits\x12(\n" +
+	"\x10lease_spent_hits\x18\x13 \x01(\x03R\x0eleaseSpentHits\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
