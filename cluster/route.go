@@ -160,14 +160,13 @@ const (
 // once — what lessee would spend in a lease's lifetime, at most half of
 // what is left — and puts it in o.Lease for lessee to spend.
 func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, lessee string, now int64, o *bucket.Outcome) {
-	if o.Err != "" || !o.Allowed() || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
+	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
+	// Refused checks count toward the sender's rate too: a key refused
+	// to the end of one window is hot at the start of the next.
 	ttl := lease.TTL(lims.one, now, n.cfg.LeaseTTL)
-	if ttl == 0 {
-		return
-	}
-	rate, ok := n.heat.Observe(h, ring.Hash(lessee, ""), r.Hits, now, n.cfg.HotKeyThreshold, ttl/2)
+	rate, ok := n.heat.Observe(h, ring.Hash(lessee, ""), r.Hits, now, n.cfg.HotKeyThreshold, ttl/2, o.Allowed() && ttl > 0)
 	if !ok {
 		return
 	}

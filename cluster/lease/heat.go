@@ -44,11 +44,12 @@ func mix(key, from uint64) uint64 {
 }
 
 // Observe counts hits of key from the node whose name hashes to from, at
-// now, and reports whether a lease may be granted to it: its rate (hits
-// per second, the more of the current and the last tick) is at least
-// threshold and it got no grant for key within gap. When grant is true the
-// grant is recorded as made at now. rate is returned either way.
-func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap time.Duration) (rate float64, grant bool) {
+// now, and reports whether a lease may be granted to it: the check was
+// eligible (admitted, of a leasable limit), the sender's rate (hits per
+// second, the more of the current and the last tick, admitted or not) is
+// at least threshold and it got no grant for key within gap. When grant is
+// true the grant is recorded as made at now. rate is returned either way.
+func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap time.Duration, eligible bool) (rate float64, grant bool) {
 	x := mix(key, from)
 	i := x & h.mask
 	j := i ^ 1                      // the other candidate slot
@@ -78,7 +79,7 @@ func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap
 	}
 	s.cur += hits
 	rate = float64(max(s.cur, s.prev)) * float64(time.Second) / float64(h.tick)
-	if rate >= threshold && (s.granted == 0 || now-s.granted >= int64(gap) || now < s.granted) {
+	if eligible && rate >= threshold && (s.granted == 0 || now-s.granted >= int64(gap) || now < s.granted) {
 		s.granted = now
 		grant = true
 	}

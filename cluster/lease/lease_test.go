@@ -169,27 +169,34 @@ func TestHeatRateThresholdAndGap(t *testing.T) {
 	now := int64(1_000_000) * ms
 	// 9 hits in a tick: 90/s, under a threshold of 100/s.
 	for i := range 9 {
-		if rate, grant := h.Observe(1, 7, 1, now+int64(i)*ms, 100, gap); grant || rate != float64(i+1)*10 {
+		if rate, grant := h.Observe(1, 7, 1, now+int64(i)*ms, 100, gap, true); grant || rate != float64(i+1)*10 {
 			t.Fatalf("hit %d: rate %v grant %v", i, rate, grant)
 		}
 	}
-	rate, grant := h.Observe(1, 7, 1, now+9*ms, 100, gap)
+	rate, grant := h.Observe(1, 7, 1, now+9*ms, 100, gap, true)
 	if rate != 100 || !grant {
 		t.Fatalf("10th hit: rate %v grant %v", rate, grant)
 	}
 	// Within the gap no second grant; the rate carries into the next tick.
-	if _, grant := h.Observe(1, 7, 1, now+20*ms, 100, gap); grant {
+	if _, grant := h.Observe(1, 7, 1, now+20*ms, 100, gap, true); grant {
 		t.Fatal("granted twice within the gap")
 	}
-	if rate, grant := h.Observe(1, 7, 1, now+110*ms, 100, gap); !grant || rate != 110 {
+	if rate, grant := h.Observe(1, 7, 1, now+110*ms, 100, gap, true); !grant || rate != 110 {
 		t.Fatalf("next tick: rate %v grant %v", rate, grant)
 	}
 	// Another sender of the same key is counted apart.
-	if rate, _ := h.Observe(1, 8, 1, now+110*ms, 100, gap); rate != 10 {
+	if rate, _ := h.Observe(1, 8, 1, now+110*ms, 100, gap, true); rate != 10 {
 		t.Fatalf("other sender's rate %v", rate)
 	}
+	// A refused check counts toward the rate but earns no grant.
+	if rate, grant := h.Observe(2, 7, 100, now+120*ms, 100, 0, false); grant || rate != 1000 {
+		t.Fatalf("ineligible: rate %v grant %v", rate, grant)
+	}
+	if _, grant := h.Observe(2, 7, 1, now+121*ms, 100, 0, true); !grant {
+		t.Fatal("no grant for an eligible check after ineligible ones made the key hot")
+	}
 	// Two ticks later the key has cooled.
-	if rate, grant := h.Observe(1, 7, 1, now+400*ms, 100, gap); grant || rate != 10 {
+	if rate, grant := h.Observe(1, 7, 1, now+400*ms, 100, gap, true); grant || rate != 10 {
 		t.Fatalf("cooled: rate %v grant %v", rate, grant)
 	}
 }
@@ -201,12 +208,12 @@ func TestHeatForgetsColdKeysForHotOnes(t *testing.T) {
 	// A hot key, then many cold ones: the hot one keeps being counted,
 	// whatever slot the others take.
 	for i := range 50 {
-		h.Observe(42, 1, 1, now+int64(i)*ms, 1e9, 0)
+		h.Observe(42, 1, 1, now+int64(i)*ms, 1e9, 0, true)
 	}
 	for k := range uint64(10_000) {
-		h.Observe(1000+k, 1, 1, now+60*ms, 1e9, 0)
+		h.Observe(1000+k, 1, 1, now+60*ms, 1e9, 0, true)
 	}
-	if rate, _ := h.Observe(42, 1, 1, now+70*ms, 1e9, 0); rate < 510 {
+	if rate, _ := h.Observe(42, 1, 1, now+70*ms, 1e9, 0, true); rate < 510 {
 		t.Fatalf("hot key's rate %v after 10,000 cold keys, want 510", rate)
 	}
 }
@@ -259,8 +266,8 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 			case h < holders && tables[h].Take(k, hits, now, &d):
 			default:
 				d = bucket.Decide(&st, lim, hits, now)
-				if h < holders && d.Allowed() {
-					if _, grant := heat.Observe(1, uint64(h), hits, now, 50, ttl/2); grant {
+				if h < holders {
+					if _, grant := heat.Observe(1, uint64(h), hits, now, 50, ttl/2, d.Allowed()); grant {
 						if g := Size(1000, TTL(&lim, now, ttl), d.Remaining); g > 0 {
 							if bucket.Decide(&st, lim, g, now).Allowed() {
 								sent := now - r.Int64N(2*ms) // sent before the owner decided

@@ -1,0 +1,177 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+)
+
+// hotAnswer is one answer of the hot-key load.
+type hotAnswer struct {
+	asked, owner string
+	sent         time.Time
+	allowed      bool
+	resetMS      int64
+}
+
+// TestHotKeyLeasesUnderLoad drives one key, a fixed window of 300 hits a
+// second, through three real processes with closed-loop callers (far over
+// three times the limit), while a fourth node joins a third of the way in
+// and a node that does not own the key is SIGKILLed two thirds of the way
+// in (docs/leases.md). Every window admits at most the limit — leases keep
+// the count exact through both — the windows before the join admit at
+// least 95 % of it, and the nodes that do not own the key decide answers
+// themselves from leases.
+func TestHotKeyLeasesUnderLoad(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	const limit, windowMS = 300, 1000
+	req := &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
+		Name: "api", Key: "hot", Hits: proto.Int64(1), Limit: limit, WindowMs: windowMS,
+		Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+	}}}
+	clients := make([]interface {
+		Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
+	}, len(ps))
+	for i, p := range ps {
+		clients[i] = dial(t, p.grpc)
+	}
+	resp, err := clients[0].Check(context.Background(), &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
+		Name: "api", Key: "hot", Hits: proto.Int64(0), Limit: limit, WindowMs: windowMS,
+		Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+	}}})
+	if err != nil || resp.Responses[0].Error != "" {
+		t.Fatalf("peek: %v %v", err, resp)
+	}
+	owner := resp.Responses[0].Owner
+	victim := -1
+	for i, p := range ps {
+		if p.name != owner {
+			victim = i // the last node that does not own the key
+		}
+	}
+
+	const run, workers, maxCalls = 9 * time.Second, 3, 300_000
+	start := time.Now()
+	stopAt := start.Add(run)
+	var (
+		mu      sync.Mutex
+		answers []hotAnswer
+		errs    = map[string]int{}
+		calls   int
+	)
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range ps {
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stopAt) {
+					mu.Lock()
+					calls++
+					n := calls
+					mu.Unlock()
+					if n > maxCalls {
+						return
+					}
+					if i == victim {
+						select {
+						case <-killed:
+							return
+						default:
+						}
+					}
+					sent := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					resp, err := clients[i].Check(ctx, req)
+					cancel()
+					mu.Lock()
+					switch {
+					case err != nil:
+						errs[ps[i].name]++
+					case resp.Responses[0].Error != "":
+						errs[ps[i].name+": "+resp.Responses[0].Error]++
+					default:
+						r := resp.Responses[0]
+						answers = append(answers, hotAnswer{asked: ps[i].name, owner: r.Owner, sent: sent,
+							allowed: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, resetMS: r.ResetAfterMs})
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+
+	// A node joins a third of the way in; a non-owner dies at two thirds.
+	joinAt, killAt := start.Add(run/3), start.Add(2*run/3)
+	time.Sleep(time.Until(joinAt)) // the load's schedule, not synchronisation
+	newcomer := newProc(t, 3, "127.0.0.13")
+	newcomer.join = []string{ps[0].gossip}
+	newcomer.start(t)
+	time.Sleep(time.Until(killAt))
+	close(killed)
+	if err := ps[victim].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("SIGKILL: process exited cleanly")
+	}
+	wg.Wait()
+
+	// Each admitted answer's window: the end its reset_after_ms points
+	// at, from when it was sent (before it was decided).
+	perWindow := map[int64]int{}
+	decided := map[string]int{} // asked→decider, admitted answers
+	for _, a := range answers {
+		if !a.allowed {
+			continue
+		}
+		end := float64(a.sent.UnixMilli()+a.resetMS) / windowMS
+		perWindow[int64(math.Round(end))]++
+		decided[a.asked+"→"+a.owner]++
+	}
+	var ids []int64
+	for id := range perWindow {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var line []string
+	for _, id := range ids {
+		line = append(line, fmt.Sprintf("%d", perWindow[id]))
+	}
+	t.Logf("owner %s, killed %s at %v, %s joined at %v; %d answers, errors %v", owner, ps[victim].name, run*2/3, newcomer.name, run/3, len(answers), errs)
+	t.Logf("admitted per window: %v", line)
+	t.Logf("admitted answers, asked→decided by: %v", decided)
+	for _, id := range ids {
+		if n := perWindow[id]; n > limit {
+			t.Errorf("window ending at %d s admitted %d, over the limit %d", id, n, limit)
+		}
+	}
+	// Whole windows before the join: the first starts after the load did.
+	firstFull := int64(math.Ceil(float64(start.UnixMilli())/windowMS)) + 1 // id = end of window
+	for id := firstFull; float64(id*windowMS) <= float64(joinAt.UnixMilli()); id++ {
+		if n := perWindow[id]; n < limit*95/100 {
+			t.Errorf("window ending at %d s, before the join, admitted %d, under 95 %% of the limit %d", id, n, limit)
+		}
+	}
+	for i, p := range ps {
+		if p.name == owner || i == victim {
+			continue
+		}
+		if decided[p.name+"→"+p.name] == 0 {
+			t.Errorf("%s never decided the key from a lease: %v", p.name, decided)
+		}
+	}
+	for who, n := range errs {
+		if who != ps[victim].name {
+			t.Errorf("%d failed calls through %s", n, who)
+		}
+	}
+}
