@@ -73,6 +73,8 @@ type Node struct {
 	heat        *lease.Heat
 	leaseGrants atomic.Uint64 // leases granted as an owner
 	leaseTokens atomic.Uint64 // hits in them
+	// leaseRefusals counts refusal leases granted as an owner.
+	leaseRefusals atomic.Uint64
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner

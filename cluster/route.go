@@ -53,7 +53,8 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		}
 		if n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
 			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
-			// Decided from a lease the key's owner granted here.
+			// Decided from a lease the key's owner granted here (or
+			// refused from a refusal lease).
 			out[i].Owner = n.name
 			continue
 		}
@@ -157,8 +158,9 @@ const (
 // grant, on the owner of r's key, after o answered r for the node lessee:
 // when lessee sends the key's hits at HotKeyThreshold or more, and got no
 // lease of it in the last half lease, it admits a slice of the limit at
-// once — what lessee would spend in a lease's lifetime, at most half of
-// what is left — and puts it in o.Lease for lessee to spend.
+// once — what lessee would spend in a lease's lifetime, or twice its last
+// lease when it spent that early, at most half of what is left — and puts
+// it in o.Lease for lessee to spend.
 func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, lessee string, now int64, o *bucket.Outcome) {
 	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
@@ -166,11 +168,20 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	// Refused checks count toward the sender's rate too: a key refused
 	// to the end of one window is hot at the start of the next.
 	ttl := lease.TTL(lims.one, now, n.cfg.LeaseTTL)
-	rate, ok := n.heat.Observe(h, ring.Hash(lessee, ""), r.Hits, now, n.cfg.HotKeyThreshold, ttl/2, o.Allowed() && ttl > 0)
+	from := ring.Hash(lessee, "")
+	refused := o.Status == bucket.OverLimit
+	rate, ok, spent := n.heat.Observe(h, from, r.Hits, now, n.cfg.HotKeyThreshold, ttl/2, (o.Allowed() || refused) && ttl > 0)
 	if !ok {
 		return
 	}
-	size := lease.Size(rate, ttl, o.Remaining)
+	if refused {
+		if until := lease.RefusalTTL(o.RetryAfterMS, ttl); until > 0 {
+			o.Lease = bucket.Lease{TTL: until}
+			n.leaseRefusals.Add(1)
+		}
+		return
+	}
+	size := lease.Size(rate, ttl, o.Remaining, spent)
 	if size == 0 {
 		return
 	}
@@ -180,6 +191,7 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	if n.decide(ctx, h, &g, lims, ev, now, &gd) != "" || gd.Err != "" || !gd.Allowed() {
 		return
 	}
+	n.heat.Granted(h, from, now, size)
 	o.Lease = bucket.Lease{Tokens: size, TTL: ttl}
 	o.Remaining = gd.Remaining
 	n.leaseGrants.Add(1)
@@ -459,7 +471,7 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 			failed = append(failed, rt)
 			continue
 		}
-		if l := subOut[j].Lease; l.Tokens > 0 {
+		if l := subOut[j].Lease; l.TTL > 0 {
 			subOut[j].Lease = bucket.Lease{}
 			n.keepLease(&sub[j], rt.lims, l, sent, subOut[j].ResetAfterMS)
 		}
@@ -479,8 +491,8 @@ func (n *Node) keepLease(r *bucket.Request, lims limits, l bucket.Lease, sent, r
 	if n.draining() {
 		return // it sends every check to its owner until it stops
 	}
-	if len(lims.more) > 0 || !lease.Leasable(lims.one, max(r.Hits, 1)) ||
-		!n.leases.Put(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, l, sent, resetAfterMS, MaxLeaseTTL) {
+	if len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) ||
+		!n.leases.Put(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, l, r.Hits, sent, resetAfterMS, MaxLeaseTTL) {
 		n.log.Warn("dropped an invalid lease from a key's owner", "name", r.Name, "tokens", l.Tokens, "ttl", l.TTL)
 	}
 }

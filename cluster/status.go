@@ -33,23 +33,27 @@ type Status struct {
 	// checks decided from them, spending LeaseSpent hits; LeaseUnused hits
 	// left when a lease ended or was revoked (admitted by the owner, then by
 	// nobody); LeasesRevoked leases dropped on a membership change or leave.
-	LeaseGrants       uint64
-	LeaseGrantTokens  uint64
-	LeasedKeys        int
-	LeasesHeld        uint64
-	LeaseTokens       uint64
-	LeaseDecisions    uint64
-	LeaseSpent        uint64
-	LeaseUnused       uint64
-	LeasesRevoked     uint64
-	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
-	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
-	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
-	Unreplicated      int    // changed keys not yet sent to replicas
-	Unflushed         int    // changed keys not yet in the store
-	RulesHash         string
-	ReplicationFactor int
-	Partitions        int
+	LeaseGrants      uint64
+	LeaseGrantTokens uint64
+	LeasedKeys       int
+	LeasesHeld       uint64
+	LeaseTokens      uint64
+	LeaseDecisions   uint64
+	LeaseSpent       uint64
+	LeaseUnused      uint64
+	LeasesRevoked    uint64
+	// Refusal leases: granted as an owner (LeaseRefusalGrants), and checks
+	// refused from them as a holder (LeaseRefused).
+	LeaseRefusalGrants uint64
+	LeaseRefused       uint64
+	Pauses             uint64 // times this node noticed it had not run for longer than ForwardTimeout
+	IdleResumes        uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
+	HeartbeatIdle      bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
+	Unreplicated       int    // changed keys not yet sent to replicas
+	Unflushed          int    // changed keys not yet in the store
+	RulesHash          string
+	ReplicationFactor  int
+	Partitions         int
 
 	// StoreWritable is false from a failed flush until one succeeds again
 	// (a full or failing disk); StoreError and StoreUnwritableSince say
@@ -115,6 +119,7 @@ func (n *Node) Status() Status {
 	st.LeaseGrants, st.LeaseGrantTokens, st.LeasedKeys = n.leaseGrants.Load(), n.leaseTokens.Load(), n.leases.Len()
 	st.LeasesHeld, st.LeaseTokens, st.LeaseDecisions, st.LeaseSpent, st.LeaseUnused, st.LeasesRevoked =
 		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
+	st.LeaseRefusalGrants, st.LeaseRefused = n.leaseRefusals.Load(), ls.Refused
 	st.MemberEvents = n.roster.counts()
 	st.RecentEvents = n.roster.recentEvents()
 	return st

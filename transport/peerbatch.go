@@ -164,8 +164,8 @@ func callerErr(ctx context.Context, dl time.Time, err error) error {
 
 // checkMoved checks the shape of a Forward answer to n items: moved_to is
 // empty or has one entry per item, and each lease names a distinct item
-// with positive tokens and lifetime (their upper bounds are the holder's
-// to check).
+// with tokens ≥ 0 (0: a refusal lease) and a positive lifetime (their
+// upper bounds are the holder's to check).
 func checkMoved(resp *sluicev1.ForwardResponse, n int) error {
 	if m := len(resp.GetMovedTo()); m != 0 && m != n {
 		return fmt.Errorf("peer answered moved_to for %d of %d requests", m, n)
@@ -181,7 +181,7 @@ func checkMoved(resp *sluicev1.ForwardResponse, n int) error {
 		switch {
 		case l.GetIndex() >= uint32(n):
 			return fmt.Errorf("peer answered a lease for item %d of %d", l.GetIndex(), n)
-		case l.GetTokens() <= 0 || l.GetTtlMicros() <= 0:
+		case l.GetTokens() < 0 || l.GetTtlMicros() <= 0:
 			return fmt.Errorf("peer answered a lease of %d tokens for %d µs for item %d", l.GetTokens(), l.GetTtlMicros(), l.GetIndex())
 		}
 		for _, o := range ls[:j] {

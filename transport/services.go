@@ -101,7 +101,7 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 // appendLeases appends the grants among outs (Outcome.Lease), by index.
 func appendLeases(dst []*sluicev1.LeaseGrant, outs []bucket.Outcome) []*sluicev1.LeaseGrant {
 	for i := range outs {
-		if l := outs[i].Lease; l.Tokens > 0 {
+		if l := outs[i].Lease; l.TTL > 0 { // Tokens 0: a refusal lease
 			dst = append(dst, &sluicev1.LeaseGrant{Index: uint32(i), Tokens: l.Tokens, TtlMicros: l.TTL.Microseconds()})
 		}
 	}

@@ -20,9 +20,11 @@ const heatStripes = 64
 
 type heatSlot struct {
 	key, from uint64
-	start     int64 // the tick cur counts in (Unix ns)
-	cur, prev int64 // hits in that tick and in the one before it
-	granted   int64 // Unix ns of the last grant to from for key; 0 none
+	start     int64   // the tick cur counts in (Unix ns)
+	cur, prev int64   // hits in that tick and in the one before it
+	granted   int64   // Unix ns of the last grant to from for key; 0 none
+	size      int64   // hits in that grant
+	rate      float64 // the rate it was granted at
 }
 
 // NewHeat returns a Heat of at least slots slots (rounded up to a power of
@@ -48,8 +50,13 @@ func mix(key, from uint64) uint64 {
 // eligible (admitted, of a leasable limit), the sender's rate (hits per
 // second, the more of the current and the last tick, admitted or not) is
 // at least threshold and it got no grant for key within gap. When grant is
-// true the grant is recorded as made at now. rate is returned either way.
-func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap time.Duration, eligible bool) (rate float64, grant bool) {
+// true the grant is recorded as made at now (Granted records its size),
+// and spent is the size of the sender's previous lease of key when that
+// was granted within 2 × gap — a lease's lifetime — so that the sender
+// spent it early: the owner sees only the checks a lease did not cover, so
+// the rate alone understates a holder's demand. rate is returned either
+// way.
+func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap time.Duration, eligible bool) (rate float64, grant bool, spent int64) {
 	x := mix(key, from)
 	i := x & h.mask
 	j := i ^ 1                      // the other candidate slot
@@ -79,11 +86,36 @@ func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap
 	}
 	s.cur += hits
 	rate = float64(max(s.cur, s.prev)) * float64(time.Second) / float64(h.tick)
+	if s.granted != 0 && now >= s.granted && now-s.granted < 4*int64(gap) {
+		// A sender that held a lease in the last two lifetimes sent the
+		// owner only what its leases did not cover (a refusal lease may
+		// have covered all of it): its rate is at least the one it was
+		// granted at.
+		rate = max(rate, s.rate)
+	}
 	if eligible && rate >= threshold && (s.granted == 0 || now-s.granted >= int64(gap) || now < s.granted) {
-		s.granted = now
+		if s.granted != 0 && now >= s.granted && now-s.granted < 2*int64(gap) {
+			spent = s.size
+		}
+		s.granted, s.size, s.rate = now, 0, rate
 		grant = true
 	}
-	return rate, grant
+	return rate, grant, spent
+}
+
+// Granted records the size of the lease Observe just allowed for (key,
+// from) at now; a slot another pair took meanwhile is left alone.
+func (h *Heat) Granted(key, from uint64, now, size int64) {
+	x := mix(key, from)
+	i := x & h.mask
+	mu := &h.mu[(i>>1)%heatStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	for _, j := range [2]uint64{i, i ^ 1} {
+		if s := &h.slots[j]; s.key == key && s.from == from && s.granted == now {
+			s.size = size
+		}
+	}
 }
 
 // warmth is what a slot counted in the tick at start and the one before.

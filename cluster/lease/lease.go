@@ -65,20 +65,34 @@ func TTL(lim *bucket.Limit, now int64, max time.Duration) time.Duration {
 	return ttl
 }
 
+// RefusalTTL returns how long a refusal lease may last for a check the
+// owner refused with retryAfterMS, when a lease would last ttl (TTL: at
+// most a lifetime, never past the window's end): the algorithm's state
+// only grows stricter until it would admit again, so the refusal holds
+// until then. retryAfterMS is rounded up to the millisecond; one
+// millisecond less is always before the real time. 0: none.
+func RefusalTTL(retryAfterMS int64, ttl time.Duration) time.Duration {
+	if retryAfterMS <= 1 || ttl <= 0 {
+		return 0
+	}
+	return min(time.Duration(retryAfterMS-1)*time.Millisecond, ttl)
+}
+
 // MaxTokens is the most hits one lease carries.
 const MaxTokens = 1 << 20
 
 // Size returns how many hits to lease to a node that sends the key's
 // checks at rate hits per second, for ttl, when the owner's algorithm has
 // remaining hits left after the check it just decided: what the node
-// would spend in the lease's lifetime, and never more than half of what is
-// left, so that the owner and the other holders keep the rest. 0 means
-// grant nothing.
-func Size(rate float64, ttl time.Duration, remaining int64) int64 {
+// would spend in the lease's lifetime — or twice its previous lease, when
+// it spent that one early (spent > 0, Heat.Observe) — and never more than
+// half of what is left, so that the owner and the other holders keep the
+// rest. 0 means grant nothing.
+func Size(rate float64, ttl time.Duration, remaining, spent int64) int64 {
 	if !(rate > 0) || ttl <= 0 || remaining < 2 {
 		return 0
 	}
-	want := math.Ceil(rate * ttl.Seconds())
+	want := max(math.Ceil(rate*ttl.Seconds()), 2*float64(spent))
 	s := min(remaining/2, MaxTokens)
 	if want < float64(s) {
 		s = int64(want)
@@ -93,10 +107,15 @@ func Size(rate float64, ttl time.Duration, remaining int64) int64 {
 // the owner's end.
 type Grant = bucket.Lease
 
-// Valid reports whether g is a lease a holder may keep: positive, at most
-// MaxTokens, for at most maxTTL.
+// A Grant of 0 tokens is a refusal lease: the owner refused the check and
+// its algorithm refuses as many hits or more until TTL after the holder
+// sent it (the answer's retry-after, at most a lease's lifetime), so the
+// holder may refuse them itself until then (Table.Take).
+
+// Valid reports whether g is a lease a holder may keep: 0 (a refusal) to
+// MaxTokens hits, for a positive time of at most maxTTL.
 func Valid(g Grant, maxTTL time.Duration) bool {
-	return g.Tokens > 0 && g.Tokens <= MaxTokens && g.TTL > 0 && g.TTL <= maxTTL
+	return g.Tokens >= 0 && g.Tokens <= MaxTokens && g.TTL > 0 && g.TTL <= maxTTL
 }
 
 // Key names what a lease is for: the key and the limit it was granted
@@ -120,7 +139,13 @@ type slice struct {
 
 type entry struct {
 	slices []slice // soonest expiry first
+	// A refusal lease: checks of refuseHits or more are refused until
+	// refuseUntil (Unix ns on the holder's clock); 0 none.
+	refuseUntil, refuseHits, refuseResetAt int64
 }
+
+// live reports whether e still holds anything at now.
+func (e *entry) live(now int64) bool { return len(e.slices) > 0 || e.refuseUntil > now }
 
 // Table is a node's leases: for each key, the slices it holds. Safe for
 // concurrent use.
@@ -141,6 +166,8 @@ type Stats struct {
 	Spent     uint64 // hits spent
 	Unused    uint64 // hits left when a lease ended, expired or was dropped
 	Revoked   uint64 // leases dropped before their end (Revoke)
+	Refusals  uint64 // refusal leases put
+	Refused   uint64 // checks refused from a refusal lease
 }
 
 // NewTable returns an empty table.
@@ -153,15 +180,16 @@ func (t *Table) Len() int {
 	return int(t.n.Load())
 }
 
-// Put adds a lease of g for k, granted for a check sent at sent (the
-// holder's clock); resetAfterMS is the owner's answer's. An invalid grant
-// is not kept (Put reports false). When k already holds MaxSlices slices,
-// the one that ends first is dropped, its tokens counted unused.
-func (t *Table) Put(k Key, g Grant, sent int64, resetAfterMS int64, maxTTL time.Duration) bool {
-	if !Valid(g, maxTTL) {
+// Put adds a lease of g for k, granted with the answer to a check of hits
+// sent at sent (the holder's clock); resetAfterMS is the owner's answer's.
+// An invalid grant is not kept (Put reports false). When k already holds
+// MaxSlices slices, the one that ends first is dropped, its tokens counted
+// unused. A refusal lease (0 tokens) replaces k's previous one.
+func (t *Table) Put(k Key, g Grant, hits, sent int64, resetAfterMS int64, maxTTL time.Duration) bool {
+	if !Valid(g, maxTTL) || hits < 1 {
 		return false
 	}
-	sl := slice{tokens: g.Tokens, expires: sent + int64(g.TTL), resetAt: sent + resetAfterMS*int64(time.Millisecond)}
+	resetAt := sent + resetAfterMS*int64(time.Millisecond)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.m[k]
@@ -171,6 +199,12 @@ func (t *Table) Put(k Key, g Grant, sent int64, resetAfterMS int64, maxTTL time.
 		t.n.Add(1)
 	}
 	t.prune(e, sent)
+	if g.Tokens == 0 {
+		e.refuseUntil, e.refuseHits, e.refuseResetAt = sent+int64(g.TTL), hits, resetAt
+		t.stats.Refusals++
+		return true
+	}
+	sl := slice{tokens: g.Tokens, expires: sent + int64(g.TTL), resetAt: resetAt}
 	if len(e.slices) == MaxSlices {
 		t.stats.Unused += uint64(e.slices[0].tokens)
 		e.slices = e.slices[1:]
@@ -206,8 +240,10 @@ func (t *Table) prune(e *entry, now int64) {
 
 // Take spends hits of k's leases at now, from the slice that ends first,
 // and returns the decision to answer with: allowed, Remaining the hits
-// still leased for k. ok is false, and nothing is spent, when k's live
-// slices do not hold hits in one slice: the check goes to the owner.
+// still leased for k. When no slice holds hits but a live refusal lease
+// covers them, the decision is that refusal (over the limit, retry when it
+// ends). ok is false, and nothing is spent, otherwise: the check goes to
+// the owner.
 func (t *Table) Take(k Key, hits, now int64, d *bucket.Decision) (ok bool) {
 	if t.n.Load() == 0 {
 		return false
@@ -227,7 +263,14 @@ func (t *Table) Take(k Key, hits, now int64, d *bucket.Decision) (ok bool) {
 		}
 	}
 	if at < 0 {
-		if len(e.slices) == 0 {
+		if e.refuseUntil > now && hits >= e.refuseHits {
+			const msNS = int64(time.Millisecond)
+			*d = bucket.Decision{Status: bucket.OverLimit, Limit: k.Limit.Limit,
+				ResetAfterMS: max((e.refuseResetAt-now+msNS-1)/msNS, 0), RetryAfterMS: max((e.refuseUntil-now+msNS-1)/msNS, 1)}
+			t.stats.Refused++
+			return true
+		}
+		if !e.live(now) {
 			delete(t.m, k)
 			t.n.Add(-1)
 		}
@@ -252,7 +295,7 @@ func (t *Table) Sweep(now int64) {
 	defer t.mu.Unlock()
 	for k, e := range t.m {
 		t.prune(e, now)
-		if len(e.slices) == 0 {
+		if !e.live(now) {
 			delete(t.m, k)
 			t.n.Add(-1)
 		}
@@ -269,6 +312,9 @@ func (t *Table) Revoke() int {
 		for _, s := range e.slices {
 			t.stats.Unused += uint64(s.tokens)
 			n++
+		}
+		if e.refuseUntil != 0 {
+			n++ // a refusal lease
 		}
 	}
 	clear(t.m)

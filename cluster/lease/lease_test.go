@@ -69,17 +69,20 @@ func TestSize(t *testing.T) {
 		rate      float64
 		ttl       time.Duration
 		remaining int64
+		spent     int64
 		want      int64
 	}{
-		{1000, 100 * time.Millisecond, 1000, 100}, // a lifetime of traffic
-		{1000, 100 * time.Millisecond, 120, 60},   // at most half of what is left
-		{1000, 100 * time.Millisecond, 1, 0},      // nothing to share
-		{0, 100 * time.Millisecond, 1000, 0},
-		{1e12, time.Second, 1 << 40, MaxTokens},
-		{5, 100 * time.Millisecond, 1000, 1}, // rounded up
+		{1000, 100 * time.Millisecond, 1000, 0, 100},     // a lifetime of traffic
+		{1000, 100 * time.Millisecond, 120, 0, 60},       // at most half of what is left
+		{1000, 100 * time.Millisecond, 1, 0, 0},          // nothing to share
+		{0, 100 * time.Millisecond, 1000, 0, 0},          // no traffic
+		{1e12, time.Second, 1 << 40, 0, MaxTokens},       // at most MaxTokens
+		{5, 100 * time.Millisecond, 1000, 0, 1},          // rounded up
+		{1000, 100 * time.Millisecond, 10_000, 300, 600}, // the last lease spent early: twice it
+		{1000, 100 * time.Millisecond, 10_000, 30, 100},  // ... unless the rate asks more
 	} {
-		if got := Size(c.rate, c.ttl, c.remaining); got != c.want {
-			t.Errorf("Size(%v, %v, %d) = %d, want %d", c.rate, c.ttl, c.remaining, got, c.want)
+		if got := Size(c.rate, c.ttl, c.remaining, c.spent); got != c.want {
+			t.Errorf("Size(%v, %v, %d, %d) = %d, want %d", c.rate, c.ttl, c.remaining, c.spent, got, c.want)
 		}
 	}
 }
@@ -93,8 +96,8 @@ func TestTableSpendsTheSliceThatEndsFirst(t *testing.T) {
 	if tb.Take(k, 1, 0, &d) {
 		t.Fatal("an empty table decided")
 	}
-	if !tb.Put(k, Grant{Tokens: 3, TTL: 200 * time.Millisecond}, 0, 900, max) ||
-		!tb.Put(k, Grant{Tokens: 5, TTL: 100 * time.Millisecond}, 10*ms, 800, max) {
+	if !tb.Put(k, Grant{Tokens: 3, TTL: 200 * time.Millisecond}, 1, 0, 900, max) ||
+		!tb.Put(k, Grant{Tokens: 5, TTL: 100 * time.Millisecond}, 1, 10*ms, 800, max) {
 		t.Fatal("valid grants refused")
 	}
 	// The second ends at 110 ms, the first at 200 ms: the second is spent first.
@@ -119,7 +122,7 @@ func TestTableSpendsTheSliceThatEndsFirst(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	// Another limit for the same key spends nothing of it.
-	tb.Put(k, Grant{Tokens: 3, TTL: 100 * time.Millisecond}, 300*ms, 0, max)
+	tb.Put(k, Grant{Tokens: 3, TTL: 100 * time.Millisecond}, 1, 300*ms, 0, max)
 	other := k
 	other.Limit.Limit = 99
 	if tb.Take(other, 1, 310*ms, &d) {
@@ -134,10 +137,10 @@ func TestTableRefusesInvalidGrants(t *testing.T) {
 	t.Parallel()
 	tb := NewTable()
 	k := Key{Name: "n", Key: "k"}
-	for _, g := range []Grant{{Tokens: 0, TTL: time.Millisecond}, {Tokens: -1, TTL: time.Millisecond},
+	for _, g := range []Grant{{Tokens: -1, TTL: time.Millisecond},
 		{Tokens: MaxTokens + 1, TTL: time.Millisecond}, {Tokens: 1, TTL: 0}, {Tokens: 1, TTL: -time.Second},
 		{Tokens: 1, TTL: 2 * time.Second}} {
-		if tb.Put(k, g, 0, 0, time.Second) {
+		if tb.Put(k, g, 1, 0, 0, time.Second) {
 			t.Errorf("Put(%+v) kept", g)
 		}
 	}
@@ -151,7 +154,7 @@ func TestTableKeepsAtMostMaxSlices(t *testing.T) {
 	tb := NewTable()
 	k := Key{Name: "n", Key: "k"}
 	for i := range MaxSlices + 2 {
-		tb.Put(k, Grant{Tokens: 10, TTL: time.Duration(100+i) * time.Millisecond}, 0, 0, time.Second)
+		tb.Put(k, Grant{Tokens: 10, TTL: time.Duration(100+i) * time.Millisecond}, 1, 0, 0, time.Second)
 	}
 	var d bucket.Decision
 	if !tb.Take(k, 1, 0, &d) || d.Remaining != MaxSlices*10-1 {
@@ -169,34 +172,34 @@ func TestHeatRateThresholdAndGap(t *testing.T) {
 	now := int64(1_000_000) * ms
 	// 9 hits in a tick: 90/s, under a threshold of 100/s.
 	for i := range 9 {
-		if rate, grant := h.Observe(1, 7, 1, now+int64(i)*ms, 100, gap, true); grant || rate != float64(i+1)*10 {
+		if rate, grant, _ := h.Observe(1, 7, 1, now+int64(i)*ms, 100, gap, true); grant || rate != float64(i+1)*10 {
 			t.Fatalf("hit %d: rate %v grant %v", i, rate, grant)
 		}
 	}
-	rate, grant := h.Observe(1, 7, 1, now+9*ms, 100, gap, true)
+	rate, grant, _ := h.Observe(1, 7, 1, now+9*ms, 100, gap, true)
 	if rate != 100 || !grant {
 		t.Fatalf("10th hit: rate %v grant %v", rate, grant)
 	}
 	// Within the gap no second grant; the rate carries into the next tick.
-	if _, grant := h.Observe(1, 7, 1, now+20*ms, 100, gap, true); grant {
+	if _, grant, _ := h.Observe(1, 7, 1, now+20*ms, 100, gap, true); grant {
 		t.Fatal("granted twice within the gap")
 	}
-	if rate, grant := h.Observe(1, 7, 1, now+110*ms, 100, gap, true); !grant || rate != 110 {
+	if rate, grant, _ := h.Observe(1, 7, 1, now+110*ms, 100, gap, true); !grant || rate != 110 {
 		t.Fatalf("next tick: rate %v grant %v", rate, grant)
 	}
 	// Another sender of the same key is counted apart.
-	if rate, _ := h.Observe(1, 8, 1, now+110*ms, 100, gap, true); rate != 10 {
+	if rate, _, _ := h.Observe(1, 8, 1, now+110*ms, 100, gap, true); rate != 10 {
 		t.Fatalf("other sender's rate %v", rate)
 	}
 	// A refused check counts toward the rate but earns no grant.
-	if rate, grant := h.Observe(2, 7, 100, now+120*ms, 100, 0, false); grant || rate != 1000 {
+	if rate, grant, _ := h.Observe(2, 7, 100, now+120*ms, 100, 0, false); grant || rate != 1000 {
 		t.Fatalf("ineligible: rate %v grant %v", rate, grant)
 	}
-	if _, grant := h.Observe(2, 7, 1, now+121*ms, 100, 0, true); !grant {
+	if _, grant, _ := h.Observe(2, 7, 1, now+121*ms, 100, 0, true); !grant {
 		t.Fatal("no grant for an eligible check after ineligible ones made the key hot")
 	}
 	// Two ticks later the key has cooled.
-	if rate, grant := h.Observe(1, 7, 1, now+400*ms, 100, gap, true); grant || rate != 10 {
+	if rate, grant, _ := h.Observe(1, 7, 1, now+400*ms, 100, gap, true); grant || rate != 10 {
 		t.Fatalf("cooled: rate %v grant %v", rate, grant)
 	}
 }
@@ -213,19 +216,20 @@ func TestHeatForgetsColdKeysForHotOnes(t *testing.T) {
 	for k := range uint64(10_000) {
 		h.Observe(1000+k, 1, 1, now+60*ms, 1e9, 0, true)
 	}
-	if rate, _ := h.Observe(42, 1, 1, now+70*ms, 1e9, 0, true); rate < 510 {
+	if rate, _, _ := h.Observe(42, 1, 1, now+70*ms, 1e9, 0, true); rate < 510 {
 		t.Fatalf("hot key's rate %v after 10,000 cold keys, want 510", rate)
 	}
 }
 
 // TestModelLeasesNeverOverAdmit runs an owner deciding with the real
-// algorithms, granting leases as cluster.Node does (Heat, TTL, Size), and
-// holders spending them, at random times, with random crashes (a holder
-// loses its table) and membership changes (every holder revokes), and
-// checks the algorithm's own bound on every window: a fixed window admits
-// at most limit in each window; the sliding-window counter at most limit
-// in each aligned window; a token bucket at most burst + the refill since
-// the start in any prefix. It also counts the hits left unused in leases.
+// algorithms, granting leases and refusal leases as cluster.Node does
+// (Heat, TTL, Size), and holders spending them, at random times, with
+// random crashes (a holder loses its table) and membership changes (every
+// holder revokes), and checks the algorithm's own bound on every window: a
+// fixed window admits at most limit in each window; the sliding-window
+// counter at most limit in each aligned window; a token bucket at most
+// burst + the refill since the start in any prefix. A holder's refusal
+// from a refusal lease must be one the owner would make at that moment.
 func TestModelLeasesNeverOverAdmit(t *testing.T) {
 	t.Parallel()
 	algs := []bucket.Limit{
@@ -248,7 +252,7 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 		start := now
 		w := lim.WindowMS * ms
 		admitted := map[int64]int64{} // aligned window start → hits admitted
-		var total, granted int64
+		var total, granted, refusedHere int64
 		for step := range 20_000 {
 			now += r.Int64N(3 * ms)
 			if r.IntN(2000) == 0 {
@@ -264,14 +268,30 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 			var d bucket.Decision
 			switch {
 			case h < holders && tables[h].Take(k, hits, now, &d):
+				if !d.Allowed() {
+					// A refusal lease refuses only what the owner would.
+					probe := st
+					if bucket.Decide(&probe, lim, hits, now).Allowed() {
+						t.Fatalf("seed %d step %d (%v): a holder refused %d hits the owner would admit", seed, step, lim.Algorithm, hits)
+					}
+					refusedHere++
+				}
 			default:
 				d = bucket.Decide(&st, lim, hits, now)
-				if h < holders {
-					if _, grant := heat.Observe(1, uint64(h), hits, now, 50, ttl/2, d.Allowed()); grant {
-						if g := Size(1000, TTL(&lim, now, ttl), d.Remaining); g > 0 {
+				if h < holders && d.Status == bucket.OverLimit {
+					if _, grant, _ := heat.Observe(1, uint64(h), hits, now, 50, ttl/2, true); grant {
+						if until := RefusalTTL(d.RetryAfterMS, TTL(&lim, now, ttl)); until > 0 {
+							sent := now - r.Int64N(2*ms)
+							tables[h].Put(k, Grant{TTL: until}, hits, sent, 0, ttl)
+						}
+					}
+				} else if h < holders {
+					if rate, grant, spent := heat.Observe(1, uint64(h), hits, now, 50, ttl/2, d.Allowed()); grant {
+						if g := Size(rate, TTL(&lim, now, ttl), d.Remaining, spent); g > 0 {
+							heat.Granted(1, uint64(h), now, g)
 							if bucket.Decide(&st, lim, g, now).Allowed() {
 								sent := now - r.Int64N(2*ms) // sent before the owner decided
-								tables[h].Put(k, Grant{Tokens: g, TTL: TTL(&lim, now, ttl)}, sent, 0, ttl)
+								tables[h].Put(k, Grant{Tokens: g, TTL: TTL(&lim, now, ttl)}, hits, sent, 0, ttl)
 								granted += g
 							}
 						}
@@ -297,8 +317,78 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 				}
 			}
 		}
-		if granted == 0 {
-			t.Fatalf("seed %d: no lease was granted: the model tests nothing", seed)
+		if granted == 0 || refusedHere == 0 {
+			t.Fatalf("seed %d: %d hits leased, %d checks refused from refusal leases: the model tests nothing", seed, granted, refusedHere)
 		}
+	}
+}
+
+func TestHeatReportsALeaseSpentEarly(t *testing.T) {
+	t.Parallel()
+	h := NewHeat(1024, 100*time.Millisecond)
+	gap := 50 * time.Millisecond
+	now := int64(1_000_000) * ms
+	if _, grant, spent := h.Observe(9, 1, 100, now, 100, gap, true); !grant || spent != 0 {
+		t.Fatalf("first grant %v, spent %d", grant, spent)
+	}
+	h.Granted(9, 1, now, 40)
+	// Back for more 60 ms later, within a lease's lifetime (2 × gap): it
+	// spent the 40 early.
+	if _, grant, spent := h.Observe(9, 1, 1, now+60*ms, 100, gap, true); !grant || spent != 40 {
+		t.Fatalf("renewal: grant %v, spent %d, want 40", grant, spent)
+	}
+	h.Granted(9, 1, now+60*ms, 80)
+	// Back after the lease would have ended: its size says nothing.
+	if _, grant, spent := h.Observe(9, 1, 100, now+300*ms, 100, gap, true); !grant || spent != 0 {
+		t.Fatalf("after the lifetime: grant %v, spent %d, want 0", grant, spent)
+	}
+	// Granted for a grant that is not the slot's last changes nothing.
+	h.Granted(9, 1, now, 7)
+	if _, grant, spent := h.Observe(9, 1, 1, now+360*ms, 100, gap, true); !grant || spent != 0 {
+		t.Fatalf("stale Granted: grant %v, spent %d, want 0 (the last grant's size was never recorded)", grant, spent)
+	}
+}
+
+func TestRefusalLeases(t *testing.T) {
+	t.Parallel()
+	if got := RefusalTTL(30, 100*time.Millisecond); got != 29*time.Millisecond {
+		t.Errorf("RefusalTTL(30 ms) = %v, want 29ms (the rounded-up retry, less a millisecond)", got)
+	}
+	if got := RefusalTTL(5_000, 40*time.Millisecond); got != 40*time.Millisecond {
+		t.Errorf("RefusalTTL(5 s, lease 40 ms) = %v, want 40ms", got)
+	}
+	if got := RefusalTTL(1, time.Second); got != 0 {
+		t.Errorf("RefusalTTL(1 ms) = %v, want 0", got)
+	}
+	tb := NewTable()
+	k := Key{Name: "n", Key: "k", Limit: bucket.Limit{Limit: 10, WindowMS: 1000}}
+	if !tb.Put(k, Grant{TTL: 50 * time.Millisecond}, 2, 0, 700, time.Second) {
+		t.Fatal("a refusal lease was not kept")
+	}
+	var d bucket.Decision
+	if tb.Take(k, 1, 10*ms, &d) {
+		t.Fatalf("a refusal for 2 hits refused 1: %+v", d)
+	}
+	if !tb.Take(k, 3, 10*ms, &d) || d.Allowed() || d.RetryAfterMS != 40 || d.ResetAfterMS != 690 || d.Limit != 10 {
+		t.Fatalf("3 hits at 10 ms: %+v, want refused, retry 40 ms, reset 690 ms", d)
+	}
+	if tb.Take(k, 2, 50*ms, &d) {
+		t.Fatal("refused at the refusal lease's end")
+	}
+	// A slice that covers the check wins over a refusal.
+	tb.Put(k, Grant{TTL: 50 * time.Millisecond}, 1, 100*ms, 0, time.Second)
+	tb.Put(k, Grant{Tokens: 1, TTL: 50 * time.Millisecond}, 1, 100*ms, 0, time.Second)
+	if !tb.Take(k, 1, 110*ms, &d) || !d.Allowed() {
+		t.Fatalf("with a slice and a refusal: %+v, want allowed", d)
+	}
+	if !tb.Take(k, 1, 110*ms, &d) || d.Allowed() {
+		t.Fatalf("slice spent, refusal live: %+v, want refused", d)
+	}
+	if st := tb.Stats(); st.Refusals != 2 || st.Refused != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	tb.Sweep(200 * ms)
+	if tb.Len() != 0 {
+		t.Fatalf("Len %d after everything ended", tb.Len())
 	}
 }

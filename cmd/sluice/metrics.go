@@ -315,6 +315,8 @@ var (
 	descLeasedKeys    = desc("sluice_leased_keys", "Keys this node holds a quota lease for now.", prometheus.GaugeValue)
 	descLeaseDecided  = desc("sluice_lease_decisions_total", "Checks this node decided from a quota lease another node granted it.", prometheus.CounterValue)
 	descLeaseUnused   = desc("sluice_lease_unused_hits_total", "Leased hits left unspent when their lease ended or was revoked: admitted by the owner, then by nobody (the leases' under-admission).", prometheus.CounterValue)
+	descLeaseRefusals = desc("sluice_lease_refusal_grants_total", "Refusal leases this node granted as an owner: a hot key's sender may refuse as many hits itself until the refusal's retry-after.", prometheus.CounterValue)
+	descLeaseRefused  = desc("sluice_lease_refused_total", "Checks this node refused itself from a refusal lease another node granted it.", prometheus.CounterValue)
 	descLeaseRevoked  = desc("sluice_lease_revocations_total", "Quota leases this node dropped before their end: membership changed, or it left.", prometheus.CounterValue)
 	descIdleResumes   = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow   = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
@@ -323,7 +325,7 @@ var (
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
 	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
-	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked,
+	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked, descLeaseRefusals, descLeaseRefused,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
@@ -362,6 +364,8 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descLeaseDecided, float64(st.LeaseDecisions))
 	put(descLeaseUnused, float64(st.LeaseUnused))
 	put(descLeaseRevoked, float64(st.LeasesRevoked))
+	put(descLeaseRefusals, float64(st.LeaseRefusalGrants))
+	put(descLeaseRefused, float64(st.LeaseRefused))
 	put(descKeys, float64(st.Keys))
 	put(descUnreplicated, float64(st.Unreplicated))
 	put(descUnflushed, float64(st.Unflushed))

@@ -438,6 +438,7 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		LeaseUnused:       int64(st.LeaseUnused),
 		LeaseGrantedHits:  int64(st.LeaseGrantTokens),
 		LeaseSpentHits:    int64(st.LeaseSpent),
+		LeaseRefused:      int64(st.LeaseRefused),
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())

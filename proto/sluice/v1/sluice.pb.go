@@ -1056,8 +1056,10 @@ type StatusResponse struct {
 	// holders have not (yet) admitted.
 	LeaseGrantedHits int64 `protobuf:"varint,18,opt,name=lease_granted_hits,json=leaseGrantedHits,proto3" json:"lease_granted_hits,omitempty"`
 	LeaseSpentHits   int64 `protobuf:"varint,19,opt,name=lease_spent_hits,json=leaseSpentHits,proto3" json:"lease_spent_hits,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Checks this node refused itself from refusal leases.
+	LeaseRefused  int64 `protobuf:"varint,20,opt,name=lease_refused,json=leaseRefused,proto3" json:"lease_refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1219,6 +1221,13 @@ func (x *StatusResponse) GetLeaseGrantedHits() int64 {
 func (x *StatusResponse) GetLeaseSpentHits() int64 {
 	if x != nil {
 		return x.LeaseSpentHits
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseRefused() int64 {
+	if x != nil {
+		return x.LeaseRefused
 	}
 	return 0
 }
@@ -1588,11 +1597,14 @@ func (x *ForwardResponse) GetLeases() []*LeaseGrant {
 
 // LeaseGrant: the owner of responses[index]'s key has admitted tokens more
 // hits of that item's limit for the sender, which may admit them itself,
-// one check at a time, until ttl_micros after it sent the request.
+// one check at a time, until ttl_micros after it sent the request. With
+// tokens 0 it is a refusal lease: the item was refused, and the owner's
+// algorithm refuses as many hits or more until ttl_micros after the
+// sender sent it, so the sender may refuse those itself until then.
 type LeaseGrant struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Tokens        int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`                        // 1 .. 2^20
+	Tokens        int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`                        // 0 .. 2^20
 	TtlMicros     int64                  `protobuf:"varint,3,opt,name=ttl_micros,json=ttlMicros,proto3" json:"ttl_micros,omitempty"` // 1 .. 10,000,000
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2331,7 +2343,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xa7\x05\n" +
+	"\rStatusRequest\"\xcc\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2356,7 +2368,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0flease_decisions\x18\x10 \x01(\x03R\x0eleaseDecisions\x12!\n" +
 	"\flease_unused\x18\x11 \x01(\x03R\vleaseUnused\x12,\n" +
 	"\x12lease_granted_hits\x18\x12 \x01(\x03R\x10leaseGrantedHits\x12(\n" +
-	"\x10lease_spent_hits\x18\x13 \x01(\x03R\x0eleaseSpentHits\"R\n" +
+	"\x10lease_spent_hits\x18\x13 \x01(\x03R\x0eleaseSpentHits\x12#\n" +
+	"\rlease_refused\x18\x14 \x01(\x03R\fleaseRefused\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
