@@ -6,7 +6,7 @@ HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare
+.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey
 
 all: build lint test
 
@@ -94,3 +94,10 @@ soak:
 COMPARE_SECS ?= 10
 compare:
 	bash test/compare.sh $(COMPARE_SECS)
+
+# One hot key through three nodes with a CPU budget each (cgroup v1, root),
+# leases on (the default threshold), then off (docs/leases.md).
+HOTKEY_SECS ?= 10
+hotkey:
+	bash test/hotkey.sh $(HOTKEY_SECS)
+	HOTKEY_THRESHOLD=0 bash test/hotkey.sh $(HOTKEY_SECS)

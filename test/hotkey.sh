@@ -9,6 +9,9 @@
 #              servers' CPU per check (/proc/PID/stat), per node
 #   limited    a limit of HOTKEY_LIMIT per second, which the load exceeds:
 #              hits admitted per second against the limit
+#   at-owner   as capacity, all callers on the key's owner: the latency of
+#              a check decided where it arrives, to set the leased
+#              checks' beside
 #
 # and, for each round, which node decided the answers: the key's owner,
 # or the node asked from a lease or a refusal lease
@@ -77,8 +80,8 @@ addrs="$(ip 1):18081,$(ip 2):18081,$(ip 3):18081"
 owner=$("$bin" check --addr "$(ip 1):18081" --name bench --key key:0 --hits 0 --limit 1 --window 1s --algorithm fixed_window --json | sed -n 's/.*"owner": *"\([^"]*\)".*/\1/p')
 echo "nodes: hotkey-1..3 on $(ip 1)..$(ip 3); key owner $owner; CPU budget: $budget; threshold ${HOTKEY_THRESHOLD:-default}"
 
-round() { # NAME LIMIT
-  local name=$1 lim=$2 i
+round() { # NAME LIMIT [ADDRS]
+  local name=$1 lim=$2 addrs=${3:-$addrs} i
   declare -a t0 d0
   local_decisions() { echo $(( $(metric "$1" sluice_lease_decisions_total) + $(metric "$1" sluice_lease_refused_total) )); }
   for i in 1 2 3; do t0[i]=$(ticks "${pids[i - 1]}"); d0[i]=$(local_decisions "$i"); done
@@ -114,3 +117,4 @@ round() { # NAME LIMIT
 }
 round capacity 1099511627776
 round limited "$limit"
+round at-owner 1099511627776 "$(ip "${owner##*-}"):18081"
