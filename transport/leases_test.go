@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -114,4 +116,67 @@ func TestCheckMovedRefusesBadLeases(t *testing.T) {
 			t.Errorf("%v: error %v, want one saying %q", c.leases, err, c.want)
 		}
 	}
+}
+
+// FuzzForwardResponse gives checkMoved and fill a Forward answer decoded
+// from random bytes, as a peer could send it, for a call of n items at
+// offset off in a batch: no panic; an answer checkMoved accepts has at
+// most one lease per item, each naming an item of the batch with tokens
+// ≥ 0 and a positive lifetime; fill hands the call exactly the leases of
+// its items; a refused one says why.
+func FuzzForwardResponse(f *testing.F) {
+	good := &sluicev1.ForwardResponse{
+		Responses: []*sluicev1.RateLimitResponse{{Status: sluicev1.Status_STATUS_UNDER_LIMIT}, {Status: sluicev1.Status_STATUS_OVER_LIMIT}, {}},
+		Leases:    []*sluicev1.LeaseGrant{{Index: 0, Tokens: 4, TtlMicros: 100_000}, {Index: 1, Tokens: 0, TtlMicros: 5_000}},
+	}
+	b, err := proto.Marshal(good)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b, uint8(3), uint8(1))
+	f.Add([]byte{0x1a, 0x04, 0x08, 0x09, 0x10, 0x01}, uint8(3), uint8(0)) // a lease for item 9
+	f.Fuzz(func(t *testing.T, data []byte, n8, off8 uint8) {
+		var resp sluicev1.ForwardResponse
+		if proto.Unmarshal(data, &resp) != nil {
+			return
+		}
+		n := int(n8%16) + 1
+		if err := checkMoved(&resp, n); err != nil {
+			if err.Error() == "" {
+				t.Fatal("refused without a message")
+			}
+			return
+		}
+		seen := map[uint32]bool{}
+		for _, l := range resp.Leases {
+			if int(l.Index) >= n || seen[l.Index] || l.Tokens < 0 || l.TtlMicros <= 0 {
+				t.Fatalf("accepted lease %v for %d items", l, n)
+			}
+			seen[l.Index] = true
+		}
+		if len(resp.Responses) != n {
+			return
+		}
+		off := int(off8) % n
+		m := n - off
+		c := &call{ptrs: make([]*sluicev1.RateLimitRequest, m), out: make([]bucket.Outcome, m), moved: make([]string, m)}
+		var moved []string
+		if len(resp.MovedTo) != 0 {
+			moved = resp.MovedTo[off:]
+		}
+		if err := fill(c, resp.Responses[off:], moved, resp.Leases, off); err != nil {
+			t.Fatalf("fill of an accepted answer: %v", err)
+		}
+		for i, o := range c.out {
+			var want bucket.Lease
+			for _, l := range resp.Leases {
+				if int(l.Index) == off+i {
+					want = bucket.Lease{Tokens: l.Tokens, TTL: time.Duration(l.TtlMicros) * time.Microsecond}
+				}
+			}
+			if o.Lease != want {
+				t.Fatalf("item %d (batch item %d): lease %+v, want %+v", i, off+i, o.Lease, want)
+			}
+		}
+	})
 }
