@@ -269,9 +269,20 @@ func checkReleased(f Facts, e Event) Effects {
 	if !f.Owns {
 		// A stand-in: a redirect would leave the sender to its own policy,
 		// deciding from what it holds (nothing, for a key it does not
-		// replicate), so the stand-in takes the key back and decides
-		// from its copy.
-		return Effects{Next: StandingIn, Reclaim: true, Decide: true}
+		// replicate), so the stand-in takes the key back and decides —
+		// after pulling it from where it went: X took this node's state
+		// and may have decided since, so this node's copy is older than
+		// X's (and than nothing else: pull_from, the node that pointed the
+		// sender here, handed the key here before). Deciding from the copy
+		// lost X's decisions (TestScaleOutThenInUnderLoad, 2026-11-25).
+		eff := Effects{Next: StandingIn, Reclaim: true, Decide: true}
+		switch {
+		case f.ReleasedTo != "" && f.ReleasedTo != f.SelfAddr:
+			eff.PullFrom = f.ReleasedTo
+		case f.ReleasedTo == "" && e.From != "" && e.From != f.SelfAddr:
+			eff.PullFrom = e.From
+		}
+		return eff
 	}
 	// This node owns the key in its view but had handed it on (the views
 	// differed): it takes it back from where it went.
