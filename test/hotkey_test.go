@@ -175,3 +175,154 @@ func TestHotKeyLeasesUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestHotKeyOwnerKilledWithLeases SIGKILLs the owner of a hot key (a fixed
+// window of 300 a second, callers on all three nodes) while the two other
+// nodes hold leases of it, and bounds what the crash can over-admit
+// (docs/leases.md, "The bound"). The key's first replica stands in from
+// its copy, which lacks what the owner admitted, or granted as leases,
+// since its last replication round; the holders spend their slices (at
+// most a lease's lifetime, 100 ms) after it died. So the window of the kill
+// admits at most the limit plus the hits admitted in the two replication
+// intervals (2 × 100 ms) before the kill, plus those the holders admitted
+// from leases within a lease's lifetime after it; every other window at
+// most the limit. The bound is derived from the answers and printed.
+func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
+	t.Parallel()
+	ps := startCluster(t, 3)
+	const limit, windowMS = 300, 1000
+	const replicationInterval, leaseTTL = 100 * time.Millisecond, 100 * time.Millisecond
+	mk := func(hits int64) *sluicev1.CheckRequest {
+		return &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
+			Name: "api", Key: "hot-owner", Hits: proto.Int64(hits), Limit: limit, WindowMs: windowMS,
+			Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
+		}}}
+	}
+	clients := make([]interface {
+		Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
+	}, len(ps))
+	for i, p := range ps {
+		clients[i] = dial(t, p.grpc)
+	}
+	resp, err := clients[0].Check(context.Background(), mk(0))
+	if err != nil || resp.Responses[0].Error != "" {
+		t.Fatalf("peek: %v %v", err, resp)
+	}
+	owner := -1
+	for i, p := range ps {
+		if p.name == resp.Responses[0].Owner {
+			owner = i
+		}
+	}
+	if owner < 0 {
+		t.Fatalf("owner %q is none of the nodes", resp.Responses[0].Owner)
+	}
+
+	const run, workers, maxCalls = 8 * time.Second, 3, 300_000
+	start := time.Now()
+	stopAt := start.Add(run)
+	var (
+		mu      sync.Mutex
+		answers []hotAnswer
+		errs    = map[string]int{}
+		calls   int
+	)
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range ps {
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stopAt) {
+					mu.Lock()
+					calls++
+					n := calls
+					mu.Unlock()
+					if n > maxCalls {
+						return
+					}
+					if i == owner {
+						select {
+						case <-killed:
+							return
+						default:
+						}
+					}
+					sent := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					resp, err := clients[i].Check(ctx, mk(1))
+					cancel()
+					mu.Lock()
+					switch {
+					case err != nil:
+						errs[ps[i].name]++
+					case resp.Responses[0].Error != "":
+						errs[ps[i].name+": "+resp.Responses[0].Error]++
+					default:
+						r := resp.Responses[0]
+						answers = append(answers, hotAnswer{asked: ps[i].name, owner: r.Owner, sent: sent,
+							allowed: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, resetMS: r.ResetAfterMs})
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	// Kill the owner half way through the run, early in a window.
+	killAt := start.Add(run / 2).Truncate(time.Second).Add(15 * time.Millisecond) // while the window is filling
+	time.Sleep(time.Until(killAt)) // the load's schedule, not synchronisation
+	close(killed)
+	kill := time.Now()
+	if err := ps[owner].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("SIGKILL: process exited cleanly")
+	}
+	wg.Wait()
+
+	perWindow := map[int64]int{}
+	var before, leasedAfter int
+	for _, a := range answers {
+		if !a.allowed {
+			continue
+		}
+		perWindow[int64(math.Round(float64(a.sent.UnixMilli()+a.resetMS)/windowMS))]++
+		switch {
+		case a.sent.Before(kill) && a.sent.After(kill.Add(-2*replicationInterval)):
+			before++
+		case !a.sent.Before(kill) && a.sent.Before(kill.Add(leaseTTL)) && a.owner == a.asked:
+			leasedAfter++
+		}
+	}
+	killWindow := int64(math.Ceil(float64(kill.UnixMilli()) / windowMS))
+	bound := before + leasedAfter
+	var ids []int64
+	for id := range perWindow {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var line []string
+	for _, id := range ids {
+		mark := ""
+		if id == killWindow {
+			mark = "*"
+		}
+		line = append(line, fmt.Sprintf("%d%s", perWindow[id], mark))
+	}
+	t.Logf("owner %s SIGKILLed at %s; %d answers; admitted per window (* the kill's): %v", ps[owner].name, kill.Format("15:04:05.000"), len(answers), line)
+	t.Logf("bound for the kill's window: limit %d + %d admitted in the 2 replication intervals before the kill + %d admitted from leases within a lease's lifetime after it = %d; errors %v",
+		limit, before, leasedAfter, limit+bound, errs)
+	for _, id := range ids {
+		n, max := perWindow[id], limit
+		if id == killWindow {
+			max = limit + bound
+		}
+		if n > max {
+			t.Errorf("window ending at %d s admitted %d, over its bound %d", id, n, max)
+		}
+	}
+	for who, n := range errs {
+		if who != ps[owner].name {
+			t.Errorf("%d failed calls through %s", n, who)
+		}
+	}
+}
