@@ -271,7 +271,7 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 	}
 	// Kill the owner half way through the run, early in a window.
 	killAt := start.Add(run / 2).Truncate(time.Second).Add(15 * time.Millisecond) // while the window is filling
-	time.Sleep(time.Until(killAt)) // the load's schedule, not synchronisation
+	time.Sleep(time.Until(killAt))                                                // the load's schedule, not synchronisation
 	close(killed)
 	kill := time.Now()
 	if err := ps[owner].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
