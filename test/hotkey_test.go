@@ -269,9 +269,11 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 			}()
 		}
 	}
-	// Kill the owner half way through the run, early in a window.
-	killAt := start.Add(run / 2).Truncate(time.Second).Add(15 * time.Millisecond) // while the window is filling
-	time.Sleep(time.Until(killAt))                                                // the load's schedule, not synchronisation
+	// Kill the owner half way through the run, 15 ms into a window, while
+	// the window is filling. (Sleeping here follows the load's schedule;
+	// it synchronises nothing.)
+	killAt := start.Add(run / 2).Truncate(time.Second).Add(15 * time.Millisecond)
+	time.Sleep(time.Until(killAt))
 	close(killed)
 	kill := time.Now()
 	if err := ps[owner].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
