@@ -23,6 +23,96 @@ type hotAnswer struct {
 	resetMS      int64
 }
 
+// checker is what the hot-key tests call: a transport.Client.
+type checker interface {
+	Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
+}
+
+// hotLoad is closed-loop load on one request: workers callers per client
+// until run has passed or maxCalls calls were made; the callers of client
+// stopWith stop when stop is closed (its node is about to be killed).
+// wait returns every answer and the failed calls by node (and by item
+// error) once all callers are done.
+type hotLoad struct {
+	mu      sync.Mutex
+	answers []hotAnswer
+	errs    map[string]int
+	calls   int
+	wg      sync.WaitGroup
+}
+
+func startHotLoad(ps []*proc, clients []checker, req *sluicev1.CheckRequest, run time.Duration, workers, maxCalls, stopWith int, stop <-chan struct{}) *hotLoad {
+	l := &hotLoad{errs: map[string]int{}}
+	stopAt := time.Now().Add(run)
+	for i := range clients {
+		for range workers {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				for time.Now().Before(stopAt) {
+					l.mu.Lock()
+					l.calls++
+					n := l.calls
+					l.mu.Unlock()
+					if n > maxCalls {
+						return
+					}
+					if i == stopWith {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+					}
+					sent := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					resp, err := clients[i].Check(ctx, req)
+					cancel()
+					l.mu.Lock()
+					switch {
+					case err != nil:
+						l.errs[ps[i].name]++
+					case resp.Responses[0].Error != "":
+						l.errs[ps[i].name+": "+resp.Responses[0].Error]++
+					default:
+						r := resp.Responses[0]
+						l.answers = append(l.answers, hotAnswer{asked: ps[i].name, owner: r.Owner, sent: sent,
+							allowed: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, resetMS: r.ResetAfterMs})
+					}
+					l.mu.Unlock()
+				}
+			}()
+		}
+	}
+	return l
+}
+
+// byWindow counts the admitted answers per fixed window of windowMS, each
+// in the window whose end its reset_after_ms points at from when it was
+// sent (before it was decided), and returns the windows' ends (in
+// windows since the epoch) in order.
+func byWindow(answers []hotAnswer, windowMS int64) (map[int64]int, []int64) {
+	per := map[int64]int{}
+	for _, a := range answers {
+		if a.allowed {
+			per[int64(math.Round(float64(a.sent.UnixMilli()+a.resetMS)/float64(windowMS)))]++
+		}
+	}
+	ids := make([]int64, 0, len(per))
+	for id := range per {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return per, ids
+}
+
+func (l *hotLoad) wait() ([]hotAnswer, map[string]int) {
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.answers, l.errs
+}
+
 // TestHotKeyLeasesUnderLoad drives one key, a fixed window of 300 hits a
 // second, through three real processes with closed-loop callers (far over
 // three times the limit), while a fourth node joins a third of the way in
@@ -39,9 +129,7 @@ func TestHotKeyLeasesUnderLoad(t *testing.T) {
 		Name: "api", Key: "hot", Hits: proto.Int64(1), Limit: limit, WindowMs: windowMS,
 		Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 	}}}
-	clients := make([]interface {
-		Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
-	}, len(ps))
+	clients := make([]checker, len(ps))
 	for i, p := range ps {
 		clients[i] = dial(t, p.grpc)
 	}
@@ -62,55 +150,8 @@ func TestHotKeyLeasesUnderLoad(t *testing.T) {
 
 	const run, workers, maxCalls = 9 * time.Second, 3, 300_000
 	start := time.Now()
-	stopAt := start.Add(run)
-	var (
-		mu      sync.Mutex
-		answers []hotAnswer
-		errs    = map[string]int{}
-		calls   int
-	)
 	killed := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range ps {
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(stopAt) {
-					mu.Lock()
-					calls++
-					n := calls
-					mu.Unlock()
-					if n > maxCalls {
-						return
-					}
-					if i == victim {
-						select {
-						case <-killed:
-							return
-						default:
-						}
-					}
-					sent := time.Now()
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-					resp, err := clients[i].Check(ctx, req)
-					cancel()
-					mu.Lock()
-					switch {
-					case err != nil:
-						errs[ps[i].name]++
-					case resp.Responses[0].Error != "":
-						errs[ps[i].name+": "+resp.Responses[0].Error]++
-					default:
-						r := resp.Responses[0]
-						answers = append(answers, hotAnswer{asked: ps[i].name, owner: r.Owner, sent: sent,
-							allowed: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, resetMS: r.ResetAfterMs})
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-	}
+	load := startHotLoad(ps, clients, req, run, workers, maxCalls, victim, killed)
 
 	// A node joins a third of the way in; a non-owner dies at two thirds.
 	joinAt, killAt := start.Add(run/3), start.Add(2*run/3)
@@ -123,25 +164,15 @@ func TestHotKeyLeasesUnderLoad(t *testing.T) {
 	if err := ps[victim].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
 		t.Fatal("SIGKILL: process exited cleanly")
 	}
-	wg.Wait()
+	answers, errs := load.wait()
 
-	// Each admitted answer's window: the end its reset_after_ms points
-	// at, from when it was sent (before it was decided).
-	perWindow := map[int64]int{}
+	perWindow, ids := byWindow(answers, windowMS)
 	decided := map[string]int{} // asked→decider, admitted answers
 	for _, a := range answers {
-		if !a.allowed {
-			continue
+		if a.allowed {
+			decided[a.asked+"→"+a.owner]++
 		}
-		end := float64(a.sent.UnixMilli()+a.resetMS) / windowMS
-		perWindow[int64(math.Round(end))]++
-		decided[a.asked+"→"+a.owner]++
 	}
-	var ids []int64
-	for id := range perWindow {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	var line []string
 	for _, id := range ids {
 		line = append(line, fmt.Sprintf("%d", perWindow[id]))
@@ -198,9 +229,7 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 			Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW,
 		}}}
 	}
-	clients := make([]interface {
-		Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
-	}, len(ps))
+	clients := make([]checker, len(ps))
 	for i, p := range ps {
 		clients[i] = dial(t, p.grpc)
 	}
@@ -220,55 +249,8 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 
 	const run, workers, maxCalls = 8 * time.Second, 3, 300_000
 	start := time.Now()
-	stopAt := start.Add(run)
-	var (
-		mu      sync.Mutex
-		answers []hotAnswer
-		errs    = map[string]int{}
-		calls   int
-	)
 	killed := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range ps {
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(stopAt) {
-					mu.Lock()
-					calls++
-					n := calls
-					mu.Unlock()
-					if n > maxCalls {
-						return
-					}
-					if i == owner {
-						select {
-						case <-killed:
-							return
-						default:
-						}
-					}
-					sent := time.Now()
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-					resp, err := clients[i].Check(ctx, mk(1))
-					cancel()
-					mu.Lock()
-					switch {
-					case err != nil:
-						errs[ps[i].name]++
-					case resp.Responses[0].Error != "":
-						errs[ps[i].name+": "+resp.Responses[0].Error]++
-					default:
-						r := resp.Responses[0]
-						answers = append(answers, hotAnswer{asked: ps[i].name, owner: r.Owner, sent: sent,
-							allowed: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, resetMS: r.ResetAfterMs})
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-	}
+	load := startHotLoad(ps, clients, mk(1), run, workers, maxCalls, owner, killed)
 	// Kill the owner half way through the run, 15 ms into a window, while
 	// the window is filling. (Sleeping here follows the load's schedule;
 	// it synchronises nothing.)
@@ -279,15 +261,14 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 	if err := ps[owner].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
 		t.Fatal("SIGKILL: process exited cleanly")
 	}
-	wg.Wait()
+	answers, errs := load.wait()
 
-	perWindow := map[int64]int{}
+	perWindow, ids := byWindow(answers, windowMS)
 	var before, leasedAfter int
 	for _, a := range answers {
 		if !a.allowed {
 			continue
 		}
-		perWindow[int64(math.Round(float64(a.sent.UnixMilli()+a.resetMS)/windowMS))]++
 		switch {
 		case a.sent.Before(kill) && a.sent.After(kill.Add(-2*replicationInterval)):
 			before++
@@ -297,11 +278,6 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 	}
 	killWindow := int64(math.Ceil(float64(kill.UnixMilli()) / windowMS))
 	bound := before + leasedAfter
-	var ids []int64
-	for id := range perWindow {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	var line []string
 	for _, id := range ids {
 		mark := ""
