@@ -213,11 +213,15 @@ func TestHotKeyLeasesUnderLoad(t *testing.T) {
 // (docs/leases.md, "The bound"). The key's first replica stands in from
 // its copy, which lacks what the owner admitted, or granted as leases,
 // since its last replication round; the holders spend their slices (at
-// most a lease's lifetime, 100 ms) after it died. So the window of the kill
-// admits at most the limit plus the hits admitted in the two replication
-// intervals (2 × 100 ms) before the kill, plus those the holders admitted
-// from leases within a lease's lifetime after it; every other window at
-// most the limit. The bound is derived from the answers and printed.
+// most a lease's lifetime, 100 ms) after it died. So the windows from the
+// kill on admit, over their limits, at most the hits admitted in the two
+// replication intervals (2 × 100 ms) before the kill plus those the
+// holders admitted from leases within a lease's lifetime after it — most
+// of it in the kill's window, the rest while the survivors' views of the
+// ring converge and a stand-in's decisions overlap the new owner's
+// (docs/guarantees.md, "Stand-in decisions not merged back"). Windows
+// before the kill admit at most the limit. The bound is derived from the
+// answers and printed.
 func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 	t.Parallel()
 	ps := startCluster(t, 3)
@@ -287,16 +291,19 @@ func TestHotKeyOwnerKilledWithLeases(t *testing.T) {
 		line = append(line, fmt.Sprintf("%d%s", perWindow[id], mark))
 	}
 	t.Logf("owner %s SIGKILLed at %s; %d answers; admitted per window (* the kill's): %v", ps[owner].name, kill.Format("15:04:05.000"), len(answers), line)
-	t.Logf("bound for the kill's window: limit %d + %d admitted in the 2 replication intervals before the kill + %d admitted from leases within a lease's lifetime after it = %d; errors %v",
-		limit, before, leasedAfter, limit+bound, errs)
+	over := 0
 	for _, id := range ids {
-		n, max := perWindow[id], limit
-		if id == killWindow {
-			max = limit + bound
+		if id < killWindow && perWindow[id] > limit {
+			t.Errorf("window ending at %d s, before the kill, admitted %d, over the limit %d", id, perWindow[id], limit)
 		}
-		if n > max {
-			t.Errorf("window ending at %d s admitted %d, over its bound %d", id, n, max)
+		if id >= killWindow {
+			over += max(perWindow[id]-limit, 0)
 		}
+	}
+	t.Logf("over-admission from the kill on: %d hits; bound: %d admitted in the 2 replication intervals before the kill + %d admitted from leases within a lease's lifetime after it = %d; errors %v",
+		over, before, leasedAfter, bound, errs)
+	if over > bound {
+		t.Errorf("the windows from the kill on admitted %d over the limit, more than the crash's bound %d", over, bound)
 	}
 	for who, n := range errs {
 		if who != ps[owner].name {
