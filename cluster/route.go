@@ -88,7 +88,7 @@ func (n *Node) refusedAll(out []bucket.Outcome) bool {
 // the item comes back undecided with movedTo[i] that node ("" for the
 // decided items), and the sender asks it (docs/ownership.md, "Hops").
 func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
-	n.checkHere(ctx, reqs, false, nil, "", out, movedTo)
+	n.checkHere(ctx, reqs, false, nil, nil, out, movedTo)
 }
 
 // CheckForwardedLeasing is CheckForwarded for a sender that keeps quota
@@ -96,9 +96,10 @@ func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Re
 // (Config.HotKeyThreshold) may come back with a lease in out[i].Lease
 // (docs/leases.md).
 func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
-	lessee := ""
+	var lessee *uint64
 	if n.heat != nil {
-		lessee = from
+		h := ring.Hash(from, "") // the sender, as Heat knows it: once per call
+		lessee = &h
 	}
 	n.checkHere(ctx, reqs, false, nil, lessee, out, movedTo)
 }
@@ -109,12 +110,12 @@ func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []bu
 // per request, the node that handed the key here ("" for none): this node
 // pulls the key from it first. movedTo is as for CheckForwarded.
 func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
-	n.checkHere(ctx, reqs, true, pullFrom, "", out, movedTo)
+	n.checkHere(ctx, reqs, true, pullFrom, nil, out, movedTo)
 }
 
-// checkHere decides forwarded checks; lessee, when not "", is the sender
-// to grant leases to.
-func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, lessee string, out []bucket.Outcome, movedTo []string) {
+// checkHere decides forwarded checks; lessee, when not nil, is the hash of
+// the sender to grant leases to.
+func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, lessee *uint64, out []bucket.Outcome, movedTo []string) {
 	clear(movedTo)
 	if n.refusedAll(out) {
 		return
@@ -143,8 +144,8 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 		}
 		h := ring.Hash(r.Name, r.Key)
 		movedTo[i] = n.decide(ctx, h, r, lims, ev, now, &out[i])
-		if lessee != "" && movedTo[i] == "" {
-			n.grant(ctx, h, r, lims, ev, lessee, now, &out[i])
+		if lessee != nil && movedTo[i] == "" {
+			n.grant(ctx, h, r, lims, ev, *lessee, now, &out[i])
 		}
 	}
 }
@@ -155,20 +156,19 @@ const (
 	heatTick  = 100 * time.Millisecond // over which a rate is counted
 )
 
-// grant, on the owner of r's key, after o answered r for the node lessee:
-// when lessee sends the key's hits at HotKeyThreshold or more, and got no
-// lease of it in the last half lease, it admits a slice of the limit at
-// once — what lessee would spend in a lease's lifetime, or twice its last
+// grant, on the owner of r's key, after o answered r for the node whose
+// name hashes to from: when that node sends the key's hits at
+// HotKeyThreshold or more, and got no lease of it in the last half lease,
+// it admits a slice of the limit at once — what it would spend in a lease's lifetime, or twice its last
 // lease when it spent that early, at most half of what is left — and puts
-// it in o.Lease for lessee to spend.
-func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, lessee string, now int64, o *bucket.Outcome) {
+// it in o.Lease for that node to spend.
+func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, from uint64, now int64, o *bucket.Outcome) {
 	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
 	// Refused checks count toward the sender's rate too: a key refused
 	// to the end of one window is hot at the start of the next.
 	ttl := lease.TTL(lims.one, now, n.cfg.LeaseTTL)
-	from := ring.Hash(lessee, "")
 	refused := o.Status == bucket.OverLimit
 	rate, ok, spent := n.heat.Observe(h, from, r.Hits, now, n.cfg.HotKeyThreshold, ttl/2, (o.Allowed() || refused) && ttl > 0)
 	if !ok {
