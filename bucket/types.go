@@ -252,6 +252,19 @@ type Outcome struct {
 type Lease struct {
 	Tokens int64
 	TTL    time.Duration
+	// GrantedAt is the grant's id: the owner's clock (Unix ns) when it
+	// admitted the lease, which the holder names when it gives back
+	// hits it did not spend. 0: the owner takes none back.
+	GrantedAt int64
+}
+
+// LeaseReturn is the unspent part of a quota lease as its holder gives it
+// back to the key's owner: Request names the key and the limit the lease
+// was granted under, and Hits the hits given back; GrantedAt is the
+// grant's id (Lease.GrantedAt).
+type LeaseReturn struct {
+	Request   Request
+	GrantedAt int64
 }
 
 // ValidateKey checks name and key against docs/architecture.md §5.

@@ -173,9 +173,6 @@ func (n *Node) replicateLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
 		n.ReplicateNow(ctx) // failures are counted and the keys kept for the next round
 		cancel()
-		if n.leases.Len() > 0 {
-			n.leases.Sweep(n.now().UnixNano()) // leases of keys no longer checked
-		}
 		t.Reset(n.cfg.ReplicationInterval)
 	}
 }

@@ -101,3 +101,96 @@ func TestHotKeyLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestUnspentLeasesComeBack: when a hot key cools down, the hits its
+// holders did not spend go back to the owner once their leases end, and
+// the owner takes them back into the counter: afterwards the key has
+// exactly the limit less the checks admitted left — as if no lease had
+// been granted — for each leasable algorithm. Without returns it would
+// have the unspent hits less.
+func TestUnspentLeasesComeBack(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []bucket.Algorithm{bucket.FixedWindow, bucket.SlidingWindow, bucket.TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			var clock atomic.Int64
+			// A window of a minute: the whole test is in one window; the
+			// bucket refills 1 token a second of the test's clock.
+			const limit, windowMS = 60_000, 60_000
+			clock.Store(t0.Truncate(time.Minute).UnixNano())
+			nodes, _ := memCluster(t, 3, func(c *Config) {
+				c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+			})
+			key := "tenant:8"
+			owner, _ := nodes[0].Ring().Owner(ring.Hash("api", key))
+			var ownerNode *Node
+			for _, n := range nodes {
+				if n.Name() == owner.Name {
+					ownerNode = n
+				}
+			}
+			lim := bucket.Limit{Limit: limit, WindowMS: windowMS, Algorithm: alg}
+			if alg == bucket.TokenBucket {
+				lim.Limit, lim.Burst = 60, limit // 1 token a second, a burst of the limit
+			}
+			r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
+			start := clock.Load()
+			var admitted int64
+			for ms := range 400 {
+				clock.Store(start + int64(ms)*int64(time.Millisecond))
+				for _, n := range nodes {
+					if n == ownerNode {
+						continue
+					}
+					if o := check1(n, r); o.Err != "" || !o.Allowed() {
+						t.Fatalf("%d ms, through %s: %+v", ms, n.Name(), o)
+					}
+					admitted++
+				}
+			}
+			var unused uint64
+			for _, n := range nodes {
+				unused += n.Status().LeaseGrantTokens
+			}
+			if unused == 0 {
+				t.Fatal("no lease was granted")
+			}
+			// The key cools down: nobody checks it; a second later every
+			// lease has ended.
+			clock.Store(start + int64(time.Second))
+			peek := r
+			peek.Hits = 0
+			var left int64
+			WaitFor(t, 10*time.Second, "every unspent leased hit is back at the owner", func() bool {
+				var leased int
+				var gave uint64
+				for _, n := range nodes {
+					st := n.Status()
+					leased += st.LeasedKeys
+					gave += st.LeaseGaveBack
+				}
+				left = check1(ownerNode, peek).Remaining
+				return leased == 0 && ownerNode.Status().LeaseTookBack == gave && left >= limit-admitted
+			})
+			// The bucket refilled one token a second for the test's
+			// second; the windows did not move.
+			want := limit - admitted
+			if alg == bucket.TokenBucket {
+				want = min(limit, want+1)
+			}
+			var unspent, gave uint64
+			for _, n := range nodes {
+				st := n.Status()
+				unspent += st.LeaseUnused
+				gave += st.LeaseGaveBack
+			}
+			t.Logf("admitted %d; %d leased hits left unspent, %d given back; %d left of %d", admitted, unspent, gave, left, limit)
+			if left != want {
+				t.Fatalf("%d left of the limit %d after %d admitted and the leases returned, want %d", left, limit, admitted, want)
+			}
+			if gave != unspent || unspent == 0 {
+				t.Fatalf("%d unspent leased hits, %d given back: want all of them, and some", unspent, gave)
+			}
+		})
+	}
+}

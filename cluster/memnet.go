@@ -207,6 +207,23 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 	return ctx.Err() // answered too late: see forward
 }
 
+// Return passes lease returns to the node at addr, when it takes them.
+func (p memPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) ([]int64, error) {
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	lr, ok := h.(interface {
+		ReturnLeases(ctx context.Context, from string, rets []bucket.LeaseReturn, taken []int64)
+	})
+	if !ok {
+		return nil, fmt.Errorf("%w: %s takes no lease returns", ErrUnreachable, addr)
+	}
+	taken := make([]int64, len(rets))
+	lr.ReturnLeases(ctx, p.from, rets, taken)
+	return taken, ctx.Err()
+}
+
 // reach applies the link's delay and fault and returns the handler at addr.
 func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error) {
 	p.m.mu.Lock()

@@ -75,6 +75,11 @@ type Node struct {
 	leaseTokens atomic.Uint64 // hits in them
 	// leaseRefusals counts refusal leases granted as an owner.
 	leaseRefusals atomic.Uint64
+	// Lease returns: hits this node took back as an owner, and hits the
+	// owners took back from it as a holder.
+	leaseTookBack, leaseGaveBack atomic.Uint64
+	// leaseKick wakes leaseLoop when this node keeps a lease.
+	leaseKick chan struct{}
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -162,6 +167,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		replRound: make(chan struct{}, 1),
 		fatal:     make(chan error, 1),
 		leases:    lease.NewTable(),
+		leaseKick: make(chan struct{}, 1),
 	}
 	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
@@ -283,6 +289,11 @@ func (n *Node) rebuild() {
 	// lasts (docs/leases.md).
 	if n.leases.Len() > 0 {
 		n.leases.Revoke()
+	}
+	if n.heat != nil {
+		// The keys' counters may now come from nodes that never counted
+		// this node's grants: take none of them back.
+		n.heat.ForgetGrants()
 	}
 	if h := n.published.Load(); h != nil {
 		(*h)(cur)

@@ -192,7 +192,7 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 		return
 	}
 	n.heat.Granted(h, from, now, size)
-	o.Lease = bucket.Lease{Tokens: size, TTL: ttl}
+	o.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	o.Remaining = gd.Remaining
 	n.leaseGrants.Add(1)
 	n.leaseTokens.Add(uint64(size))
@@ -494,6 +494,11 @@ func (n *Node) keepLease(r *bucket.Request, lims limits, l bucket.Lease, sent, r
 	if len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) ||
 		!n.leases.Put(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, l, r.Hits, sent, resetAfterMS, MaxLeaseTTL) {
 		n.log.Warn("dropped an invalid lease from a key's owner", "name", r.Name, "tokens", l.Tokens, "ttl", l.TTL)
+		return
+	}
+	select {
+	case n.leaseKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -46,14 +46,20 @@ type Status struct {
 	// refused from them as a holder (LeaseRefused).
 	LeaseRefusalGrants uint64
 	LeaseRefused       uint64
-	Pauses             uint64 // times this node noticed it had not run for longer than ForwardTimeout
-	IdleResumes        uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
-	HeartbeatIdle      bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
-	Unreplicated       int    // changed keys not yet sent to replicas
-	Unflushed          int    // changed keys not yet in the store
-	RulesHash          string
-	ReplicationFactor  int
-	Partitions         int
+	// Returns of unspent leased hits: hits taken back into counters as an
+	// owner (LeaseTookBack), and hits the owners took back from this node
+	// as a holder (LeaseGaveBack). Of LeaseUnused, LeaseGaveBack were
+	// returned: the rest was admitted by nobody.
+	LeaseTookBack     uint64
+	LeaseGaveBack     uint64
+	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
+	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
+	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
+	Unreplicated      int    // changed keys not yet sent to replicas
+	Unflushed         int    // changed keys not yet in the store
+	RulesHash         string
+	ReplicationFactor int
+	Partitions        int
 
 	// StoreWritable is false from a failed flush until one succeeds again
 	// (a full or failing disk); StoreError and StoreUnwritableSince say
@@ -120,6 +126,7 @@ func (n *Node) Status() Status {
 	st.LeasesHeld, st.LeaseTokens, st.LeaseDecisions, st.LeaseSpent, st.LeaseUnused, st.LeasesRevoked =
 		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
 	st.LeaseRefusalGrants, st.LeaseRefused = n.leaseRefusals.Load(), ls.Refused
+	st.LeaseTookBack, st.LeaseGaveBack = n.leaseTookBack.Load(), n.leaseGaveBack.Load()
 	st.MemberEvents = n.roster.counts()
 	st.RecentEvents = n.roster.recentEvents()
 	return st

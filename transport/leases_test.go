@@ -34,7 +34,7 @@ func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string,
 	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "hot") {
-			out[i].Lease = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond}
+			out[i].Lease = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
 		}
 	}
 }
@@ -55,7 +55,7 @@ func TestForwardCarriesLeases(t *testing.T) {
 		for i, o := range out {
 			want := bucket.Lease{}
 			if strings.HasPrefix(reqs[i].Key, "hot") {
-				want = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond}
+				want = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
 			}
 			if o.Lease != want || !o.Allowed() {
 				t.Errorf("unary %v, item %d (%s): %+v, want lease %+v", unary, i, reqs[i].Key, o, want)

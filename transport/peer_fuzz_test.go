@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,20 @@ func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome,
 			out[i].Err = e.Error()
 		}
 	}
+}
+
+func (h *recordingHandler) ReturnLeases(_ context.Context, _ string, rets []bucket.LeaseReturn, taken []int64) {
+	var err error
+	switch {
+	case len(rets) != len(taken):
+		err = errors.New("returns and answers differ in length")
+	}
+	for _, r := range rets {
+		if e := r.Request.Validate(); e != nil || r.Request.Hits < 1 || r.Request.Hits > MaxReturnHits || r.GrantedAt <= 0 || r.Request.Limit.Limit == 0 {
+			err = fmt.Errorf("ReturnLeases got an invalid return %+v (%v)", r, e)
+		}
+	}
+	h.note(err)
 }
 
 func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
@@ -128,6 +143,7 @@ func FuzzServiceMessages(f *testing.F) {
 	bucket.Decide(&st, bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000, SubWindows: 6}, 3, 1_700_000_000_000_000_000)
 	sb, _ := st.MarshalBinary()
 	seed(2, &sluicev1.ReplicateRequest{From: "n1", Cluster: "fuzz", Counters: []*sluicev1.Counter{{Name: "api", Key: "u1", State: sb, Version: 9}, {Name: "api", Key: "u2", State: []byte{1}, Version: 1}}})
+	seed(4, &sluicev1.ReturnRequest{From: "n1", Cluster: "fuzz", Returns: []*sluicev1.LeaseReturn{{Request: req, GrantedAt: 5}, {Request: req}}})
 	seed(3, &sluicev1.PullRequest{From: "n1", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
 
 	// One server for every input (building one per input would make it a
@@ -149,7 +165,7 @@ func FuzzServiceMessages(f *testing.F) {
 			callErr error // the call's error
 			sure    bool  // the call must be refused (not only may)
 		)
-		switch kind % 4 {
+		switch kind % 5 {
 		case 0:
 			var m sluicev1.CheckRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -208,6 +224,19 @@ func FuzzServiceMessages(f *testing.F) {
 			}
 			resp, err := peerServer{s: s}.Pull(ctx, &m)
 			callErr, got = err, len(resp.GetCounters())
+		case 4:
+			var m sluicev1.ReturnRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Returns)
+			sure = m.Cluster != "fuzz" || n > MaxCounters
+			for _, r := range m.Returns {
+				_, e := validateReturn(r)
+				sure = sure || e != nil
+			}
+			resp, err := peerServer{s: s}.Return(ctx, &m)
+			callErr, got = err, len(resp.GetTaken())
 		}
 		h.mu.Lock()
 		calls, invalid := h.calls, h.invalid
@@ -226,10 +255,10 @@ func FuzzServiceMessages(f *testing.F) {
 			return
 		}
 		if sure {
-			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%4)
+			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%5)
 		}
 		if got != n {
-			t.Fatalf("kind %d: %d items answered for %d asked", kind%4, got, n)
+			t.Fatalf("kind %d: %d items answered for %d asked", kind%5, got, n)
 		}
 	})
 }

@@ -183,6 +183,8 @@ func checkMoved(resp *sluicev1.ForwardResponse, n int) error {
 			return fmt.Errorf("peer answered a lease for item %d of %d", l.GetIndex(), n)
 		case l.GetTokens() < 0 || l.GetTtlMicros() <= 0:
 			return fmt.Errorf("peer answered a lease of %d tokens for %d µs for item %d", l.GetTokens(), l.GetTtlMicros(), l.GetIndex())
+		case l.GetGrantedAt() < 0:
+			return fmt.Errorf("peer answered a lease granted at %d for item %d", l.GetGrantedAt(), l.GetIndex())
 		}
 		for _, o := range ls[:j] {
 			if o.GetIndex() == l.GetIndex() {
@@ -205,7 +207,7 @@ func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string, leases [
 	}
 	for _, l := range leases {
 		if i := int(l.GetIndex()) - off; i >= 0 && i < len(resps) {
-			c.out[i].Lease = bucket.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond}
+			c.out[i].Lease = bucket.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond, GrantedAt: l.GetGrantedAt()}
 		}
 	}
 	if len(moved) == 0 { // all decided

@@ -102,7 +102,7 @@ func (s *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, for
 func appendLeases(dst []*sluicev1.LeaseGrant, outs []bucket.Outcome) []*sluicev1.LeaseGrant {
 	for i := range outs {
 		if l := outs[i].Lease; l.TTL > 0 { // Tokens 0: a refusal lease
-			dst = append(dst, &sluicev1.LeaseGrant{Index: uint32(i), Tokens: l.Tokens, TtlMicros: l.TTL.Microseconds()})
+			dst = append(dst, &sluicev1.LeaseGrant{Index: uint32(i), Tokens: l.Tokens, TtlMicros: l.TTL.Microseconds(), GrantedAt: l.GrantedAt})
 		}
 	}
 	return dst

@@ -205,6 +205,32 @@ func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.L
 	return nil
 }
 
+// Refund gives back, at now, hits that k's counter admitted at grantedAt
+// under lim and that nobody spent: the unspent part of a quota lease
+// (bucket.Refund). A key this cache does not hold, or holds fenced, takes
+// nothing back. It returns the hits taken back; the changed counter is
+// flushed and replicated like a decision's.
+func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, now int64) (int64, error) {
+	s := c.shardFor(hash)
+	sl, err := c.find(s, hash, k, now, false)
+	if err == nil && sl != nil && len(s.fences) > 0 && s.isFenced(k, now) {
+		err = ErrFenced
+	}
+	if err != nil || sl == nil {
+		s.mu.Unlock()
+		return 0, err
+	}
+	var st bucket.State
+	sl.loadState(&st)
+	back := bucket.Refund(&st, lim, hits, grantedAt, now)
+	if back > 0 && sl.differs(&st) {
+		sl.setState(st)
+		s.changed(hash, sl, now)
+	}
+	s.mu.Unlock()
+	return back, nil
+}
+
 // TakeChanged calls fn, without any lock held, with the caller's hash and
 // the current record of every key changed by Decide or installed by Install
 // since the previous call (with Config.TrackChanges; otherwise it finds

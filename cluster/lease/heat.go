@@ -25,7 +25,13 @@ type heatSlot struct {
 	granted   int64   // Unix ns of the last grant to from for key; 0 none
 	size      int64   // hits in that grant
 	rate      float64 // the rate it was granted at
+	// The last grants to from for key, for returns (Return): when each
+	// was made (Unix ns on the owner's clock, the grant's id) and how
+	// many of its hits may still come back.
+	grants [MaxSlices]grantRec
 }
+
+type grantRec struct{ at, left int64 }
 
 // NewHeat returns a Heat of at least slots slots (rounded up to a power of
 // two, at least 64) over ticks of tick.
@@ -114,7 +120,63 @@ func (h *Heat) Granted(key, from uint64, now, size int64) {
 	for _, j := range [2]uint64{i, i ^ 1} {
 		if s := &h.slots[j]; s.key == key && s.from == from && s.granted == now {
 			s.size = size
+			// Replace the oldest record: a holder keeps at most
+			// MaxSlices leases of a key.
+			o := 0
+			for k := range s.grants {
+				if s.grants[k].at < s.grants[o].at {
+					o = k
+				}
+			}
+			s.grants[o] = grantRec{at: now, left: size}
 		}
+	}
+}
+
+// Return accepts back up to hits of the lease granted at (the grant's id,
+// LeaseGrant.granted_at) to the node whose name hashes to from for key,
+// and returns how many: no more than what is left of that grant, and none
+// for a grant this Heat has no record of (granted before ForgetGrants, by
+// another process, or forgotten when its slot went to a hotter key). So a
+// grant's hits come back at most once, and only to the node that admitted
+// them.
+func (h *Heat) Return(key, from uint64, at, hits int64) int64 {
+	if hits <= 0 || at == 0 {
+		return 0
+	}
+	x := mix(key, from)
+	i := x & h.mask
+	mu := &h.mu[(i>>1)%heatStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	for _, j := range [2]uint64{i, i ^ 1} {
+		s := &h.slots[j]
+		if s.key != key || s.from != from {
+			continue
+		}
+		for k := range s.grants {
+			if g := &s.grants[k]; g.at == at && g.left > 0 {
+				back := min(hits, g.left)
+				g.left -= back
+				return back
+			}
+		}
+	}
+	return 0
+}
+
+// ForgetGrants drops every grant record, so that no lease granted before
+// is taken back: the node's ring changed, and the key's counter may have
+// come from another node that never counted the grant.
+func (h *Heat) ForgetGrants() {
+	for st := range h.mu {
+		h.mu[st].Lock()
+		for i := range h.slots {
+			if uint64(i>>1)%heatStripes == uint64(st) {
+				h.slots[i].grants = [MaxSlices]grantRec{}
+			}
+		}
+		h.mu[st].Unlock()
 	}
 }
 

@@ -132,10 +132,24 @@ type Key struct {
 const MaxSlices = 4
 
 type slice struct {
-	tokens  int64
-	expires int64 // Unix ns on the holder's clock
-	resetAt int64 // Unix ns: the owner's ResetAfterMS at the grant
+	tokens    int64
+	expires   int64 // Unix ns on the holder's clock
+	resetAt   int64 // Unix ns: the owner's ResetAfterMS at the grant
+	grantedAt int64 // the grant's id (owner's clock); 0: it cannot be returned
 }
+
+// Return is the unspent part of a lease, which its holder gives back to
+// the key's owner (Peer/Return) once it can no longer spend it: the
+// lease ended, or a newer one pushed it out. GrantedAt is the grant's id.
+type Return struct {
+	Key       Key
+	Hits      int64
+	GrantedAt int64
+}
+
+// MaxReturns is how many returns a Table keeps until they are sent
+// (TakeReturns); more are counted unused and dropped.
+const MaxReturns = 4096
 
 type entry struct {
 	slices []slice // soonest expiry first
@@ -154,8 +168,9 @@ type Table struct {
 	m  map[Key]*entry
 	// n is len(m), also read without the lock to skip the table when it
 	// is empty (the common case).
-	n     atomic.Int64
-	stats Stats
+	n       atomic.Int64
+	stats   Stats
+	returns []Return
 }
 
 // Stats counts what a Table did.
@@ -165,6 +180,7 @@ type Stats struct {
 	Decisions uint64 // checks decided from a lease
 	Spent     uint64 // hits spent
 	Unused    uint64 // hits left when a lease ended, expired or was dropped
+	Returning uint64 // of those, hits put up for return to the owner (TakeReturns)
 	Revoked   uint64 // leases dropped before their end (Revoke)
 	Refusals  uint64 // refusal leases put
 	Refused   uint64 // checks refused from a refusal lease
@@ -198,15 +214,15 @@ func (t *Table) Put(k Key, g Grant, hits, sent int64, resetAfterMS int64, maxTTL
 		t.m[k] = e
 		t.n.Add(1)
 	}
-	t.prune(e, sent)
+	t.prune(k, e, sent)
 	if g.Tokens == 0 {
 		e.refuseUntil, e.refuseHits, e.refuseResetAt = sent+int64(g.TTL), hits, resetAt
 		t.stats.Refusals++
 		return true
 	}
-	sl := slice{tokens: g.Tokens, expires: sent + int64(g.TTL), resetAt: resetAt}
+	sl := slice{tokens: g.Tokens, expires: sent + int64(g.TTL), resetAt: resetAt, grantedAt: g.GrantedAt}
 	if len(e.slices) == MaxSlices {
-		t.stats.Unused += uint64(e.slices[0].tokens)
+		t.ended(k, e.slices[0])
 		e.slices = e.slices[1:]
 	}
 	i := len(e.slices)
@@ -221,14 +237,38 @@ func (t *Table) Put(k Key, g Grant, hits, sent int64, resetAfterMS int64, maxTTL
 	return true
 }
 
-// prune drops e's slices that ended by now or are spent.
-func (t *Table) prune(e *entry, now int64) {
+// ended counts the hits left in k's slice s, which its holder no longer
+// spends, as unused, and puts them up for return.
+func (t *Table) ended(k Key, s slice) {
+	if s.tokens <= 0 {
+		return
+	}
+	t.stats.Unused += uint64(s.tokens)
+	if s.grantedAt != 0 && len(t.returns) < MaxReturns {
+		t.returns = append(t.returns, Return{Key: k, Hits: s.tokens, GrantedAt: s.grantedAt})
+		t.stats.Returning += uint64(s.tokens)
+	}
+}
+
+// TakeReturns appends the returns waiting to be sent to dst, and forgets
+// them.
+func (t *Table) TakeReturns(dst []Return) []Return {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	dst = append(dst, t.returns...)
+	clear(t.returns)
+	t.returns = t.returns[:0]
+	return dst
+}
+
+// prune drops k's slices that ended by now or are spent.
+func (t *Table) prune(k Key, e *entry, now int64) {
 	j := 0
 	for _, s := range e.slices {
 		switch {
 		case s.tokens == 0:
 		case s.expires <= now:
-			t.stats.Unused += uint64(s.tokens)
+			t.ended(k, s)
 		default:
 			e.slices[j] = s
 			j++
@@ -254,7 +294,7 @@ func (t *Table) Take(k Key, hits, now int64, d *bucket.Decision) (ok bool) {
 	if e == nil {
 		return false
 	}
-	t.prune(e, now)
+	t.prune(k, e, now)
 	at := -1
 	for i := range e.slices {
 		if e.slices[i].tokens >= hits {
@@ -294,7 +334,7 @@ func (t *Table) Sweep(now int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.m {
-		t.prune(e, now)
+		t.prune(k, e, now)
 		if !e.live(now) {
 			delete(t.m, k)
 			t.n.Add(-1)
@@ -303,7 +343,10 @@ func (t *Table) Sweep(now int64) {
 }
 
 // Revoke drops every lease (membership changed, or this node leaves) and
-// returns how many it dropped; their tokens count as unused.
+// returns how many it dropped; their tokens count as unused, and are not
+// returned: the owner forgets its grants when its ring changes
+// (Heat.ForgetGrants), and a leaving node's returns would reach it after
+// it stopped deciding the keys.
 func (t *Table) Revoke() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

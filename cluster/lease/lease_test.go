@@ -237,6 +237,7 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 		{Limit: 50, WindowMS: 1000},
 		{Limit: 50, WindowMS: 1000, Algorithm: bucket.TokenBucket},
 	}
+	returnedBy := map[bucket.Algorithm]int64{}
 	for seed := range uint64(60) {
 		lim := algs[seed%3]
 		r := rand.New(rand.NewPCG(seed, 99))
@@ -252,15 +253,41 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 		start := now
 		w := lim.WindowMS * ms
 		admitted := map[int64]int64{} // aligned window start → hits admitted
-		var total, granted, refusedHere int64
+		var total, granted, refusedHere, returned int64
+		// refusedAt[h]: when h's last refusal lease was granted; lastBack:
+		// when the owner last took hits back.
+		refusedAt, lastBack := make([]int64, holders), int64(0)
+		quiet := false
 		for step := range 20_000 {
-			now += r.Int64N(3 * ms)
+			if r.IntN(500) == 0 {
+				quiet = !quiet // the key cools down, or heats up again
+			}
+			if quiet {
+				now += r.Int64N(80 * ms)
+			} else {
+				now += r.Int64N(3 * ms)
+			}
 			if r.IntN(2000) == 0 {
-				tables[r.IntN(holders)] = NewTable() // a holder crashed
+				tables[r.IntN(holders)] = NewTable() // a holder crashed, its returns with it
 			}
 			if r.IntN(3000) == 0 {
 				for _, tb := range tables {
 					tb.Revoke() // membership changed
+				}
+				heat.ForgetGrants()
+			}
+			if r.IntN(20) == 0 {
+				// A holder's lease loop: leases that ended go back to the
+				// owner, which takes back what it has a record of.
+				h := r.IntN(holders)
+				tables[h].Sweep(now)
+				for _, rt := range tables[h].TakeReturns(nil) {
+					if back := heat.Return(1, uint64(h), rt.GrantedAt, rt.Hits); back > 0 {
+						if got := bucket.Refund(&st, &lim, back, rt.GrantedAt, now); got > 0 {
+							returned += got
+							lastBack = now
+						}
+					}
 				}
 			}
 			hits := 1 + r.Int64N(2)
@@ -269,9 +296,13 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 			switch {
 			case h < holders && tables[h].Take(k, hits, now, &d):
 				if !d.Allowed() {
-					// A refusal lease refuses only what the owner would.
+					// A refusal lease refuses only what the owner would —
+					// unless the owner took hits back since it was
+					// granted (docs/leases.md: a refusal may then refuse
+					// for the rest of its life what the owner would now
+					// admit).
 					probe := st
-					if bucket.Decide(&probe, lim, hits, now).Allowed() {
+					if lastBack < refusedAt[h] && bucket.Decide(&probe, lim, hits, now).Allowed() {
 						t.Fatalf("seed %d step %d (%v): a holder refused %d hits the owner would admit", seed, step, lim.Algorithm, hits)
 					}
 					refusedHere++
@@ -283,15 +314,16 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 						if until := RefusalTTL(d.RetryAfterMS, TTL(&lim, now, ttl)); until > 0 {
 							sent := now - r.Int64N(2*ms)
 							tables[h].Put(k, Grant{TTL: until}, hits, sent, 0, ttl)
+							refusedAt[h] = now
 						}
 					}
 				} else if h < holders {
 					if rate, grant, spent := heat.Observe(1, uint64(h), hits, now, 50, ttl/2, d.Allowed()); grant {
 						if g := Size(rate, TTL(&lim, now, ttl), d.Remaining, spent); g > 0 {
-							heat.Granted(1, uint64(h), now, g)
 							if bucket.Decide(&st, lim, g, now).Allowed() {
+								heat.Granted(1, uint64(h), now, g)
 								sent := now - r.Int64N(2*ms) // sent before the owner decided
-								tables[h].Put(k, Grant{Tokens: g, TTL: TTL(&lim, now, ttl)}, hits, sent, 0, ttl)
+								tables[h].Put(k, Grant{Tokens: g, TTL: TTL(&lim, now, ttl), GrantedAt: now}, hits, sent, 0, ttl)
 								granted += g
 							}
 						}
@@ -320,6 +352,13 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 		if granted == 0 || refusedHere == 0 {
 			t.Fatalf("seed %d: %d hits leased, %d checks refused from refusal leases: the model tests nothing", seed, granted, refusedHere)
 		}
+		returnedBy[lim.Algorithm] += returned
+	}
+	for _, lim := range algs {
+		if returnedBy[lim.Algorithm] == 0 {
+			t.Errorf("%v: no hit was taken back in 20 seeds: the model tests no return", lim.Algorithm)
+		}
+		t.Logf("%v: %d hits taken back over 20 seeds", lim.Algorithm, returnedBy[lim.Algorithm])
 	}
 }
 
@@ -390,5 +429,88 @@ func TestRefusalLeases(t *testing.T) {
 	tb.Sweep(200 * ms)
 	if tb.Len() != 0 {
 		t.Fatalf("Len %d after everything ended", tb.Len())
+	}
+}
+
+// TestReturnsOfEndedLeases: a slice that ends with hits left — expired,
+// swept, or pushed out by a newer one — is put up for return once, with
+// its grant's id; a revoked one, or one whose grant carries no id, is not.
+func TestReturnsOfEndedLeases(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	k := Key{Name: "n", Key: "k", Limit: bucket.Limit{Limit: 100, WindowMS: 1000}}
+	ttl := 100 * time.Millisecond
+	tb.Put(k, Grant{Tokens: 10, TTL: ttl, GrantedAt: 7}, 1, 0, 500, time.Second)
+	var d bucket.Decision
+	if !tb.Take(k, 4, 50*ms, &d) {
+		t.Fatal("no decision from the lease")
+	}
+	if got := tb.TakeReturns(nil); len(got) != 0 {
+		t.Fatalf("returns before the lease ended: %+v", got)
+	}
+	tb.Sweep(100 * ms)
+	got := tb.TakeReturns(nil)
+	if len(got) != 1 || got[0] != (Return{Key: k, Hits: 6, GrantedAt: 7}) {
+		t.Fatalf("returns after the end: %+v, want 6 hits of the grant at 7", got)
+	}
+	if again := tb.TakeReturns(nil); len(again) != 0 {
+		t.Fatalf("returned twice: %+v", again)
+	}
+	// Pushed out by a fifth slice.
+	for i := range MaxSlices + 1 {
+		tb.Put(k, Grant{Tokens: 3, TTL: ttl + time.Duration(i)*time.Millisecond, GrantedAt: int64(100 + i)}, 1, 200*ms, 500, time.Second)
+	}
+	if got := tb.TakeReturns(nil); len(got) != 1 || got[0].GrantedAt != 100 || got[0].Hits != 3 {
+		t.Fatalf("the slice pushed out: %+v, want 3 hits of the grant at 100", got)
+	}
+	tb.Revoke()
+	if got := tb.TakeReturns(nil); len(got) != 0 {
+		t.Fatalf("revoked leases returned: %+v", got)
+	}
+	// A grant without an id is not returned.
+	tb.Put(k, Grant{Tokens: 5, TTL: ttl}, 1, 400*ms, 500, time.Second)
+	tb.Sweep(600 * ms)
+	if got := tb.TakeReturns(nil); len(got) != 0 {
+		t.Fatalf("a grant without an id returned: %+v", got)
+	}
+	if st := tb.Stats(); st.Returning != 9 || st.Unused != 6+3+4*3+5 {
+		t.Fatalf("stats %+v: want 9 hits put up for return of %d unused", st, 6+3+4*3+5)
+	}
+}
+
+// TestHeatTakesBackOnlyWhatItGranted: a return is taken back up to what
+// is left of the grant it names, once; a grant it has no record of (an
+// unknown id, another sender, forgotten on a ring change) gives nothing.
+func TestHeatTakesBackOnlyWhatItGranted(t *testing.T) {
+	t.Parallel()
+	h := NewHeat(1024, 100*time.Millisecond)
+	gap := 50 * time.Millisecond
+	now := int64(1_000_000) * ms
+	if _, grant, _ := h.Observe(9, 1, 500, now, 100, gap, true); !grant {
+		t.Fatal("no grant")
+	}
+	h.Granted(9, 1, now, 40)
+	if got := h.Return(9, 1, now+1, 10); got != 0 {
+		t.Errorf("unknown grant id: took back %d", got)
+	}
+	if got := h.Return(9, 2, now, 10); got != 0 {
+		t.Errorf("another sender: took back %d", got)
+	}
+	if got := h.Return(9, 1, now, 30); got != 30 {
+		t.Errorf("took back %d of 30", got)
+	}
+	if got := h.Return(9, 1, now, 30); got != 10 {
+		t.Errorf("second return: took back %d, want the 10 left", got)
+	}
+	if got := h.Return(9, 1, now, 1); got != 0 {
+		t.Errorf("third return: took back %d of a spent grant", got)
+	}
+	if _, grant, _ := h.Observe(9, 1, 500, now+60*ms, 100, gap, true); !grant {
+		t.Fatal("no second grant")
+	}
+	h.Granted(9, 1, now+60*ms, 20)
+	h.ForgetGrants()
+	if got := h.Return(9, 1, now+60*ms, 5); got != 0 {
+		t.Errorf("after ForgetGrants: took back %d", got)
 	}
 }

@@ -318,6 +318,8 @@ var (
 	descLeaseRefusals = desc("sluice_lease_refusal_grants_total", "Refusal leases this node granted as an owner: a hot key's sender may refuse as many hits itself until the refusal's retry-after.", prometheus.CounterValue)
 	descLeaseRefused  = desc("sluice_lease_refused_total", "Checks this node refused itself from a refusal lease another node granted it.", prometheus.CounterValue)
 	descLeaseRevoked  = desc("sluice_lease_revocations_total", "Quota leases this node dropped before their end: membership changed, or it left.", prometheus.CounterValue)
+	descLeaseTookBack = desc("sluice_lease_returned_hits_total", "Unspent hits of the quota leases this node granted that their holders gave back and it took back into the keys' counters.", prometheus.CounterValue)
+	descLeaseGaveBack = desc("sluice_lease_gave_back_hits_total", "Unspent hits of quota leases this node held that it gave back and their owners took back (of sluice_lease_unused_hits_total; the rest was admitted by nobody).", prometheus.CounterValue)
 	descIdleResumes   = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow   = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
 	descAuthRefused   = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
@@ -326,6 +328,7 @@ var (
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
 	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
 	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked, descLeaseRefusals, descLeaseRefused,
+	descLeaseTookBack, descLeaseGaveBack,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
@@ -366,6 +369,8 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descLeaseRevoked, float64(st.LeasesRevoked))
 	put(descLeaseRefusals, float64(st.LeaseRefusalGrants))
 	put(descLeaseRefused, float64(st.LeaseRefused))
+	put(descLeaseTookBack, float64(st.LeaseTookBack))
+	put(descLeaseGaveBack, float64(st.LeaseGaveBack))
 	put(descKeys, float64(st.Keys))
 	put(descUnreplicated, float64(st.Unreplicated))
 	put(descUnflushed, float64(st.Unflushed))
@@ -451,10 +456,11 @@ const (
 	rpcReplicate
 	rpcHandoff
 	rpcPull
+	rpcReturn
 	numPeerRPCs
 )
 
-var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull"}
+var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull", "return"}
 
 // peerMetrics times the calls this node makes to its peers, by call and
 // peer gRPC address. The handles of an address are resolved the first
@@ -588,6 +594,18 @@ func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Coun
 	err := o.next.Pull(ctx, addr, keys, release, ttl, ans)
 	o.m.observe(rpcPull, addr, start, err)
 	return err
+}
+
+// Return passes lease returns on when the transport carries them.
+func (o observedPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) ([]int64, error) {
+	rp, ok := o.next.(cluster.ReturnPeers)
+	if !ok {
+		return nil, cluster.ErrNoPeers
+	}
+	start := time.Now()
+	taken, err := rp.Return(ctx, addr, rets)
+	o.m.observe(rpcReturn, addr, start, err)
+	return taken, err
 }
 
 // degraded says why the node serves in a degraded state ("" when it does

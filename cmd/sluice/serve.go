@@ -439,6 +439,8 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		LeaseGrantedHits:  int64(st.LeaseGrantTokens),
 		LeaseSpentHits:    int64(st.LeaseSpent),
 		LeaseRefused:      int64(st.LeaseRefused),
+		LeaseReturnedHits: int64(st.LeaseTookBack),
+		LeaseGaveBackHits: int64(st.LeaseGaveBack),
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())

@@ -281,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21, 0}
 }
 
 type OwnersRequest struct {
@@ -1057,9 +1057,14 @@ type StatusResponse struct {
 	LeaseGrantedHits int64 `protobuf:"varint,18,opt,name=lease_granted_hits,json=leaseGrantedHits,proto3" json:"lease_granted_hits,omitempty"`
 	LeaseSpentHits   int64 `protobuf:"varint,19,opt,name=lease_spent_hits,json=leaseSpentHits,proto3" json:"lease_spent_hits,omitempty"`
 	// Checks this node refused itself from refusal leases.
-	LeaseRefused  int64 `protobuf:"varint,20,opt,name=lease_refused,json=leaseRefused,proto3" json:"lease_refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaseRefused int64 `protobuf:"varint,20,opt,name=lease_refused,json=leaseRefused,proto3" json:"lease_refused,omitempty"`
+	// Lease returns: unspent hits of the leases this node granted that it
+	// took back into the counters as an owner, and unspent hits of leases
+	// it held that their owners took back (of lease_unused).
+	LeaseReturnedHits int64 `protobuf:"varint,21,opt,name=lease_returned_hits,json=leaseReturnedHits,proto3" json:"lease_returned_hits,omitempty"`
+	LeaseGaveBackHits int64 `protobuf:"varint,22,opt,name=lease_gave_back_hits,json=leaseGaveBackHits,proto3" json:"lease_gave_back_hits,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1228,6 +1233,20 @@ func (x *StatusResponse) GetLeaseSpentHits() int64 {
 func (x *StatusResponse) GetLeaseRefused() int64 {
 	if x != nil {
 		return x.LeaseRefused
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseReturnedHits() int64 {
+	if x != nil {
+		return x.LeaseReturnedHits
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseGaveBackHits() int64 {
+	if x != nil {
+		return x.LeaseGaveBackHits
 	}
 	return 0
 }
@@ -1602,10 +1621,14 @@ func (x *ForwardResponse) GetLeases() []*LeaseGrant {
 // algorithm refuses as many hits or more until ttl_micros after the
 // sender sent it, so the sender may refuse those itself until then.
 type LeaseGrant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Tokens        int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`                        // 0 .. 2^20
-	TtlMicros     int64                  `protobuf:"varint,3,opt,name=ttl_micros,json=ttlMicros,proto3" json:"ttl_micros,omitempty"` // 1 .. 10,000,000
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Index     uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Tokens    int64                  `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`                        // 0 .. 2^20
+	TtlMicros int64                  `protobuf:"varint,3,opt,name=ttl_micros,json=ttlMicros,proto3" json:"ttl_micros,omitempty"` // 1 .. 10,000,000
+	// granted_at: the grant's id, the owner's clock (Unix ns) when it
+	// admitted the lease; the sender names it when it returns hits it did
+	// not spend (Peer/Return). 0: the owner takes none back.
+	GrantedAt     int64 `protobuf:"varint,4,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1661,6 +1684,174 @@ func (x *LeaseGrant) GetTtlMicros() int64 {
 	return 0
 }
 
+func (x *LeaseGrant) GetGrantedAt() int64 {
+	if x != nil {
+		return x.GrantedAt
+	}
+	return 0
+}
+
+type ReturnRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`       // name of the sending node
+	Cluster       string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"` // as ForwardRequest.cluster
+	Returns       []*LeaseReturn         `protobuf:"bytes,3,rep,name=returns,proto3" json:"returns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnRequest) Reset() {
+	*x = ReturnRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnRequest) ProtoMessage() {}
+
+func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
+func (*ReturnRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReturnRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReturnRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *ReturnRequest) GetReturns() []*LeaseReturn {
+	if x != nil {
+		return x.Returns
+	}
+	return nil
+}
+
+// LeaseReturn: hits of one lease its holder did not spend.
+type LeaseReturn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request: name, key and the limit the lease was granted under, hits
+	// the hits given back (1 .. 2^20).
+	Request       *RateLimitRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	GrantedAt     int64             `protobuf:"varint,2,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"` // LeaseGrant.granted_at of the lease
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseReturn) Reset() {
+	*x = LeaseReturn{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseReturn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseReturn) ProtoMessage() {}
+
+func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
+func (*LeaseReturn) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LeaseReturn) GetRequest() *RateLimitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *LeaseReturn) GetGrantedAt() int64 {
+	if x != nil {
+		return x.GrantedAt
+	}
+	return 0
+}
+
+type ReturnResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// taken[i]: hits of returns[i] the receiver took back into the key's
+	// counter (0 when it no longer counts them).
+	Taken         []int64 `protobuf:"varint,1,rep,packed,name=taken,proto3" json:"taken,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnResponse) Reset() {
+	*x = ReturnResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnResponse) ProtoMessage() {}
+
+func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
+func (*ReturnResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReturnResponse) GetTaken() []int64 {
+	if x != nil {
+		return x.Taken
+	}
+	return nil
+}
+
 // ForwardEnvelope is one Forward call on a Forwards stream.
 type ForwardEnvelope struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1688,7 +1879,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1891,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1904,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -1766,7 +1957,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1969,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +1982,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -1835,7 +2026,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +2038,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +2051,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Counter) GetName() string {
@@ -1903,7 +2094,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2106,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2119,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -1970,7 +2161,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2173,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2186,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -2029,7 +2220,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2232,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2245,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CounterKey) GetName() string {
@@ -2084,7 +2275,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2287,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2300,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -2166,7 +2357,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2369,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2382,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -2228,7 +2419,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2431,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2444,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -2343,7 +2534,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xcc\x05\n" +
+	"\rStatusRequest\"\xad\x06\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2369,7 +2560,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\flease_unused\x18\x11 \x01(\x03R\vleaseUnused\x12,\n" +
 	"\x12lease_granted_hits\x18\x12 \x01(\x03R\x10leaseGrantedHits\x12(\n" +
 	"\x10lease_spent_hits\x18\x13 \x01(\x03R\x0eleaseSpentHits\x12#\n" +
-	"\rlease_refused\x18\x14 \x01(\x03R\fleaseRefused\"R\n" +
+	"\rlease_refused\x18\x14 \x01(\x03R\fleaseRefused\x12.\n" +
+	"\x13lease_returned_hits\x18\x15 \x01(\x03R\x11leaseReturnedHits\x12/\n" +
+	"\x14lease_gave_back_hits\x18\x16 \x01(\x03R\x11leaseGaveBackHits\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
@@ -2401,13 +2594,25 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0fForwardResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\x12-\n" +
-	"\x06leases\x18\x03 \x03(\v2\x15.sluice.v1.LeaseGrantR\x06leases\"Y\n" +
+	"\x06leases\x18\x03 \x03(\v2\x15.sluice.v1.LeaseGrantR\x06leases\"x\n" +
 	"\n" +
 	"LeaseGrant\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
 	"\n" +
-	"ttl_micros\x18\x03 \x01(\x03R\tttlMicros\"\xab\x01\n" +
+	"ttl_micros\x18\x03 \x01(\x03R\tttlMicros\x12\x1d\n" +
+	"\n" +
+	"granted_at\x18\x04 \x01(\x03R\tgrantedAt\"o\n" +
+	"\rReturnRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x120\n" +
+	"\areturns\x18\x03 \x03(\v2\x16.sluice.v1.LeaseReturnR\areturns\"c\n" +
+	"\vLeaseReturn\x125\n" +
+	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x1d\n" +
+	"\n" +
+	"granted_at\x18\x02 \x01(\x03R\tgrantedAt\"&\n" +
+	"\x0eReturnResponse\x12\x14\n" +
+	"\x05taken\x18\x01 \x03(\x03R\x05taken\"\xab\x01\n" +
 	"\x0fForwardEnvelope\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\arequest\x18\x02 \x01(\v2\x19.sluice.v1.ForwardRequestR\arequest\x12%\n" +
@@ -2480,12 +2685,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
 	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2F\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\x8e\x02\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xcd\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
 	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12C\n" +
-	"\bForwards\x12\x1a.sluice.v1.ForwardEnvelope\x1a\x17.sluice.v1.ForwardReply(\x010\x01B5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
+	"\bForwards\x12\x1a.sluice.v1.ForwardEnvelope\x1a\x17.sluice.v1.ForwardReply(\x010\x01\x12=\n" +
+	"\x06Return\x12\x18.sluice.v1.ReturnRequest\x1a\x19.sluice.v1.ReturnResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -2500,7 +2706,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),             // 0: sluice.v1.Algorithm
 	(Status)(0),                // 1: sluice.v1.Status
@@ -2522,15 +2728,18 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*ForwardRequest)(nil),     // 17: sluice.v1.ForwardRequest
 	(*ForwardResponse)(nil),    // 18: sluice.v1.ForwardResponse
 	(*LeaseGrant)(nil),         // 19: sluice.v1.LeaseGrant
-	(*ForwardEnvelope)(nil),    // 20: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),       // 21: sluice.v1.ForwardReply
-	(*Counter)(nil),            // 22: sluice.v1.Counter
-	(*ReplicateRequest)(nil),   // 23: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),  // 24: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),         // 25: sluice.v1.CounterKey
-	(*PullRequest)(nil),        // 26: sluice.v1.PullRequest
-	(*PullResponse)(nil),       // 27: sluice.v1.PullResponse
-	(*PullHolder)(nil),         // 28: sluice.v1.PullHolder
+	(*ReturnRequest)(nil),      // 20: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),        // 21: sluice.v1.LeaseReturn
+	(*ReturnResponse)(nil),     // 22: sluice.v1.ReturnResponse
+	(*ForwardEnvelope)(nil),    // 23: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),       // 24: sluice.v1.ForwardReply
+	(*Counter)(nil),            // 25: sluice.v1.Counter
+	(*ReplicateRequest)(nil),   // 26: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),  // 27: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),         // 28: sluice.v1.CounterKey
+	(*PullRequest)(nil),        // 29: sluice.v1.PullRequest
+	(*PullResponse)(nil),       // 30: sluice.v1.PullResponse
+	(*PullHolder)(nil),         // 31: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -2549,32 +2758,36 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	9,  // 13: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	12, // 14: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
 	19, // 15: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	17, // 16: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	18, // 17: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	4,  // 18: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	22, // 19: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	25, // 20: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	22, // 21: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	28, // 22: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	8,  // 23: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 24: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 25: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 26: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	23, // 27: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	26, // 28: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	20, // 29: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	11, // 30: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 31: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 32: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 33: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	24, // 34: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	27, // 35: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	21, // 36: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	30, // [30:37] is the sub-list for method output_type
-	23, // [23:30] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	21, // 16: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	9,  // 17: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	17, // 18: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	18, // 19: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	4,  // 20: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	25, // 21: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	28, // 22: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	25, // 23: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	31, // 24: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	8,  // 25: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 26: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	13, // 27: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	17, // 28: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	26, // 29: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	29, // 30: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	23, // 31: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	20, // 32: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	11, // 33: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 34: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 35: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 36: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	27, // 37: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	30, // 38: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	24, // 39: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	22, // 40: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	33, // [33:41] is the sub-list for method output_type
+	25, // [25:33] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2589,7 +2802,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

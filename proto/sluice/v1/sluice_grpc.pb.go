@@ -291,6 +291,7 @@ const (
 	Peer_Replicate_FullMethodName = "/sluice.v1.Peer/Replicate"
 	Peer_Pull_FullMethodName      = "/sluice.v1.Peer/Pull"
 	Peer_Forwards_FullMethodName  = "/sluice.v1.Peer/Forwards"
+	Peer_Return_FullMethodName    = "/sluice.v1.Peer/Return"
 )
 
 // PeerClient is the client API for Peer service.
@@ -319,6 +320,11 @@ type PeerClient interface {
 	// (stream, headers, deadline, hand-off to a worker). A sender whose peer
 	// answers UNIMPLEMENTED uses Forward.
 	Forwards(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ForwardEnvelope, ForwardReply], error)
+	// Return gives back hits of quota leases the receiver granted the
+	// sender that the sender did not spend (docs/leases.md): the receiver
+	// takes them back into the keys' counters when it still owns the keys,
+	// still counts the grant's window and granted them.
+	Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnResponse, error)
 }
 
 type peerClient struct {
@@ -372,6 +378,16 @@ func (c *peerClient) Forwards(ctx context.Context, opts ...grpc.CallOption) (grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_ForwardsClient = grpc.BidiStreamingClient[ForwardEnvelope, ForwardReply]
 
+func (c *peerClient) Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReturnResponse)
+	err := c.cc.Invoke(ctx, Peer_Return_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -398,6 +414,11 @@ type PeerServer interface {
 	// (stream, headers, deadline, hand-off to a worker). A sender whose peer
 	// answers UNIMPLEMENTED uses Forward.
 	Forwards(grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]) error
+	// Return gives back hits of quota leases the receiver granted the
+	// sender that the sender did not spend (docs/leases.md): the receiver
+	// takes them back into the keys' counters when it still owns the keys,
+	// still counts the grant's window and granted them.
+	Return(context.Context, *ReturnRequest) (*ReturnResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -419,6 +440,9 @@ func (UnimplementedPeerServer) Pull(context.Context, *PullRequest) (*PullRespons
 }
 func (UnimplementedPeerServer) Forwards(grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]) error {
 	return status.Error(codes.Unimplemented, "method Forwards not implemented")
+}
+func (UnimplementedPeerServer) Return(context.Context, *ReturnRequest) (*ReturnResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Return not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -502,6 +526,24 @@ func _Peer_Forwards_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_ForwardsServer = grpc.BidiStreamingServer[ForwardEnvelope, ForwardReply]
 
+func _Peer_Return_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReturnRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Return(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Return_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Return(ctx, req.(*ReturnRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -520,6 +562,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Pull",
 			Handler:    _Peer_Pull_Handler,
+		},
+		{
+			MethodName: "Return",
+			Handler:    _Peer_Return_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
