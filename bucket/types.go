@@ -122,6 +122,12 @@ type Limit struct {
 	// CountRefused: refused hits consume too (saturating at the limit: a
 	// client that keeps retrying stays refused until it pauses).
 	CountRefused bool
+	// Global: with regions (docs/regions.md), the limit is shared by every
+	// region instead of counted in each: the key's home region holds the
+	// count and lends the others slices of it. Only for a single hard
+	// token bucket, fixed window (not calendar) or sliding-window counter
+	// (without sub-windows). Without regions it changes nothing.
+	Global bool
 	// Calendar, for FixedWindow only: windows follow UTC calendar edges
 	// (day, week from Monday, month) instead of multiples of WindowMS.
 	Calendar Calendar
@@ -267,6 +273,34 @@ type LeaseReturn struct {
 	GrantedAt int64
 }
 
+// RegionAsk is one key of a region's request to a global limit's home
+// region (docs/regions.md): Request names the key and the global limit,
+// and Hits the hits wanted (0: none); Return hits of the slice granted at
+// ReturnGrantedAt are given back.
+type RegionAsk struct {
+	Request         Request
+	Return          int64
+	ReturnGrantedAt int64
+}
+
+// RegionQuery is one call of a region to a global limit's home region:
+// From the asking node's name, Region its region, ToRegion the home
+// region it asks; Routed when a node of the home region passed it on to
+// the keys' owner.
+type RegionQuery struct {
+	From, Region, ToRegion string
+	Routed                 bool
+	Asks                   []RegionAsk
+}
+
+// RegionAnswer is the home region's answer to one RegionAsk: the slice it
+// lends (Lease; TTL 0: none; Tokens 0 with a TTL: a refusal) and how many
+// of the returned hits it took back.
+type RegionAnswer struct {
+	Lease Lease
+	Taken int64
+}
+
 // ValidateKey checks name and key against docs/architecture.md §5.
 func ValidateKey(name, key string) error {
 	switch {
@@ -338,6 +372,12 @@ func (r *Request) validateMore() error {
 		if err := r.More[i].Validate(); err != nil {
 			return fmt.Errorf("limits[%d]: %w", i, err)
 		}
+		if r.More[i].Global && (len(r.More) > 1 || r.Limit.Limit != 0) {
+			return fmt.Errorf("limits[%d]: a global limit must be the request's only limit", i)
+		}
+	}
+	if r.Limit.Global && len(r.More) > 0 {
+		return fmt.Errorf("a global limit must be the request's only limit")
 	}
 	return nil
 }
@@ -375,6 +415,16 @@ func (l Limit) Validate() error {
 	}
 	if err := l.validateMode(); err != nil {
 		return err
+	}
+	if l.Global {
+		switch {
+		case l.Mode != ModeHard || l.CountRefused:
+			return fmt.Errorf("a global limit must be hard and not count refused hits")
+		case l.Algorithm == TokenBucket, l.Algorithm == FixedWindow && l.Calendar == CalendarNone,
+			(l.Algorithm == SlidingWindow || l.Algorithm == AlgorithmUnspecified) && l.SubWindows <= 1:
+		default:
+			return fmt.Errorf("a global limit must be token_bucket, fixed_window (not calendar) or sliding_window (without sub_windows), not %s", l.Algorithm)
+		}
 	}
 	if l.Algorithm == SlidingLog {
 		if top := max(l.Limit, l.ElasticCeiling, softLimit(l.Limit, l.SoftPercent)); top > MaxLogLimit {

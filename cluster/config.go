@@ -148,6 +148,25 @@ type Config struct {
 	// LeaseTTL is the longest a lease lasts; a windowed limit's lease also
 	// ends with its window. Default 100 ms, at most MaxLeaseTTL.
 	LeaseTTL time.Duration
+	// Regions (docs/regions.md). Region names this node's region; ""
+	// means no regions: global limits are counted like the others.
+	// RegionPeers gives, for every other region, the gRPC addresses of
+	// some of its nodes (any node of a region answers for it); the
+	// regions are this node's and those. RegionSync is how often a node
+	// asks the home regions of the global keys it decides for slices
+	// (default 100 ms); RegionLeaseTTL the longest a slice lasts (default
+	// 1 s, at most transport's 10 s; a windowed limit's also ends with its
+	// window); RegionCutAfter how long after its last answer, with a
+	// failed call since, a home region counts as cut off (default 1 s);
+	// RegionFallbackShare the share of a global limit a region decides
+	// alone while cut off from the key's home region, past what it holds
+	// (0: 1 / the number of regions).
+	Region              string
+	RegionPeers         map[string][]string
+	RegionSync          time.Duration
+	RegionLeaseTTL      time.Duration
+	RegionCutAfter      time.Duration
+	RegionFallbackShare float64
 	// Rules resolves checks with limit 0; nil means there are no rules.
 	Rules Rules
 	// Load, when set, replaces the measured CPU load that elastic limits
@@ -189,6 +208,9 @@ func DefaultConfig() Config {
 		HeartbeatIdle:       30 * time.Second,
 		HotKeyThreshold:     DefaultHotKeyThreshold,
 		LeaseTTL:            100 * time.Millisecond,
+		RegionSync:          100 * time.Millisecond,
+		RegionLeaseTTL:      time.Second,
+		RegionCutAfter:      time.Second,
 	}
 }
 
@@ -229,8 +251,17 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster: hot-key threshold %v must be a finite number ≥ 0 (0 grants no leases)", c.HotKeyThreshold)
 	case c.HotKeyThreshold > 0 && (c.LeaseTTL < time.Millisecond || c.LeaseTTL > MaxLeaseTTL):
 		return fmt.Errorf("cluster: lease TTL %v must be between 1ms and %v", c.LeaseTTL, MaxLeaseTTL)
+	case c.Region == "" && len(c.RegionPeers) > 0:
+		return errors.New("cluster: region peers given without a region for this node")
+	case c.Region != "" && (c.RegionSync <= 0 || c.RegionCutAfter <= 0 || c.RegionLeaseTTL < time.Millisecond || c.RegionLeaseTTL > MaxLeaseTTL):
+		return fmt.Errorf("cluster: region sync and cut-off must be positive, region lease TTL between 1ms and %v", MaxLeaseTTL)
+	case !(c.RegionFallbackShare >= 0 && c.RegionFallbackShare <= 1):
+		return fmt.Errorf("cluster: region fallback share %v must be between 0 and 1 (0: 1 / the number of regions)", c.RegionFallbackShare)
 	case c.OwnerUnavailable > OwnerUnavailableDeny:
 		return fmt.Errorf("cluster: unknown owner-unavailable policy %d", c.OwnerUnavailable)
+	}
+	if err := validateRegions(c.Region, c.RegionPeers); err != nil {
+		return err
 	}
 	if err := c.Ring.Validate(); err != nil {
 		return fmt.Errorf("cluster: ring: %w", err)

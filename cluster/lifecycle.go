@@ -177,6 +177,10 @@ func (n *Node) Start(ctx context.Context) error {
 	n.cache.Start(ctx)
 	n.beat.Store(n.now().UnixNano())
 	n.wg.Add(8)
+	if n.regions != nil {
+		n.wg.Add(1)
+		go n.regionLoop()
+	}
 	go n.leaseLoop()
 	go n.heartbeatLoop()
 	go n.rebuildLoop()

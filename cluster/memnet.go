@@ -224,6 +224,27 @@ func (p memPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseRe
 	return taken, ctx.Err()
 }
 
+// RegionGrant passes a region's asks to the node at addr, when it lends.
+func (p memPeers) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	g, ok := h.(interface {
+		GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string
+	})
+	if !ok {
+		return "", fmt.Errorf("%w: %s lends no region slices", ErrUnreachable, addr)
+	}
+	got := make([]bucket.RegionAnswer, len(ans))
+	region := g.GrantRegion(ctx, q, got)
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	copy(ans, got)
+	return region, nil
+}
+
 // reach applies the link's delay and fault and returns the handler at addr.
 func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error) {
 	p.m.mu.Lock()

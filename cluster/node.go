@@ -80,6 +80,11 @@ type Node struct {
 	leaseTookBack, leaseGaveBack atomic.Uint64
 	// leaseKick wakes leaseLoop when this node keeps a lease.
 	leaseKick chan struct{}
+	// regions is this node's view of the other regions (nil: no regions);
+	// regionLent counts hits lent to them as a home region's owner,
+	// regionFallback checks decided from a fallback share while cut off.
+	regions                    *regions
+	regionLent, regionFallback atomic.Uint64
 
 	checks            atomic.Uint64 // requests answered through Check
 	forwarded         atomic.Uint64 // requests sent to an owner
@@ -169,7 +174,8 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		leases:    lease.NewTable(),
 		leaseKick: make(chan struct{}, 1),
 	}
-	if cfg.HotKeyThreshold > 0 {
+	n.regions = newRegions(&cfg, n.now().UnixNano())
+	if cfg.HotKeyThreshold > 0 || n.regions != nil {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}
 	cc := cfg.Cache

@@ -166,6 +166,9 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
+	if _, away := n.away(h, lims); away {
+		return // decided from the home region's slices: not lent on
+	}
 	// Refused checks count toward the sender's rate too: a key refused
 	// to the end of one window is hot at the start of the next.
 	ttl := lease.TTL(lims.one, now, n.cfg.LeaseTTL)
@@ -348,6 +351,9 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 // decideCache applies hits to k's limits in the cache, with this node's
 // load for elastic limits, and writes the decision to *d.
 func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims limits, hits, now int64) error {
+	if home, ok := n.away(h, lims); ok {
+		return n.decideAway(d, h, k, lims.one, hits, now, home)
+	}
 	if len(lims.more) == 0 {
 		return n.cache.DecideTo(d, h, k, lims.one, hits, now, n.Load())
 	}

@@ -50,8 +50,16 @@ type Status struct {
 	// owner (LeaseTookBack), and hits the owners took back from this node
 	// as a holder (LeaseGaveBack). Of LeaseUnused, LeaseGaveBack were
 	// returned: the rest was admitted by nobody.
-	LeaseTookBack     uint64
-	LeaseGaveBack     uint64
+	LeaseTookBack uint64
+	LeaseGaveBack uint64
+	// Regions (docs/regions.md): this node's region ("" none), hits it
+	// lent other regions as a home region's owner, checks it decided from
+	// a fallback share while cut off, and what it knows of each other
+	// region.
+	Region            string
+	RegionLent        uint64
+	RegionFallback    uint64
+	RegionLinks       []RegionLink
 	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
 	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
 	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
@@ -127,6 +135,8 @@ func (n *Node) Status() Status {
 		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
 	st.LeaseRefusalGrants, st.LeaseRefused = n.leaseRefusals.Load(), ls.Refused
 	st.LeaseTookBack, st.LeaseGaveBack = n.leaseTookBack.Load(), n.leaseGaveBack.Load()
+	st.Region, st.RegionLent, st.RegionFallback = n.cfg.Region, n.regionLent.Load(), n.regionFallback.Load()
+	st.RegionLinks = n.regionStatus(n.now().UnixNano())
 	st.MemberEvents = n.roster.counts()
 	st.RecentEvents = n.roster.recentEvents()
 	return st

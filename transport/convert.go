@@ -49,6 +49,7 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) bucket.Request {
 			ElasticLoadPercent: r.ElasticLoadPercent,
 			CountRefused:       r.CountRefused,
 			Calendar:           calendarFromProto(r.Calendar),
+			Global:             r.Global,
 		},
 	}
 	if n := min(len(r.Limits), maxConvertedLimits); n > 0 {
@@ -79,6 +80,7 @@ func LimitFromProto(m *sluicev1.Limit) bucket.Limit {
 		ElasticLoadPercent: m.ElasticLoadPercent,
 		CountRefused:       m.CountRefused,
 		Calendar:           calendarFromProto(m.Calendar),
+		Global:             m.Global,
 	}
 }
 
@@ -97,6 +99,7 @@ func LimitToProto(l bucket.Limit) *sluicev1.Limit {
 		ElasticLoadPercent: l.ElasticLoadPercent,
 		CountRefused:       l.CountRefused,
 		Calendar:           sluicev1.Calendar(l.Calendar),
+		Global:             l.Global,
 	}
 }
 
@@ -158,6 +161,7 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request, hits *int64) {
 	m.ElasticLoadPercent = r.ElasticLoadPercent
 	m.CountRefused = r.CountRefused
 	m.Calendar = sluicev1.Calendar(r.Calendar)
+	m.Global = r.Global
 	m.Limits = nil
 	if len(r.More) > 0 {
 		m.Limits = make([]*sluicev1.Limit, len(r.More))

@@ -68,6 +68,21 @@ func (h *recordingHandler) ReturnLeases(_ context.Context, _ string, rets []buck
 	h.note(err)
 }
 
+func (h *recordingHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string {
+	var err error
+	if len(q.Asks) != len(ans) {
+		err = errors.New("asks and answers differ in length")
+	}
+	for _, a := range q.Asks {
+		r := a.Request
+		if e := r.Validate(); e != nil || !r.Limit.Global || r.Hits < 0 || r.Hits > MaxReturnHits || a.Return < 0 || a.Return > MaxReturnHits || (a.Return > 0 && a.ReturnGrantedAt <= 0) {
+			err = fmt.Errorf("GrantRegion got an invalid ask %+v (%v)", a, e)
+		}
+	}
+	h.note(err)
+	return "fuzz"
+}
+
 func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
 	h.outcomes(reqs, out, nil, nil, false)
 }
@@ -143,6 +158,8 @@ func FuzzServiceMessages(f *testing.F) {
 	bucket.Decide(&st, bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000, SubWindows: 6}, 3, 1_700_000_000_000_000_000)
 	sb, _ := st.MarshalBinary()
 	seed(2, &sluicev1.ReplicateRequest{From: "n1", Cluster: "fuzz", Counters: []*sluicev1.Counter{{Name: "api", Key: "u1", State: sb, Version: 9}, {Name: "api", Key: "u2", State: []byte{1}, Version: 1}}})
+	greq := &sluicev1.RateLimitRequest{Name: "api", Key: "u1", Hits: proto.Int64(5), Limit: 10, WindowMs: 60_000, Global: true}
+	seed(5, &sluicev1.RegionGrantRequest{From: "n1", Cluster: "fuzz", Region: "b", ToRegion: "a", Asks: []*sluicev1.RegionAsk{{Request: greq, ReturnHits: 2, ReturnGrantedAt: 9}}})
 	seed(4, &sluicev1.ReturnRequest{From: "n1", Cluster: "fuzz", Returns: []*sluicev1.LeaseReturn{{Request: req, GrantedAt: 5}, {Request: req}}})
 	seed(3, &sluicev1.PullRequest{From: "n1", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
 
@@ -165,7 +182,7 @@ func FuzzServiceMessages(f *testing.F) {
 			callErr error // the call's error
 			sure    bool  // the call must be refused (not only may)
 		)
-		switch kind % 5 {
+		switch kind % 6 {
 		case 0:
 			var m sluicev1.CheckRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -237,6 +254,19 @@ func FuzzServiceMessages(f *testing.F) {
 			}
 			resp, err := peerServer{s: s}.Return(ctx, &m)
 			callErr, got = err, len(resp.GetTaken())
+		case 5:
+			var m sluicev1.RegionGrantRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Asks)
+			sure = m.Cluster != "fuzz" || n > MaxCounters || m.Region == "" || m.ToRegion == ""
+			for _, a := range m.Asks {
+				_, e := validateRegionAsk(a)
+				sure = sure || e != nil
+			}
+			resp, err := peerServer{s: s}.RegionGrant(ctx, &m)
+			callErr, got = err, len(resp.GetTaken())
 		}
 		h.mu.Lock()
 		calls, invalid := h.calls, h.invalid
@@ -255,10 +285,10 @@ func FuzzServiceMessages(f *testing.F) {
 			return
 		}
 		if sure {
-			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%5)
+			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%6)
 		}
 		if got != n {
-			t.Fatalf("kind %d: %d items answered for %d asked", kind%5, got, n)
+			t.Fatalf("kind %d: %d items answered for %d asked", kind%6, got, n)
 		}
 	})
 }

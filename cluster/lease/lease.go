@@ -329,6 +329,37 @@ func (t *Table) Take(k Key, hits, now int64, d *bucket.Decision) (ok bool) {
 	return true
 }
 
+// Left returns the hits k's live slices hold at now.
+func (t *Table) Left(k Key, now int64) int64 {
+	if t.n.Load() == 0 {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[k]
+	if e == nil {
+		return 0
+	}
+	left := int64(0)
+	for _, s := range e.slices {
+		if s.expires > now {
+			left += s.tokens
+		}
+	}
+	return left
+}
+
+// Refusing reports whether k has a live refusal lease at now.
+func (t *Table) Refusing(k Key, now int64) bool {
+	if t.n.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[k]
+	return e != nil && e.refuseUntil > now
+}
+
 // Sweep drops every slice that ended by now, and keys left with none.
 func (t *Table) Sweep(now int64) {
 	t.mu.Lock()

@@ -304,7 +304,7 @@ func (p *parser) rule(n *yaml.Node, path string) (rule, error) {
 	return r, nil
 }
 
-var limitFields = "limit, window, algorithm, burst, sub_windows, shaping, calendar, mode, soft_percent, elastic_ceiling, elastic_load_percent, count_refused"
+var limitFields = "limit, window, algorithm, burst, sub_windows, shaping, calendar, global, mode, soft_percent, elastic_ceiling, elastic_load_percent, count_refused"
 
 // limit parses one limit and applies the rule's defaults: count_refused
 // when the limit does not set it; soft_percent, elastic_ceiling and
@@ -382,6 +382,10 @@ func (p *parser) readLimit(pairs []pair, path string) (lim bucket.Limit, own mod
 			}
 		case "shaping":
 			if lim.Shaping, err = p.bool(kv.val, fp); err != nil {
+				return lim, own, has, err
+			}
+		case "global":
+			if lim.Global, err = p.bool(kv.val, fp); err != nil {
 				return lim, own, has, err
 			}
 		case "calendar":

@@ -243,6 +243,9 @@ func hashRules(m map[string][]bucket.Limit, envoy map[string]*envoyDomain) strin
 		b = binary.AppendUvarint(b, uint64(len(m[n])))
 		for _, l := range m[n] {
 			b = append(b, byte(l.Algorithm), byte(l.Mode), byte(l.Calendar), boolByte(l.Shaping), boolByte(l.CountRefused))
+			if l.Global {
+				b = append(b, 'G') // only when set: the hashes of files without it stay as they were
+			}
 			for _, v := range []int64{l.Limit, l.WindowMS, l.Burst, l.SubWindows, l.SoftPercent, l.ElasticCeiling, l.ElasticLoadPercent} {
 				b = binary.AppendVarint(b, v)
 			}

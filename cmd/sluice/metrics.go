@@ -277,58 +277,62 @@ func desc(name, help string, kind prometheus.ValueType, labels ...string) status
 // The metrics of statusCollector; the names and meanings of those that
 // the hand-written exposition had are unchanged.
 var (
-	descRate          = desc("sluice_checks_per_second", "Checks per second over the last second.", prometheus.GaugeValue)
-	descForwarded     = desc("sluice_forwarded_total", "Checks sent to their owner.", prometheus.CounterValue)
-	descForwardErrors = desc("sluice_forward_errors_total", "Checks whose owner could not be reached.", prometheus.CounterValue)
-	descFailovers     = desc("sluice_failovers_total", "Checks a replica answered because the owner failed.", prometheus.CounterValue)
-	descRedirects     = desc("sluice_redirects_total", "Checks re-sent to the node a key moved to.", prometheus.CounterValue)
-	descReplicated    = desc("sluice_replicated_total", "Counters sent to replicas.", prometheus.CounterValue)
-	descReplErrors    = desc("sluice_replication_errors_total", "Counters whose replication failed (retried).", prometheus.CounterValue)
-	descHandedOff     = desc("sluice_handed_off_total", "Counters pushed to new owners.", prometheus.CounterValue)
-	descHandoffErrors = desc("sluice_handoff_errors_total", "Counters whose push to a new owner failed.", prometheus.CounterValue)
-	descPulls         = desc("sluice_pulls_total", "First-touch pulls of moved keys.", prometheus.CounterValue)
-	descPullErrors    = desc("sluice_pull_errors_total", "Pulls whose node did not answer.", prometheus.CounterValue)
-	descRejoins       = desc("sluice_rejoins_total", "Members alive again after being declared dead (a partition healed or a restart).", prometheus.CounterValue)
-	descPauses        = desc("sluice_pauses_total", "Times this process found it had not run for longer than the forward timeout (SIGSTOP, VM freeze, long GC): it then pulled its keys before deciding them.", prometheus.CounterValue)
-	descKeys          = desc("sluice_keys", "Live keys in this node's cache.", prometheus.GaugeValue)
-	descUnreplicated  = desc("sluice_unreplicated_keys", "Changed keys not yet sent to replicas.", prometheus.GaugeValue)
-	descUnflushed     = desc("sluice_unflushed_keys", "Changed keys not yet written to disk.", prometheus.GaugeValue)
-	descWritable      = desc("sluice_store_writable", "1 when the last flush to the store succeeded, 0 while the disk is full or failing (the node decides from memory).", prometheus.GaugeValue)
-	descFlushFailures = desc("sluice_store_flush_failures_total", "Flushes the store refused or failed (changed keys stayed in memory).", prometheus.CounterValue)
-	descStoreSize     = desc("sluice_store_size_bytes", "Bytes of the files in the data directory (the durable store).", prometheus.GaugeValue)
-	descMembersAlive  = desc("sluice_members_alive", "Members this node sees alive.", prometheus.GaugeValue)
-	descMembers       = desc("sluice_members", "Members this node knows, by state (alive, suspect, dead, left).", prometheus.GaugeValue, "state")
-	descMemberChanges = desc("sluice_membership_changes_total", "Membership events this node has seen, by event (join, leave, fail, update).", prometheus.CounterValue, "event")
-	descReady         = desc("sluice_ready", "1 once the node has joined its cluster and takes its share of the keys.", prometheus.GaugeValue)
-	descCacheLookups  = desc("sluice_cache_lookups_total", "Cache lookups (decisions, reads, merges), by result: hit (in memory) or miss.", prometheus.CounterValue, "result")
-	descCacheLoads    = desc("sluice_cache_loads_total", "Store reads done for cache misses.", prometheus.CounterValue)
-	descCacheEvicted  = desc("sluice_cache_evictions_total", "Counters the cache evicted from memory (written to the store first when changed).", prometheus.CounterValue)
-	descRulesReloads  = desc("sluice_rules_reloads_total", "Rules reloads that put new rules in force.", prometheus.CounterValue)
-	descRulesFailures = desc("sluice_rules_reload_failures_total", "Rules reloads refused (the previous rules stayed).", prometheus.CounterValue)
-	descRules         = desc("sluice_rules", "Rules in force (native rules and envoy descriptors with a limit).", prometheus.GaugeValue)
-	descRulesInfo     = desc("sluice_rules_info", "The hash of the rules in force (as `sluice status` shows it); always 1.", prometheus.GaugeValue, "hash")
-	descEnvoyCalls    = desc("sluice_envoy_calls_total", "Envoy ShouldRateLimit calls answered.", prometheus.CounterValue)
-	descEnvoyDescs    = desc("sluice_envoy_descriptors_total", "Envoy descriptors that had a limit.", prometheus.CounterValue)
-	descEnvoyOver     = desc("sluice_envoy_over_limit_total", "Envoy descriptors over their limit, shadow mode included.", prometheus.CounterValue)
-	descLeaseGrants   = desc("sluice_lease_grants_total", "Quota leases of hot keys this node granted as their owner (docs/leases.md).", prometheus.CounterValue)
-	descLeaseTokens   = desc("sluice_lease_granted_hits_total", "Hits in the quota leases this node granted as an owner: admitted at once, for the holders to spend.", prometheus.CounterValue)
-	descLeasedKeys    = desc("sluice_leased_keys", "Keys this node holds a quota lease for now.", prometheus.GaugeValue)
-	descLeaseDecided  = desc("sluice_lease_decisions_total", "Checks this node decided from a quota lease another node granted it.", prometheus.CounterValue)
-	descLeaseUnused   = desc("sluice_lease_unused_hits_total", "Leased hits left unspent when their lease ended or was revoked: admitted by the owner, then by nobody (the leases' under-admission).", prometheus.CounterValue)
-	descLeaseRefusals = desc("sluice_lease_refusal_grants_total", "Refusal leases this node granted as an owner: a hot key's sender may refuse as many hits itself until the refusal's retry-after.", prometheus.CounterValue)
-	descLeaseRefused  = desc("sluice_lease_refused_total", "Checks this node refused itself from a refusal lease another node granted it.", prometheus.CounterValue)
-	descLeaseRevoked  = desc("sluice_lease_revocations_total", "Quota leases this node dropped before their end: membership changed, or it left.", prometheus.CounterValue)
-	descLeaseTookBack = desc("sluice_lease_returned_hits_total", "Unspent hits of the quota leases this node granted that their holders gave back and it took back into the keys' counters.", prometheus.CounterValue)
-	descLeaseGaveBack = desc("sluice_lease_gave_back_hits_total", "Unspent hits of quota leases this node held that it gave back and their owners took back (of sluice_lease_unused_hits_total; the rest was admitted by nobody).", prometheus.CounterValue)
-	descIdleResumes   = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
-	descEnvoyShadow   = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
-	descAuthRefused   = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
+	descRate           = desc("sluice_checks_per_second", "Checks per second over the last second.", prometheus.GaugeValue)
+	descForwarded      = desc("sluice_forwarded_total", "Checks sent to their owner.", prometheus.CounterValue)
+	descForwardErrors  = desc("sluice_forward_errors_total", "Checks whose owner could not be reached.", prometheus.CounterValue)
+	descFailovers      = desc("sluice_failovers_total", "Checks a replica answered because the owner failed.", prometheus.CounterValue)
+	descRedirects      = desc("sluice_redirects_total", "Checks re-sent to the node a key moved to.", prometheus.CounterValue)
+	descReplicated     = desc("sluice_replicated_total", "Counters sent to replicas.", prometheus.CounterValue)
+	descReplErrors     = desc("sluice_replication_errors_total", "Counters whose replication failed (retried).", prometheus.CounterValue)
+	descHandedOff      = desc("sluice_handed_off_total", "Counters pushed to new owners.", prometheus.CounterValue)
+	descHandoffErrors  = desc("sluice_handoff_errors_total", "Counters whose push to a new owner failed.", prometheus.CounterValue)
+	descPulls          = desc("sluice_pulls_total", "First-touch pulls of moved keys.", prometheus.CounterValue)
+	descPullErrors     = desc("sluice_pull_errors_total", "Pulls whose node did not answer.", prometheus.CounterValue)
+	descRejoins        = desc("sluice_rejoins_total", "Members alive again after being declared dead (a partition healed or a restart).", prometheus.CounterValue)
+	descPauses         = desc("sluice_pauses_total", "Times this process found it had not run for longer than the forward timeout (SIGSTOP, VM freeze, long GC): it then pulled its keys before deciding them.", prometheus.CounterValue)
+	descKeys           = desc("sluice_keys", "Live keys in this node's cache.", prometheus.GaugeValue)
+	descUnreplicated   = desc("sluice_unreplicated_keys", "Changed keys not yet sent to replicas.", prometheus.GaugeValue)
+	descUnflushed      = desc("sluice_unflushed_keys", "Changed keys not yet written to disk.", prometheus.GaugeValue)
+	descWritable       = desc("sluice_store_writable", "1 when the last flush to the store succeeded, 0 while the disk is full or failing (the node decides from memory).", prometheus.GaugeValue)
+	descFlushFailures  = desc("sluice_store_flush_failures_total", "Flushes the store refused or failed (changed keys stayed in memory).", prometheus.CounterValue)
+	descStoreSize      = desc("sluice_store_size_bytes", "Bytes of the files in the data directory (the durable store).", prometheus.GaugeValue)
+	descMembersAlive   = desc("sluice_members_alive", "Members this node sees alive.", prometheus.GaugeValue)
+	descMembers        = desc("sluice_members", "Members this node knows, by state (alive, suspect, dead, left).", prometheus.GaugeValue, "state")
+	descMemberChanges  = desc("sluice_membership_changes_total", "Membership events this node has seen, by event (join, leave, fail, update).", prometheus.CounterValue, "event")
+	descReady          = desc("sluice_ready", "1 once the node has joined its cluster and takes its share of the keys.", prometheus.GaugeValue)
+	descCacheLookups   = desc("sluice_cache_lookups_total", "Cache lookups (decisions, reads, merges), by result: hit (in memory) or miss.", prometheus.CounterValue, "result")
+	descCacheLoads     = desc("sluice_cache_loads_total", "Store reads done for cache misses.", prometheus.CounterValue)
+	descCacheEvicted   = desc("sluice_cache_evictions_total", "Counters the cache evicted from memory (written to the store first when changed).", prometheus.CounterValue)
+	descRulesReloads   = desc("sluice_rules_reloads_total", "Rules reloads that put new rules in force.", prometheus.CounterValue)
+	descRulesFailures  = desc("sluice_rules_reload_failures_total", "Rules reloads refused (the previous rules stayed).", prometheus.CounterValue)
+	descRules          = desc("sluice_rules", "Rules in force (native rules and envoy descriptors with a limit).", prometheus.GaugeValue)
+	descRulesInfo      = desc("sluice_rules_info", "The hash of the rules in force (as `sluice status` shows it); always 1.", prometheus.GaugeValue, "hash")
+	descEnvoyCalls     = desc("sluice_envoy_calls_total", "Envoy ShouldRateLimit calls answered.", prometheus.CounterValue)
+	descEnvoyDescs     = desc("sluice_envoy_descriptors_total", "Envoy descriptors that had a limit.", prometheus.CounterValue)
+	descEnvoyOver      = desc("sluice_envoy_over_limit_total", "Envoy descriptors over their limit, shadow mode included.", prometheus.CounterValue)
+	descLeaseGrants    = desc("sluice_lease_grants_total", "Quota leases of hot keys this node granted as their owner (docs/leases.md).", prometheus.CounterValue)
+	descLeaseTokens    = desc("sluice_lease_granted_hits_total", "Hits in the quota leases this node granted as an owner: admitted at once, for the holders to spend.", prometheus.CounterValue)
+	descLeasedKeys     = desc("sluice_leased_keys", "Keys this node holds a quota lease for now.", prometheus.GaugeValue)
+	descLeaseDecided   = desc("sluice_lease_decisions_total", "Checks this node decided from a quota lease another node granted it.", prometheus.CounterValue)
+	descLeaseUnused    = desc("sluice_lease_unused_hits_total", "Leased hits left unspent when their lease ended or was revoked: admitted by the owner, then by nobody (the leases' under-admission).", prometheus.CounterValue)
+	descLeaseRefusals  = desc("sluice_lease_refusal_grants_total", "Refusal leases this node granted as an owner: a hot key's sender may refuse as many hits itself until the refusal's retry-after.", prometheus.CounterValue)
+	descLeaseRefused   = desc("sluice_lease_refused_total", "Checks this node refused itself from a refusal lease another node granted it.", prometheus.CounterValue)
+	descLeaseRevoked   = desc("sluice_lease_revocations_total", "Quota leases this node dropped before their end: membership changed, or it left.", prometheus.CounterValue)
+	descLeaseTookBack  = desc("sluice_lease_returned_hits_total", "Unspent hits of the quota leases this node granted that their holders gave back and it took back into the keys' counters.", prometheus.CounterValue)
+	descRegionLent     = desc("sluice_region_lent_hits_total", "Hits of global limits this node, as a key's owner in its home region, lent to other regions (docs/regions.md).", prometheus.CounterValue)
+	descRegionFallback = desc("sluice_region_fallback_checks_total", "Checks of global limits this node decided from its region's fallback share while cut off from the key's home region.", prometheus.CounterValue)
+	descRegionCut      = desc("sluice_region_cut", "1 while this node counts the region as cut off: a call failed since its last answer, older than --region-cut-after.", prometheus.GaugeValue, "region")
+	descRegionRTT      = desc("sluice_region_rtt_seconds", "Duration of this node's last answered region grant call to the region.", prometheus.GaugeValue, "region")
+	descLeaseGaveBack  = desc("sluice_lease_gave_back_hits_total", "Unspent hits of quota leases this node held that it gave back and their owners took back (of sluice_lease_unused_hits_total; the rest was admitted by nobody).", prometheus.CounterValue)
+	descIdleResumes    = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
+	descEnvoyShadow    = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
+	descAuthRefused    = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
 )
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
 	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
 	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked, descLeaseRefusals, descLeaseRefused,
-	descLeaseTookBack, descLeaseGaveBack,
+	descLeaseTookBack, descLeaseGaveBack, descRegionLent, descRegionFallback, descRegionCut, descRegionRTT,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
@@ -371,6 +375,14 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descLeaseRefused, float64(st.LeaseRefused))
 	put(descLeaseTookBack, float64(st.LeaseTookBack))
 	put(descLeaseGaveBack, float64(st.LeaseGaveBack))
+	if st.Region != "" {
+		put(descRegionLent, float64(st.RegionLent))
+		put(descRegionFallback, float64(st.RegionFallback))
+		for _, l := range st.RegionLinks {
+			put(descRegionCut, boolValue(l.Cut), l.Region)
+			put(descRegionRTT, l.RTT.Seconds(), l.Region)
+		}
+	}
 	put(descKeys, float64(st.Keys))
 	put(descUnreplicated, float64(st.Unreplicated))
 	put(descUnflushed, float64(st.Unflushed))
@@ -457,10 +469,11 @@ const (
 	rpcHandoff
 	rpcPull
 	rpcReturn
+	rpcRegionGrant
 	numPeerRPCs
 )
 
-var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull", "return"}
+var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull", "return", "region_grant"}
 
 // peerMetrics times the calls this node makes to its peers, by call and
 // peer gRPC address. The handles of an address are resolved the first
@@ -606,6 +619,18 @@ func (o observedPeers) Return(ctx context.Context, addr string, rets []bucket.Le
 	taken, err := rp.Return(ctx, addr, rets)
 	o.m.observe(rpcReturn, addr, start, err)
 	return taken, err
+}
+
+// RegionGrant passes region asks on when the transport carries them.
+func (o observedPeers) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
+	rp, ok := o.next.(cluster.RegionPeers)
+	if !ok {
+		return "", cluster.ErrNoPeers
+	}
+	start := time.Now()
+	region, err := rp.RegionGrant(ctx, addr, q, ans)
+	o.m.observe(rpcRegionGrant, addr, start, err)
+	return region, err
 }
 
 // degraded says why the node serves in a degraded state ("" when it does

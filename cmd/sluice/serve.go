@@ -39,8 +39,31 @@ type serveFlags struct {
 	envoyCountRefused, envoyResponseHeaders                bool
 	forwardStreams                                         bool
 	hotKeyThreshold                                        float64
+	region, regionJoin                                     string
+	regionFallbackShare                                    float64
+	regionCutAfter                                         time.Duration
 	forwardAuthDenyStatus                                  int
 	configPath                                             string
+}
+
+// parseRegionJoin reads --region-join: REGION@host:port, comma-separated.
+func parseRegionJoin(s string) (map[string][]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	m := map[string][]string{}
+	for _, e := range strings.Split(s, ",") {
+		e = strings.TrimSpace(e)
+		r, addr, ok := strings.Cut(e, "@")
+		if !ok || r == "" {
+			return nil, fmt.Errorf("%q: want REGION@host:port", e)
+		}
+		if _, _, err := splitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%q: want REGION@host:port: %v", e, err)
+		}
+		m[r] = append(m[r], addr)
+	}
+	return m, nil
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -67,6 +90,10 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
 	fs.BoolVar(&f.forwardStreams, "forward-streams", true, "carry forwarded checks on one long-lived gRPC stream per peer (false: one unary call each, as before)")
 	fs.Float64Var(&f.hotKeyThreshold, "hot-key-threshold", cluster.DefaultHotKeyThreshold, "hits per second of one key from one other node from which this node, as the key's owner, grants that node quota leases to decide the key itself (docs/leases.md); 0 grants none")
+	fs.StringVar(&f.region, "region", "", "this node's region (docs/regions.md): the nodes of one region form one ring; global limits are shared between regions. Empty: no regions")
+	fs.StringVar(&f.regionJoin, "region-join", "", "comma-separated REGION@host:port gRPC addresses of nodes of the other regions (any node of a region answers for it); needs --region")
+	fs.Float64Var(&f.regionFallbackShare, "region-fallback-share", 0, "share of a global limit this region decides alone, per window, while cut off from the key's home region, past the slices it holds; 0: 1 / the number of regions")
+	fs.DurationVar(&f.regionCutAfter, "region-cut-after", time.Second, "how long after a home region's last answer, with a failed call since, it counts as cut off")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 20*time.Second, "how long a graceful stop may take")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
@@ -348,6 +375,12 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.MoveWindow = f.moveWindow
 	cfg.HeartbeatIdle = f.heartbeatIdle
 	cfg.HotKeyThreshold = f.hotKeyThreshold
+	cfg.Region = f.region
+	if cfg.RegionPeers, err = parseRegionJoin(f.regionJoin); err != nil {
+		return cfg, fmt.Errorf("--region-join: %w", err)
+	}
+	cfg.RegionFallbackShare = f.regionFallbackShare
+	cfg.RegionCutAfter = f.regionCutAfter
 	cfg.Log = lg
 	if cfg.OwnerUnavailable, err = cluster.ParseOwnerUnavailable(f.onOwnerUnavailable); err != nil {
 		return cfg, fmt.Errorf("--on-owner-unavailable: %w", err)
@@ -422,28 +455,35 @@ type statusSource struct {
 func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) {
 	st := s.node.Status()
 	resp := &sluicev1.StatusResponse{
-		Node:              st.Node,
-		Keys:              int64(st.Keys),
-		ChecksPerSecond:   st.ChecksPerSecond,
-		ReplicationFactor: int64(st.ReplicationFactor),
-		Partitions:        int64(st.Partitions),
-		Unreplicated:      int64(st.Unreplicated),
-		Unflushed:         int64(st.Unflushed),
-		Failovers:         int64(st.Failovers),
-		Rejoins:           int64(st.Rejoins),
-		RulesHash:         st.RulesHash,
-		LeasedKeys:        int64(st.LeasedKeys),
-		LeaseGrants:       int64(st.LeaseGrants),
-		LeaseDecisions:    int64(st.LeaseDecisions),
-		LeaseUnused:       int64(st.LeaseUnused),
-		LeaseGrantedHits:  int64(st.LeaseGrantTokens),
-		LeaseSpentHits:    int64(st.LeaseSpent),
-		LeaseRefused:      int64(st.LeaseRefused),
-		LeaseReturnedHits: int64(st.LeaseTookBack),
-		LeaseGaveBackHits: int64(st.LeaseGaveBack),
+		Node:                 st.Node,
+		Keys:                 int64(st.Keys),
+		ChecksPerSecond:      st.ChecksPerSecond,
+		ReplicationFactor:    int64(st.ReplicationFactor),
+		Partitions:           int64(st.Partitions),
+		Unreplicated:         int64(st.Unreplicated),
+		Unflushed:            int64(st.Unflushed),
+		Failovers:            int64(st.Failovers),
+		Rejoins:              int64(st.Rejoins),
+		RulesHash:            st.RulesHash,
+		LeasedKeys:           int64(st.LeasedKeys),
+		LeaseGrants:          int64(st.LeaseGrants),
+		LeaseDecisions:       int64(st.LeaseDecisions),
+		LeaseUnused:          int64(st.LeaseUnused),
+		LeaseGrantedHits:     int64(st.LeaseGrantTokens),
+		LeaseSpentHits:       int64(st.LeaseSpent),
+		LeaseRefused:         int64(st.LeaseRefused),
+		LeaseReturnedHits:    int64(st.LeaseTookBack),
+		LeaseGaveBackHits:    int64(st.LeaseGaveBack),
+		Region:               st.Region,
+		RegionLentHits:       int64(st.RegionLent),
+		RegionFallbackChecks: int64(st.RegionFallback),
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())
+	}
+	for _, l := range st.RegionLinks {
+		resp.RegionLinks = append(resp.RegionLinks, &sluicev1.RegionLink{Region: l.Region, Cut: l.Cut, LastAnswerUnixMs: l.LastAnswer.UnixMilli(),
+			RttMicros: l.RTT.Microseconds(), Asks: int64(l.Asks), LentHits: int64(l.Lent), FailedCalls: int64(l.Failed)})
 	}
 	for _, m := range st.Members {
 		mm := &sluicev1.Member{

@@ -281,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25, 0}
 }
 
 type OwnersRequest struct {
@@ -541,6 +541,8 @@ type RateLimitRequest struct {
 	ElasticLoadPercent int64    `protobuf:"varint,13,opt,name=elastic_load_percent,json=elasticLoadPercent,proto3" json:"elastic_load_percent,omitempty"`
 	CountRefused       bool     `protobuf:"varint,14,opt,name=count_refused,json=countRefused,proto3" json:"count_refused,omitempty"`
 	Calendar           Calendar `protobuf:"varint,15,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
+	// global: with regions, one limit shared by every region (Limit.global).
+	Global bool `protobuf:"varint,17,opt,name=global,proto3" json:"global,omitempty"`
 	// More limits on the same (name, key), decided atomically with the inline
 	// one: every limit admits and all consume, or none does. The answer is the
 	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
@@ -693,6 +695,13 @@ func (x *RateLimitRequest) GetCalendar() Calendar {
 	return Calendar_CALENDAR_NONE
 }
 
+func (x *RateLimitRequest) GetGlobal() bool {
+	if x != nil {
+		return x.Global
+	}
+	return false
+}
+
 func (x *RateLimitRequest) GetLimits() []*Limit {
 	if x != nil {
 		return x.Limits
@@ -737,7 +746,14 @@ type Limit struct {
 	CountRefused bool `protobuf:"varint,11,opt,name=count_refused,json=countRefused,proto3" json:"count_refused,omitempty"`
 	// ALGORITHM_FIXED_WINDOW only: windows follow UTC calendar edges instead
 	// of multiples of window_ms (which must still be valid).
-	Calendar      Calendar `protobuf:"varint,12,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
+	Calendar Calendar `protobuf:"varint,12,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
+	// global: with regions (sluice serve --region), the limit is shared by
+	// every region instead of counted in each: the key's home region holds
+	// the count and lends the other regions slices of it
+	// (docs/regions.md). Only for a hard token bucket, fixed window (not
+	// calendar) or sliding window (without sub_windows), as the request's
+	// only limit. Without regions it changes nothing.
+	Global        bool `protobuf:"varint,13,opt,name=global,proto3" json:"global,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -854,6 +870,13 @@ func (x *Limit) GetCalendar() Calendar {
 		return x.Calendar
 	}
 	return Calendar_CALENDAR_NONE
+}
+
+func (x *Limit) GetGlobal() bool {
+	if x != nil {
+		return x.Global
+	}
+	return false
 }
 
 type CheckResponse struct {
@@ -1063,8 +1086,16 @@ type StatusResponse struct {
 	// it held that their owners took back (of lease_unused).
 	LeaseReturnedHits int64 `protobuf:"varint,21,opt,name=lease_returned_hits,json=leaseReturnedHits,proto3" json:"lease_returned_hits,omitempty"`
 	LeaseGaveBackHits int64 `protobuf:"varint,22,opt,name=lease_gave_back_hits,json=leaseGaveBackHits,proto3" json:"lease_gave_back_hits,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Regions (docs/regions.md): this node's region (empty: none); hits of
+	// global limits it lent other regions as a home region's owner; checks
+	// it decided from a fallback share while cut off; what it knows of each
+	// other region.
+	Region               string        `protobuf:"bytes,23,opt,name=region,proto3" json:"region,omitempty"`
+	RegionLentHits       int64         `protobuf:"varint,24,opt,name=region_lent_hits,json=regionLentHits,proto3" json:"region_lent_hits,omitempty"`
+	RegionFallbackChecks int64         `protobuf:"varint,25,opt,name=region_fallback_checks,json=regionFallbackChecks,proto3" json:"region_fallback_checks,omitempty"`
+	RegionLinks          []*RegionLink `protobuf:"bytes,26,rep,name=region_links,json=regionLinks,proto3" json:"region_links,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1249,6 +1280,34 @@ func (x *StatusResponse) GetLeaseGaveBackHits() int64 {
 		return x.LeaseGaveBackHits
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRegionLentHits() int64 {
+	if x != nil {
+		return x.RegionLentHits
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRegionFallbackChecks() int64 {
+	if x != nil {
+		return x.RegionFallbackChecks
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetRegionLinks() []*RegionLink {
+	if x != nil {
+		return x.RegionLinks
+	}
+	return nil
 }
 
 type MemberEvent struct {
@@ -1691,6 +1750,99 @@ func (x *LeaseGrant) GetGrantedAt() int64 {
 	return 0
 }
 
+// RegionLink: what a node knows of reaching another region.
+type RegionLink struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Region           string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Cut              bool                   `protobuf:"varint,2,opt,name=cut,proto3" json:"cut,omitempty"` // counted as cut off now
+	LastAnswerUnixMs int64                  `protobuf:"varint,3,opt,name=last_answer_unix_ms,json=lastAnswerUnixMs,proto3" json:"last_answer_unix_ms,omitempty"`
+	RttMicros        int64                  `protobuf:"varint,4,opt,name=rtt_micros,json=rttMicros,proto3" json:"rtt_micros,omitempty"` // of the last answered call
+	Asks             int64                  `protobuf:"varint,5,opt,name=asks,proto3" json:"asks,omitempty"`                            // keys asked for
+	LentHits         int64                  `protobuf:"varint,6,opt,name=lent_hits,json=lentHits,proto3" json:"lent_hits,omitempty"`    // hits it lent this node
+	FailedCalls      int64                  `protobuf:"varint,7,opt,name=failed_calls,json=failedCalls,proto3" json:"failed_calls,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RegionLink) Reset() {
+	*x = RegionLink{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionLink) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionLink) ProtoMessage() {}
+
+func (x *RegionLink) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionLink.ProtoReflect.Descriptor instead.
+func (*RegionLink) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RegionLink) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionLink) GetCut() bool {
+	if x != nil {
+		return x.Cut
+	}
+	return false
+}
+
+func (x *RegionLink) GetLastAnswerUnixMs() int64 {
+	if x != nil {
+		return x.LastAnswerUnixMs
+	}
+	return 0
+}
+
+func (x *RegionLink) GetRttMicros() int64 {
+	if x != nil {
+		return x.RttMicros
+	}
+	return 0
+}
+
+func (x *RegionLink) GetAsks() int64 {
+	if x != nil {
+		return x.Asks
+	}
+	return 0
+}
+
+func (x *RegionLink) GetLentHits() int64 {
+	if x != nil {
+		return x.LentHits
+	}
+	return 0
+}
+
+func (x *RegionLink) GetFailedCalls() int64 {
+	if x != nil {
+		return x.FailedCalls
+	}
+	return 0
+}
+
 type ReturnRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`       // name of the sending node
@@ -1702,7 +1854,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1714,7 +1866,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1727,7 +1879,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReturnRequest) GetFrom() string {
@@ -1764,7 +1916,7 @@ type LeaseReturn struct {
 
 func (x *LeaseReturn) Reset() {
 	*x = LeaseReturn{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +1928,7 @@ func (x *LeaseReturn) String() string {
 func (*LeaseReturn) ProtoMessage() {}
 
 func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +1941,7 @@ func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
 func (*LeaseReturn) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseReturn) GetRequest() *RateLimitRequest {
@@ -1806,6 +1958,222 @@ func (x *LeaseReturn) GetGrantedAt() int64 {
 	return 0
 }
 
+type RegionGrantRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	From     string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`                         // name of the node that asks (kept when routed)
+	Cluster  string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`                   // as ForwardRequest.cluster
+	Region   string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`                     // the asking node's region
+	ToRegion string                 `protobuf:"bytes,4,opt,name=to_region,json=toRegion,proto3" json:"to_region,omitempty"` // the region it asks: the keys' home region
+	Asks     []*RegionAsk           `protobuf:"bytes,5,rep,name=asks,proto3" json:"asks,omitempty"`                         // at most 5,000
+	// routed: a node of the home region passed these asks on to the keys'
+	// owner; the receiver does not pass them on again.
+	Routed        bool `protobuf:"varint,6,opt,name=routed,proto3" json:"routed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionGrantRequest) Reset() {
+	*x = RegionGrantRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionGrantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionGrantRequest) ProtoMessage() {}
+
+func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionGrantRequest.ProtoReflect.Descriptor instead.
+func (*RegionGrantRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RegionGrantRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RegionGrantRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *RegionGrantRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionGrantRequest) GetToRegion() string {
+	if x != nil {
+		return x.ToRegion
+	}
+	return ""
+}
+
+func (x *RegionGrantRequest) GetAsks() []*RegionAsk {
+	if x != nil {
+		return x.Asks
+	}
+	return nil
+}
+
+func (x *RegionGrantRequest) GetRouted() bool {
+	if x != nil {
+		return x.Routed
+	}
+	return false
+}
+
+// RegionAsk: one key of a global limit.
+type RegionAsk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request: name, key and the global limit; hits: how many hits the
+	// asking region wants lent (0 .. 2^20; 0: none, only a return).
+	Request *RateLimitRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// return_hits: unspent hits of the slice granted at return_granted_at,
+	// given back (0 .. 2^20).
+	ReturnHits      int64 `protobuf:"varint,2,opt,name=return_hits,json=returnHits,proto3" json:"return_hits,omitempty"`
+	ReturnGrantedAt int64 `protobuf:"varint,3,opt,name=return_granted_at,json=returnGrantedAt,proto3" json:"return_granted_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RegionAsk) Reset() {
+	*x = RegionAsk{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionAsk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionAsk) ProtoMessage() {}
+
+func (x *RegionAsk) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionAsk.ProtoReflect.Descriptor instead.
+func (*RegionAsk) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RegionAsk) GetRequest() *RateLimitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *RegionAsk) GetReturnHits() int64 {
+	if x != nil {
+		return x.ReturnHits
+	}
+	return 0
+}
+
+func (x *RegionAsk) GetReturnGrantedAt() int64 {
+	if x != nil {
+		return x.ReturnGrantedAt
+	}
+	return 0
+}
+
+type RegionGrantResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"` // the answering node's region
+	// grants: slices lent, at most one per ask (LeaseGrant.index); tokens 0
+	// is a refusal: the key has nothing left to lend until ttl_micros after
+	// the asker sent the request.
+	Grants []*LeaseGrant `protobuf:"bytes,2,rep,name=grants,proto3" json:"grants,omitempty"`
+	// taken[i]: of asks[i]'s return_hits, how many the key's owner took
+	// back. One entry per ask.
+	Taken         []int64 `protobuf:"varint,3,rep,packed,name=taken,proto3" json:"taken,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionGrantResponse) Reset() {
+	*x = RegionGrantResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionGrantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionGrantResponse) ProtoMessage() {}
+
+func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionGrantResponse.ProtoReflect.Descriptor instead.
+func (*RegionGrantResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RegionGrantResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RegionGrantResponse) GetGrants() []*LeaseGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *RegionGrantResponse) GetTaken() []int64 {
+	if x != nil {
+		return x.Taken
+	}
+	return nil
+}
+
 type ReturnResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// taken[i]: hits of returns[i] the receiver took back into the key's
@@ -1817,7 +2185,7 @@ type ReturnResponse struct {
 
 func (x *ReturnResponse) Reset() {
 	*x = ReturnResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +2197,7 @@ func (x *ReturnResponse) String() string {
 func (*ReturnResponse) ProtoMessage() {}
 
 func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +2210,7 @@ func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
 func (*ReturnResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReturnResponse) GetTaken() []int64 {
@@ -1879,7 +2247,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2259,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2272,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -1957,7 +2325,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2337,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2350,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -2026,7 +2394,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2406,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2419,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Counter) GetName() string {
@@ -2094,7 +2462,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2474,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2487,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -2161,7 +2529,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2541,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2554,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -2220,7 +2588,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2600,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2613,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CounterKey) GetName() string {
@@ -2275,7 +2643,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2655,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2668,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -2357,7 +2725,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2737,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2750,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -2419,7 +2787,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2799,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2812,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -2488,7 +2856,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xb5\x04\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xcd\x04\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -2506,9 +2874,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0felastic_ceiling\x18\f \x01(\x03R\x0eelasticCeiling\x120\n" +
 	"\x14elastic_load_percent\x18\r \x01(\x03R\x12elasticLoadPercent\x12#\n" +
 	"\rcount_refused\x18\x0e \x01(\bR\fcountRefused\x12/\n" +
-	"\bcalendar\x18\x0f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12(\n" +
+	"\bcalendar\x18\x0f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12\x16\n" +
+	"\x06global\x18\x11 \x01(\bR\x06global\x12(\n" +
 	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limitsB\a\n" +
-	"\x05_hits\"\xb8\x03\n" +
+	"\x05_hits\"\xd0\x03\n" +
 	"\x05Limit\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x03R\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x02 \x01(\x03R\bwindowMs\x122\n" +
@@ -2523,7 +2892,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x14elastic_load_percent\x18\n" +
 	" \x01(\x03R\x12elasticLoadPercent\x12#\n" +
 	"\rcount_refused\x18\v \x01(\bR\fcountRefused\x12/\n" +
-	"\bcalendar\x18\f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\"K\n" +
+	"\bcalendar\x18\f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12\x16\n" +
+	"\x06global\x18\r \x01(\bR\x06global\"K\n" +
 	"\rCheckResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\xea\x01\n" +
 	"\x11RateLimitResponse\x12)\n" +
@@ -2534,7 +2904,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xad\x06\n" +
+	"\rStatusRequest\"\xdf\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2562,7 +2932,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x10lease_spent_hits\x18\x13 \x01(\x03R\x0eleaseSpentHits\x12#\n" +
 	"\rlease_refused\x18\x14 \x01(\x03R\fleaseRefused\x12.\n" +
 	"\x13lease_returned_hits\x18\x15 \x01(\x03R\x11leaseReturnedHits\x12/\n" +
-	"\x14lease_gave_back_hits\x18\x16 \x01(\x03R\x11leaseGaveBackHits\"R\n" +
+	"\x14lease_gave_back_hits\x18\x16 \x01(\x03R\x11leaseGaveBackHits\x12\x16\n" +
+	"\x06region\x18\x17 \x01(\tR\x06region\x12(\n" +
+	"\x10region_lent_hits\x18\x18 \x01(\x03R\x0eregionLentHits\x124\n" +
+	"\x16region_fallback_checks\x18\x19 \x01(\x03R\x14regionFallbackChecks\x128\n" +
+	"\fregion_links\x18\x1a \x03(\v2\x15.sluice.v1.RegionLinkR\vregionLinks\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
@@ -2602,7 +2976,17 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"ttl_micros\x18\x03 \x01(\x03R\tttlMicros\x12\x1d\n" +
 	"\n" +
-	"granted_at\x18\x04 \x01(\x03R\tgrantedAt\"o\n" +
+	"granted_at\x18\x04 \x01(\x03R\tgrantedAt\"\xd8\x01\n" +
+	"\n" +
+	"RegionLink\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x10\n" +
+	"\x03cut\x18\x02 \x01(\bR\x03cut\x12-\n" +
+	"\x13last_answer_unix_ms\x18\x03 \x01(\x03R\x10lastAnswerUnixMs\x12\x1d\n" +
+	"\n" +
+	"rtt_micros\x18\x04 \x01(\x03R\trttMicros\x12\x12\n" +
+	"\x04asks\x18\x05 \x01(\x03R\x04asks\x12\x1b\n" +
+	"\tlent_hits\x18\x06 \x01(\x03R\blentHits\x12!\n" +
+	"\ffailed_calls\x18\a \x01(\x03R\vfailedCalls\"o\n" +
 	"\rReturnRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x18\n" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x120\n" +
@@ -2610,7 +2994,23 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vLeaseReturn\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x1d\n" +
 	"\n" +
-	"granted_at\x18\x02 \x01(\x03R\tgrantedAt\"&\n" +
+	"granted_at\x18\x02 \x01(\x03R\tgrantedAt\"\xb9\x01\n" +
+	"\x12RegionGrantRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x1b\n" +
+	"\tto_region\x18\x04 \x01(\tR\btoRegion\x12(\n" +
+	"\x04asks\x18\x05 \x03(\v2\x14.sluice.v1.RegionAskR\x04asks\x12\x16\n" +
+	"\x06routed\x18\x06 \x01(\bR\x06routed\"\x8f\x01\n" +
+	"\tRegionAsk\x125\n" +
+	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\x12\x1f\n" +
+	"\vreturn_hits\x18\x02 \x01(\x03R\n" +
+	"returnHits\x12*\n" +
+	"\x11return_granted_at\x18\x03 \x01(\x03R\x0freturnGrantedAt\"r\n" +
+	"\x13RegionGrantResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12-\n" +
+	"\x06grants\x18\x02 \x03(\v2\x15.sluice.v1.LeaseGrantR\x06grants\x12\x14\n" +
+	"\x05taken\x18\x03 \x03(\x03R\x05taken\"&\n" +
 	"\x0eReturnResponse\x12\x14\n" +
 	"\x05taken\x18\x01 \x03(\x03R\x05taken\"\xab\x01\n" +
 	"\x0fForwardEnvelope\x12\x0e\n" +
@@ -2685,13 +3085,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
 	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2F\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xcd\x02\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\x9b\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
 	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12C\n" +
 	"\bForwards\x12\x1a.sluice.v1.ForwardEnvelope\x1a\x17.sluice.v1.ForwardReply(\x010\x01\x12=\n" +
-	"\x06Return\x12\x18.sluice.v1.ReturnRequest\x1a\x19.sluice.v1.ReturnResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
+	"\x06Return\x12\x18.sluice.v1.ReturnRequest\x1a\x19.sluice.v1.ReturnResponse\x12L\n" +
+	"\vRegionGrant\x12\x1d.sluice.v1.RegionGrantRequest\x1a\x1e.sluice.v1.RegionGrantResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -2706,40 +3107,44 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_sluice_v1_sluice_proto_goTypes = []any{
-	(Algorithm)(0),             // 0: sluice.v1.Algorithm
-	(Status)(0),                // 1: sluice.v1.Status
-	(Mode)(0),                  // 2: sluice.v1.Mode
-	(Calendar)(0),              // 3: sluice.v1.Calendar
-	(ReplicateRequest_Kind)(0), // 4: sluice.v1.ReplicateRequest.Kind
-	(*OwnersRequest)(nil),      // 5: sluice.v1.OwnersRequest
-	(*OwnersResponse)(nil),     // 6: sluice.v1.OwnersResponse
-	(*OwnerMember)(nil),        // 7: sluice.v1.OwnerMember
-	(*CheckRequest)(nil),       // 8: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),   // 9: sluice.v1.RateLimitRequest
-	(*Limit)(nil),              // 10: sluice.v1.Limit
-	(*CheckResponse)(nil),      // 11: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil),  // 12: sluice.v1.RateLimitResponse
-	(*StatusRequest)(nil),      // 13: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),     // 14: sluice.v1.StatusResponse
-	(*MemberEvent)(nil),        // 15: sluice.v1.MemberEvent
-	(*Member)(nil),             // 16: sluice.v1.Member
-	(*ForwardRequest)(nil),     // 17: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),    // 18: sluice.v1.ForwardResponse
-	(*LeaseGrant)(nil),         // 19: sluice.v1.LeaseGrant
-	(*ReturnRequest)(nil),      // 20: sluice.v1.ReturnRequest
-	(*LeaseReturn)(nil),        // 21: sluice.v1.LeaseReturn
-	(*ReturnResponse)(nil),     // 22: sluice.v1.ReturnResponse
-	(*ForwardEnvelope)(nil),    // 23: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),       // 24: sluice.v1.ForwardReply
-	(*Counter)(nil),            // 25: sluice.v1.Counter
-	(*ReplicateRequest)(nil),   // 26: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),  // 27: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),         // 28: sluice.v1.CounterKey
-	(*PullRequest)(nil),        // 29: sluice.v1.PullRequest
-	(*PullResponse)(nil),       // 30: sluice.v1.PullResponse
-	(*PullHolder)(nil),         // 31: sluice.v1.PullHolder
+	(Algorithm)(0),              // 0: sluice.v1.Algorithm
+	(Status)(0),                 // 1: sluice.v1.Status
+	(Mode)(0),                   // 2: sluice.v1.Mode
+	(Calendar)(0),               // 3: sluice.v1.Calendar
+	(ReplicateRequest_Kind)(0),  // 4: sluice.v1.ReplicateRequest.Kind
+	(*OwnersRequest)(nil),       // 5: sluice.v1.OwnersRequest
+	(*OwnersResponse)(nil),      // 6: sluice.v1.OwnersResponse
+	(*OwnerMember)(nil),         // 7: sluice.v1.OwnerMember
+	(*CheckRequest)(nil),        // 8: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),    // 9: sluice.v1.RateLimitRequest
+	(*Limit)(nil),               // 10: sluice.v1.Limit
+	(*CheckResponse)(nil),       // 11: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),   // 12: sluice.v1.RateLimitResponse
+	(*StatusRequest)(nil),       // 13: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),      // 14: sluice.v1.StatusResponse
+	(*MemberEvent)(nil),         // 15: sluice.v1.MemberEvent
+	(*Member)(nil),              // 16: sluice.v1.Member
+	(*ForwardRequest)(nil),      // 17: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 18: sluice.v1.ForwardResponse
+	(*LeaseGrant)(nil),          // 19: sluice.v1.LeaseGrant
+	(*RegionLink)(nil),          // 20: sluice.v1.RegionLink
+	(*ReturnRequest)(nil),       // 21: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),         // 22: sluice.v1.LeaseReturn
+	(*RegionGrantRequest)(nil),  // 23: sluice.v1.RegionGrantRequest
+	(*RegionAsk)(nil),           // 24: sluice.v1.RegionAsk
+	(*RegionGrantResponse)(nil), // 25: sluice.v1.RegionGrantResponse
+	(*ReturnResponse)(nil),      // 26: sluice.v1.ReturnResponse
+	(*ForwardEnvelope)(nil),     // 27: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),        // 28: sluice.v1.ForwardReply
+	(*Counter)(nil),             // 29: sluice.v1.Counter
+	(*ReplicateRequest)(nil),    // 30: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 31: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),          // 32: sluice.v1.CounterKey
+	(*PullRequest)(nil),         // 33: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 34: sluice.v1.PullResponse
+	(*PullHolder)(nil),          // 35: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -2755,39 +3160,45 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	1,  // 10: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
 	16, // 11: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
 	15, // 12: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	9,  // 13: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	12, // 14: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	19, // 15: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	21, // 16: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	9,  // 17: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	17, // 18: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	18, // 19: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	4,  // 20: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	25, // 21: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	28, // 22: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	25, // 23: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	31, // 24: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	8,  // 25: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 26: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 27: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 28: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	26, // 29: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	29, // 30: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	23, // 31: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	20, // 32: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	11, // 33: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 34: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 35: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 36: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	27, // 37: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	30, // 38: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	24, // 39: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	22, // 40: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	33, // [33:41] is the sub-list for method output_type
-	25, // [25:33] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	20, // 13: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	9,  // 14: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	12, // 15: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	19, // 16: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	22, // 17: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	9,  // 18: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	24, // 19: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	9,  // 20: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	19, // 21: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	17, // 22: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	18, // 23: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	4,  // 24: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	29, // 25: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	32, // 26: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	29, // 27: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	35, // 28: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	8,  // 29: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 30: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	13, // 31: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	17, // 32: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	30, // 33: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	33, // 34: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	27, // 35: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	21, // 36: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	23, // 37: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	11, // 38: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 39: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 40: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 41: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	31, // 42: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	34, // 43: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	28, // 44: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	26, // 45: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	25, // 46: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	38, // [38:47] is the sub-list for method output_type
+	29, // [29:38] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2802,7 +3213,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   27,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -287,11 +287,12 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Forward_FullMethodName   = "/sluice.v1.Peer/Forward"
-	Peer_Replicate_FullMethodName = "/sluice.v1.Peer/Replicate"
-	Peer_Pull_FullMethodName      = "/sluice.v1.Peer/Pull"
-	Peer_Forwards_FullMethodName  = "/sluice.v1.Peer/Forwards"
-	Peer_Return_FullMethodName    = "/sluice.v1.Peer/Return"
+	Peer_Forward_FullMethodName     = "/sluice.v1.Peer/Forward"
+	Peer_Replicate_FullMethodName   = "/sluice.v1.Peer/Replicate"
+	Peer_Pull_FullMethodName        = "/sluice.v1.Peer/Pull"
+	Peer_Forwards_FullMethodName    = "/sluice.v1.Peer/Forwards"
+	Peer_Return_FullMethodName      = "/sluice.v1.Peer/Return"
+	Peer_RegionGrant_FullMethodName = "/sluice.v1.Peer/RegionGrant"
 )
 
 // PeerClient is the client API for Peer service.
@@ -325,6 +326,12 @@ type PeerClient interface {
 	// takes them back into the keys' counters when it still owns the keys,
 	// still counts the grant's window and granted them.
 	Return(ctx context.Context, in *ReturnRequest, opts ...grpc.CallOption) (*ReturnResponse, error)
+	// RegionGrant: a node of another region asks this region, the home
+	// region of global limits' keys, for slices of them, and gives back what
+	// it did not spend of earlier ones (docs/regions.md). Any node of the
+	// home region answers: it passes the asks for keys it does not own to
+	// their owner (routed), which grants.
+	RegionGrant(ctx context.Context, in *RegionGrantRequest, opts ...grpc.CallOption) (*RegionGrantResponse, error)
 }
 
 type peerClient struct {
@@ -388,6 +395,16 @@ func (c *peerClient) Return(ctx context.Context, in *ReturnRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *peerClient) RegionGrant(ctx context.Context, in *RegionGrantRequest, opts ...grpc.CallOption) (*RegionGrantResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegionGrantResponse)
+	err := c.cc.Invoke(ctx, Peer_RegionGrant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -419,6 +436,12 @@ type PeerServer interface {
 	// takes them back into the keys' counters when it still owns the keys,
 	// still counts the grant's window and granted them.
 	Return(context.Context, *ReturnRequest) (*ReturnResponse, error)
+	// RegionGrant: a node of another region asks this region, the home
+	// region of global limits' keys, for slices of them, and gives back what
+	// it did not spend of earlier ones (docs/regions.md). Any node of the
+	// home region answers: it passes the asks for keys it does not own to
+	// their owner (routed), which grants.
+	RegionGrant(context.Context, *RegionGrantRequest) (*RegionGrantResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -443,6 +466,9 @@ func (UnimplementedPeerServer) Forwards(grpc.BidiStreamingServer[ForwardEnvelope
 }
 func (UnimplementedPeerServer) Return(context.Context, *ReturnRequest) (*ReturnResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Return not implemented")
+}
+func (UnimplementedPeerServer) RegionGrant(context.Context, *RegionGrantRequest) (*RegionGrantResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegionGrant not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -544,6 +570,24 @@ func _Peer_Return_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_RegionGrant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegionGrantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).RegionGrant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_RegionGrant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).RegionGrant(ctx, req.(*RegionGrantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -566,6 +610,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Return",
 			Handler:    _Peer_Return_Handler,
+		},
+		{
+			MethodName: "RegionGrant",
+			Handler:    _Peer_RegionGrant_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
