@@ -175,7 +175,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		leaseKick: make(chan struct{}, 1),
 	}
 	n.regions = newRegions(&cfg, n.now().UnixNano())
-	if cfg.HotKeyThreshold > 0 || n.regions != nil {
+	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}
 	cc := cfg.Cache
@@ -300,6 +300,9 @@ func (n *Node) rebuild() {
 		// The keys' counters may now come from nodes that never counted
 		// this node's grants: take none of them back.
 		n.heat.ForgetGrants()
+	}
+	if n.regions != nil {
+		n.regions.book.Forget()
 	}
 	if h := n.published.Load(); h != nil {
 		(*h)(cur)

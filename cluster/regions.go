@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -75,6 +76,11 @@ type regions struct {
 	table *lease.Table
 	kick  chan struct{}
 
+	// book: the slices this node lent other regions as a home owner,
+	// for their returns; swept of those past any slice's life.
+	book      *lease.Book
+	lastSweep atomic.Int64
+
 	mu     sync.Mutex
 	demand map[lease.Key]*regionDemand
 	links  map[string]*regionLink // by region
@@ -95,6 +101,7 @@ type regionLink struct {
 	lastOK   int64 // Unix ns of the last answer (the node's start until one)
 	lastFail int64 // Unix ns of the last failed call
 	rtt      time.Duration
+	answered bool // lastOK is an answer, not the node's start
 	// Counts for Status.
 	asks, grants, failures uint64
 }
@@ -103,7 +110,7 @@ func newRegions(cfg *Config, now int64) *regions {
 	if cfg.Region == "" {
 		return nil
 	}
-	rs := &regions{self: cfg.Region, table: lease.NewTable(), kick: make(chan struct{}, 1),
+	rs := &regions{self: cfg.Region, table: lease.NewTable(), kick: make(chan struct{}, 1), book: lease.NewBook(),
 		demand: map[lease.Key]*regionDemand{}, links: map[string]*regionLink{}}
 	rs.names = append(rs.names, cfg.Region)
 	for r, addrs := range cfg.RegionPeers {
@@ -342,7 +349,7 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 			n.log.Debug("region grant failed", "region", home, "addr", addrs[i], "err", err)
 			continue
 		}
-		l.lastOK, l.rtt, l.next, l.asks = n.now().UnixNano(), time.Since(start), i, l.asks+uint64(len(asks))
+		l.lastOK, l.rtt, l.next, l.asks, l.answered = n.now().UnixNano(), time.Since(start), i, l.asks+uint64(len(asks)), true
 		rs.mu.Unlock()
 		var lent uint64
 		for j, a := range ans {
@@ -428,7 +435,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 		return "" // the asker's regions differ from this node's: lend nothing
 	}
 	k := writeback.Key{Name: r.Name, Key: r.Key}
-	if a.Return > 0 && n.heat != nil {
+	if a.Return > 0 {
 		n.gate.RLock()
 		eff := ownership.Step(n.facts(n.ring.Table(), h, k, lims, now), ownership.Event{Kind: ownership.Forwarded})
 		if eff.Forward {
@@ -436,7 +443,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 			return n.ownerAddr(h)
 		}
 		if !(eff.Joining || eff.Redirect != "" || eff.PullFrom != "" || eff.Settle || eff.Reclaim) {
-			if hits := n.heat.Return(h, from, a.ReturnGrantedAt, a.Return); hits > 0 {
+			if hits := n.regions.book.Return(h, from, a.ReturnGrantedAt, a.Return); hits > 0 {
 				if back, err := n.cache.Refund(h, k, lims.one, hits, a.ReturnGrantedAt, now); err == nil {
 					out.Taken = back
 					n.leaseTookBack.Add(uint64(back))
@@ -475,8 +482,11 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 	if n.decide(ctx, h, &g, lims, ev, now, &gd) != "" || gd.Err != "" || !gd.Allowed() {
 		return ""
 	}
-	if n.heat != nil {
-		n.heat.Record(h, from, now, size)
+	n.regions.book.Record(h, from, now, size)
+	if last := n.regions.lastSweep.Load(); now-last > int64(time.Second) && n.regions.lastSweep.CompareAndSwap(last, now) {
+		// A slice lasts at most RegionLeaseTTL; its return comes within a
+		// few sync rounds after: a minute covers both many times over.
+		n.regions.book.Sweep(now - int64(n.cfg.RegionLeaseTTL) - int64(time.Minute))
 	}
 	out.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	n.regionLent.Add(uint64(size))
@@ -493,7 +503,8 @@ func (n *Node) ownerAddr(h uint64) string {
 	return o.Addr
 }
 
-// RegionLink is what Status says about one other region.
+// RegionLink is what Status says about one other region (LastAnswer zero:
+// none yet).
 type RegionLink struct {
 	Region             string
 	Cut                bool
@@ -516,7 +527,11 @@ func (n *Node) regionStatus(now int64) []RegionLink {
 		cut := n.cut(r, now)
 		rs.mu.Lock()
 		l := rs.links[r]
-		out = append(out, RegionLink{Region: r, Cut: cut, LastAnswer: time.Unix(0, l.lastOK), RTT: l.rtt, Asks: l.asks, Lent: l.grants, Failed: l.failures})
+		rl := RegionLink{Region: r, Cut: cut, RTT: l.rtt, Asks: l.asks, Lent: l.grants, Failed: l.failures}
+		if l.answered {
+			rl.LastAnswer = time.Unix(0, l.lastOK)
+		}
+		out = append(out, rl)
 		rs.mu.Unlock()
 	}
 	return out

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -136,5 +137,100 @@ func TestGlobalLimitAcrossRegions(t *testing.T) {
 	}
 	if ws[len(ws)-1].b == 0 {
 		t.Errorf("healed: b admitted nothing in the last window")
+	}
+}
+
+// TestRegionSlicesComeBack: the hits of a slice a region did not spend go
+// back to the key's home when the slice ends, and the home takes them back
+// into the counter: afterwards the key has exactly what it would have had
+// without the slices (a token bucket of 6,000 refilled one token a second:
+// the burst less the checks admitted, plus the refill).
+func TestRegionSlicesComeBack(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(t0.Truncate(time.Minute).UnixNano())
+	a, b, _ := twoRegions(t, 3, &clock)
+	const burst = 6000
+	lim := bucket.Limit{Limit: 60, WindowMS: 60_000, Burst: burst, Algorithm: bucket.TokenBucket, Global: true}
+	var key string
+	for i := 0; ; i++ {
+		key = fmt.Sprintf("tenant:%d", i)
+		if a[0].regions.home(ring.Hash("api", key)) == "a" {
+			break
+		}
+	}
+	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
+	start := clock.Load()
+	var admitted int64
+	for ms := range 300 {
+		clock.Store(start + int64(ms)*int64(time.Millisecond))
+		for _, n := range b {
+			if check1(n, r).Allowed() {
+				admitted++
+			}
+		}
+		if ms%50 == 49 {
+			for _, n := range b {
+				n.regionSync()
+			}
+		}
+	}
+	if admitted == 0 {
+		t.Fatal("region b admitted nothing")
+	}
+	// The key cools down: two more rounds (a region asks from its
+	// demand of the last two), then, once every slice (at most 1 s) has
+	// ended, one that gives back what is left.
+	for _, at := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		clock.Store(start + int64(at))
+		for _, n := range b {
+			n.regionSync()
+		}
+	}
+	var lent, took uint64
+	var owner *Node
+	for _, n := range a {
+		st := n.Status()
+		lent += st.RegionLent
+		took += st.LeaseTookBack
+		if st.RegionLent > 0 {
+			owner = n
+		}
+	}
+	peek := r
+	peek.Hits = 0
+	left := check1(owner, peek).Remaining
+	// The bucket refills a token a second from its first grant, in the
+	// test's first 300 ms: 3.7 to 4 s before the peek, 3 or 4 tokens.
+	lo, hi := burst-admitted+3, burst-admitted+4
+	t.Logf("b admitted %d; a lent %d and took back %d; %d left of %d", admitted, lent, took, left, burst)
+	if took == 0 || uint64(admitted)+took != lent {
+		t.Fatalf("lent %d, admitted %d, took back %d: want every unspent hit back", lent, admitted, took)
+	}
+	if left < lo || left > hi {
+		t.Fatalf("%d left after %d admitted and the slices returned, want %d to %d", left, admitted, lo, hi)
+	}
+}
+
+func TestRegionSettingsValidated(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		region string
+		peers  map[string][]string
+		share  float64
+		want   string
+	}{
+		{"", map[string][]string{"b": {"x:1"}}, 0, "without a region"},
+		{"Bad", nil, 0, `region "Bad"`},
+		{"a", map[string][]string{"a": {"x:1"}}, 0, "own region"},
+		{"a", map[string][]string{"b": nil}, 0, `"b" has no address`},
+		{"a", map[string][]string{"b_c": {"x:1"}}, 0, `region "b_c"`},
+		{"a", nil, 1.5, "fallback share"},
+	} {
+		cfg := NodeConfig(t, "n", "mem-0")
+		cfg.Region, cfg.RegionPeers, cfg.RegionFallbackShare = tc.region, tc.peers, tc.share
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error with %q", tc, err, tc.want)
+		}
 	}
 }

@@ -514,3 +514,36 @@ func TestHeatTakesBackOnlyWhatItGranted(t *testing.T) {
 		t.Errorf("after ForgetGrants: took back %d", got)
 	}
 }
+
+// TestBookTakesBackEachGrantOnce: a Book takes back at most what is left
+// of the grant a return names, for the receiver it was made to, until the
+// grant is swept or forgotten.
+func TestBookTakesBackEachGrantOnce(t *testing.T) {
+	t.Parallel()
+	b := NewBook()
+	for at := int64(1); at <= 10; at++ { // more grants of one key than Heat keeps
+		b.Record(7, 1, at, 10)
+	}
+	if got := b.Return(7, 1, 1, 4); got != 4 {
+		t.Errorf("the oldest of ten grants: took back %d of 4", got)
+	}
+	if got := b.Return(7, 1, 1, 9); got != 6 {
+		t.Errorf("again: took back %d, want the 6 left", got)
+	}
+	if got := b.Return(7, 1, 1, 1); got != 0 {
+		t.Errorf("a spent grant: took back %d", got)
+	}
+	if got := b.Return(7, 2, 2, 1); got != 0 {
+		t.Errorf("another receiver: took back %d", got)
+	}
+	if left := b.Sweep(6); left != 5 {
+		t.Errorf("after sweeping grants before 6: %d left, want 5", left)
+	}
+	if got := b.Return(7, 1, 5, 1); got != 0 {
+		t.Errorf("a swept grant: took back %d", got)
+	}
+	b.Forget()
+	if got := b.Return(7, 1, 9, 1); got != 0 {
+		t.Errorf("after Forget: took back %d", got)
+	}
+}

@@ -249,3 +249,19 @@ func mustRead(t *testing.T, path string) string {
 	}
 	return string(b)
 }
+
+func TestParseRegionJoin(t *testing.T) {
+	t.Parallel()
+	m, err := parseRegionJoin("us@10.0.0.1:8081, us@10.0.0.2:8081,eu@[::1]:8081")
+	if err != nil || len(m["us"]) != 2 || m["eu"][0] != "[::1]:8081" {
+		t.Fatalf("%v, %v", m, err)
+	}
+	for _, bad := range []string{"10.0.0.1:8081", "@10.0.0.1:8081", "us@10.0.0.1", "us@"} {
+		if _, err := parseRegionJoin(bad); err == nil || !strings.Contains(err.Error(), "REGION@host:port") {
+			t.Errorf("%q: %v, want an error naming the form", bad, err)
+		}
+	}
+	if m, err := parseRegionJoin(""); m != nil || err != nil {
+		t.Errorf("empty: %v, %v", m, err)
+	}
+}

@@ -482,7 +482,11 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		resp.Rules = int64(s.rules.Len())
 	}
 	for _, l := range st.RegionLinks {
-		resp.RegionLinks = append(resp.RegionLinks, &sluicev1.RegionLink{Region: l.Region, Cut: l.Cut, LastAnswerUnixMs: l.LastAnswer.UnixMilli(),
+		var last int64
+		if !l.LastAnswer.IsZero() {
+			last = l.LastAnswer.UnixMilli()
+		}
+		resp.RegionLinks = append(resp.RegionLinks, &sluicev1.RegionLink{Region: l.Region, Cut: l.Cut, LastAnswerUnixMs: last,
 			RttMicros: l.RTT.Microseconds(), Asks: int64(l.Asks), LentHits: int64(l.Lent), FailedCalls: int64(l.Failed)})
 	}
 	for _, m := range st.Members {

@@ -78,6 +78,22 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if len(hashes) > 1 {
 		fmt.Fprintln(stdout, "\nwarning: the members run different rules (RULES column)")
 	}
+	if st.Region != "" {
+		fmt.Fprintf(stdout, "\nregion %s, as seen from %s: %d hits of global limits lent to other regions, %d checks decided from a fallback share\n",
+			st.Region, st.Node, st.RegionLentHits, st.RegionFallbackChecks)
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "REGION	CUT OFF	LAST ANSWER	ROUND TRIP	KEYS ASKED	HITS LENT	FAILED CALLS")
+		for _, l := range st.RegionLinks {
+			last := "never"
+			if l.LastAnswerUnixMs > 0 {
+				last = time.UnixMilli(l.LastAnswerUnixMs).UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%v\t%s\t%v\t%d\t%d\t%d\n", l.Region, l.Cut, last, time.Duration(l.RttMicros)*time.Microsecond, l.Asks, l.LentHits, l.FailedCalls)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
