@@ -43,6 +43,16 @@ func twoRegions(t *testing.T, k int, clock *atomic.Int64) (a, b []*Node, net *Me
 	return a, b, net
 }
 
+// homedIn returns a key of name "api" whose home region is r, as n sees
+// it.
+func homedIn(n *Node, r string) string {
+	for i := 0; ; i++ {
+		if key := fmt.Sprintf("tenant:%d", i); n.regions.home(ring.Hash("api", key)) == r {
+			return key
+		}
+	}
+}
+
 // TestGlobalLimitAcrossRegions: a global limit checked in two regions of
 // three nodes at six times the limit: region b decides its checks from
 // slices region a (the key's home) lends it, and every window admits at
@@ -57,13 +67,7 @@ func TestGlobalLimitAcrossRegions(t *testing.T) {
 	a, b, net := twoRegions(t, 3, &clock)
 	const limit = 600
 	lim := bucket.Limit{Limit: limit, WindowMS: 1000, Algorithm: bucket.FixedWindow, Global: true}
-	var key string
-	for i := 0; ; i++ {
-		key = fmt.Sprintf("tenant:%d", i)
-		if a[0].regions.home(ring.Hash("api", key)) == "a" {
-			break
-		}
-	}
+	key := homedIn(a[0], "a")
 	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 	type win struct{ a, b int64 }
 	run := func(phase string, windows int) []win {
@@ -152,13 +156,7 @@ func TestRegionSlicesComeBack(t *testing.T) {
 	a, b, _ := twoRegions(t, 3, &clock)
 	const burst = 6000
 	lim := bucket.Limit{Limit: 60, WindowMS: 60_000, Burst: burst, Algorithm: bucket.TokenBucket, Global: true}
-	var key string
-	for i := 0; ; i++ {
-		key = fmt.Sprintf("tenant:%d", i)
-		if a[0].regions.home(ring.Hash("api", key)) == "a" {
-			break
-		}
-	}
+	key := homedIn(a[0], "a")
 	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 	start := clock.Load()
 	var admitted int64

@@ -133,38 +133,6 @@ func (h *Heat) Granted(key, from uint64, now, size int64) {
 	}
 }
 
-// Record records a grant of size hits made at now to the node whose name
-// hashes to from for key, outside Observe's rate rules (a region's slice,
-// docs/regions.md), so that Return takes its unspent hits back. It takes
-// the pair's slot, or the colder of its two, as Observe does.
-func (h *Heat) Record(key, from uint64, now, size int64) {
-	x := mix(key, from)
-	i := x & h.mask
-	j := i ^ 1
-	mu := &h.mu[(i>>1)%heatStripes]
-	start := now - now%h.tick
-	mu.Lock()
-	defer mu.Unlock()
-	s := &h.slots[i]
-	switch o := &h.slots[j]; {
-	case s.key == key && s.from == from && s.start != 0:
-	case o.key == key && o.from == from && o.start != 0:
-		s = o
-	default:
-		if h.warmth(o, start) < h.warmth(s, start) {
-			s = o
-		}
-		*s = heatSlot{key: key, from: from, start: start}
-	}
-	o := 0
-	for k := range s.grants {
-		if s.grants[k].at < s.grants[o].at {
-			o = k
-		}
-	}
-	s.grants[o] = grantRec{at: now, left: size}
-}
-
 // Return accepts back up to hits of the lease granted at (the grant's id,
 // LeaseGrant.granted_at) to the node whose name hashes to from for key,
 // and returns how many: no more than what is left of that grant, and none
