@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"iter"
 	"sync"
 	"time"
 )
@@ -112,13 +113,8 @@ func (h *Heat) Observe(key, from uint64, hits, now int64, threshold float64, gap
 // Granted records the size of the lease Observe just allowed for (key,
 // from) at now; a slot another pair took meanwhile is left alone.
 func (h *Heat) Granted(key, from uint64, now, size int64) {
-	x := mix(key, from)
-	i := x & h.mask
-	mu := &h.mu[(i>>1)%heatStripes]
-	mu.Lock()
-	defer mu.Unlock()
-	for _, j := range [2]uint64{i, i ^ 1} {
-		if s := &h.slots[j]; s.key == key && s.from == from && s.granted == now {
+	for s := range h.pair(key, from) {
+		if s.granted == now {
 			s.size = size
 			// Replace the oldest record: a holder keeps at most
 			// MaxSlices leases of a key.
@@ -144,16 +140,7 @@ func (h *Heat) Return(key, from uint64, at, hits int64) int64 {
 	if hits <= 0 || at == 0 {
 		return 0
 	}
-	x := mix(key, from)
-	i := x & h.mask
-	mu := &h.mu[(i>>1)%heatStripes]
-	mu.Lock()
-	defer mu.Unlock()
-	for _, j := range [2]uint64{i, i ^ 1} {
-		s := &h.slots[j]
-		if s.key != key || s.from != from {
-			continue
-		}
+	for s := range h.pair(key, from) {
 		for k := range s.grants {
 			if g := &s.grants[k]; g.at == at && g.left > 0 {
 				back := min(hits, g.left)
@@ -177,6 +164,22 @@ func (h *Heat) ForgetGrants() {
 			}
 		}
 		h.mu[st].Unlock()
+	}
+}
+
+// pair yields the slots that hold (key, from) — of its two candidates —
+// with their stripe locked.
+func (h *Heat) pair(key, from uint64) iter.Seq[*heatSlot] {
+	return func(yield func(*heatSlot) bool) {
+		i := mix(key, from) & h.mask
+		mu := &h.mu[(i>>1)%heatStripes]
+		mu.Lock()
+		defer mu.Unlock()
+		for _, j := range [2]uint64{i, i ^ 1} {
+			if s := &h.slots[j]; s.key == key && s.from == from && !yield(s) {
+				return
+			}
+		}
 	}
 }
 
