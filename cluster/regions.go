@@ -10,7 +10,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -248,11 +247,7 @@ func (n *Node) regionSync() bool {
 	now := n.now().UnixNano()
 	rs.table.Sweep(now)
 	returns := rs.table.TakeReturns(nil)
-	type keyAsk struct {
-		k    lease.Key
-		want int64
-	}
-	byHome := map[string][]keyAsk{}
+	asks := map[string][]bucket.RegionAsk{} // by home region
 	period := n.cfg.RegionSync
 	rs.mu.Lock()
 	for k, d := range rs.demand {
@@ -275,18 +270,12 @@ func (n *Node) regionSync() bool {
 		horizon := 2*period + 2*rtt
 		want := int64(math.Ceil(float64(rate)*float64(horizon)/float64(period))) - rs.table.Left(k, now)
 		if want > 0 && !rs.table.Refusing(k, now) {
-			byHome[d.home] = append(byHome[d.home], keyAsk{k, min(want, lease.MaxTokens)})
+			asks[d.home] = append(asks[d.home], bucket.RegionAsk{Request: bucket.Request{Name: k.Name, Key: k.Key, Hits: min(want, lease.MaxTokens), Limit: k.Limit}})
 		}
 	}
 	busy := len(rs.demand) > 0 || rs.table.Len() > 0
 	rs.mu.Unlock()
 
-	asks := map[string][]bucket.RegionAsk{}
-	for home, ks := range byHome {
-		for _, ka := range ks {
-			asks[home] = append(asks[home], bucket.RegionAsk{Request: bucket.Request{Name: ka.k.Name, Key: ka.k.Key, Hits: ka.want, Limit: ka.k.Limit}})
-		}
-	}
 	for _, r := range returns {
 		home := rs.home(ring.Hash(r.Key.Name, r.Key.Key))
 		asks[home] = append(asks[home], bucket.RegionAsk{Request: bucket.Request{Name: r.Key.Name, Key: r.Key.Key, Limit: r.Key.Limit},
@@ -330,14 +319,12 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 	q := &bucket.RegionQuery{From: n.name, Region: rs.self, ToRegion: home, Asks: asks}
 	ans := make([]bucket.RegionAnswer, len(asks))
 	timeout := max(n.cfg.RegionCutAfter/2, 100*time.Millisecond)
-	var err error
 	for try := range min(len(addrs), 2) {
 		i := (first + try) % len(addrs)
 		sent := n.now().UnixNano()
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		var region string
-		region, err = rp.RegionGrant(ctx, addrs[i], q, ans)
+		region, err := rp.RegionGrant(ctx, addrs[i], q, ans)
 		cancel()
 		if err == nil && region != home {
 			err = fmt.Errorf("%s answers for region %q", addrs[i], region)
@@ -364,9 +351,6 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 		rs.mu.Lock()
 		l.grants += lent
 		rs.mu.Unlock()
-		return
-	}
-	if errors.Is(err, context.Canceled) {
 		return
 	}
 }
