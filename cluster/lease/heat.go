@@ -158,10 +158,10 @@ func (h *Heat) Return(key, from uint64, at, hits int64) int64 {
 func (h *Heat) ForgetGrants() {
 	for st := range h.mu {
 		h.mu[st].Lock()
-		for i := range h.slots {
-			if uint64(i>>1)%heatStripes == uint64(st) {
-				h.slots[i].grants = [MaxSlices]grantRec{}
-			}
+		// The pairs of slots (2p, 2p+1) this stripe guards: p ≡ st.
+		for p := st; 2*p+1 < len(h.slots); p += heatStripes {
+			h.slots[2*p].grants = [MaxSlices]grantRec{}
+			h.slots[2*p+1].grants = [MaxSlices]grantRec{}
 		}
 		h.mu[st].Unlock()
 	}

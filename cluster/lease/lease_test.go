@@ -509,9 +509,20 @@ func TestHeatTakesBackOnlyWhatItGranted(t *testing.T) {
 		t.Fatal("no second grant")
 	}
 	h.Granted(9, 1, now+60*ms, 20)
+	// Grants of 500 more keys, over every stripe.
+	for k := uint64(100); k < 600; k++ {
+		if _, grant, _ := h.Observe(k, 1, 500, now, 100, gap, true); grant {
+			h.Granted(k, 1, now, 3)
+		}
+	}
 	h.ForgetGrants()
 	if got := h.Return(9, 1, now+60*ms, 5); got != 0 {
 		t.Errorf("after ForgetGrants: took back %d", got)
+	}
+	for k := uint64(100); k < 600; k++ {
+		if got := h.Return(k, 1, now, 1); got != 0 {
+			t.Fatalf("key %d after ForgetGrants: took back %d", k, got)
+		}
 	}
 }
 
