@@ -135,6 +135,10 @@ func TestUnspentLeasesComeBack(t *testing.T) {
 			}
 			r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 			start := clock.Load()
+			tables := make([]*ring.Table, len(nodes)) // to see a ring change
+			for i, n := range nodes {
+				tables[i] = n.Ring().Table()
+			}
 			var admitted int64
 			for ms := range 400 {
 				clock.Store(start + int64(ms)*int64(time.Millisecond))
@@ -160,36 +164,47 @@ func TestUnspentLeasesComeBack(t *testing.T) {
 			clock.Store(start + int64(time.Second))
 			peek := r
 			peek.Hits = 0
-			var left int64
-			WaitFor(t, 10*time.Second, "every unspent leased hit is back at the owner", func() bool {
-				var leased int
-				var gave uint64
+			WaitFor(t, 10*time.Second, "every lease ended and its return is done", func() bool {
 				for _, n := range nodes {
-					st := n.Status()
-					leased += st.LeasedKeys
-					gave += st.LeaseGaveBack
+					if st := n.Status(); st.LeasedKeys > 0 || st.LeaseReturnsDone < st.LeaseReturning {
+						return false
+					}
 				}
-				left = check1(ownerNode, peek).Remaining
-				return leased == 0 && ownerNode.Status().LeaseTookBack == gave && left >= limit-admitted
+				return true
 			})
-			// The bucket refilled one token a second for the test's
-			// second; the windows did not move.
-			want := limit - admitted
-			if alg == bucket.TokenBucket {
-				want = min(limit, want+1)
-			}
-			var unspent, gave uint64
+			left := check1(ownerNode, peek).Remaining
+			var unspent, gave, revoked uint64
 			for _, n := range nodes {
 				st := n.Status()
 				unspent += st.LeaseUnused
 				gave += st.LeaseGaveBack
+				revoked += st.LeasesRevoked
 			}
-			t.Logf("admitted %d; %d leased hits left unspent, %d given back; %d left of %d", admitted, unspent, gave, left, limit)
+			t.Logf("admitted %d; %d leased hits left unspent, %d given back (%d leases revoked); %d left of %d", admitted, unspent, gave, revoked, left, limit)
+			// Exact whatever happened: the limit less the checks admitted
+			// and the unspent hits that did not come back. The bucket
+			// refilled one token in the test's second; the windows did not
+			// move.
+			want := limit - admitted - int64(unspent-gave)
+			if alg == bucket.TokenBucket {
+				want = min(limit, want+1)
+			}
 			if left != want {
-				t.Fatalf("%d left of the limit %d after %d admitted and the leases returned, want %d", left, limit, admitted, want)
+				t.Fatalf("%d left of the limit %d after %d admitted, %d unspent and %d given back, want %d", left, limit, admitted, unspent, gave, want)
 			}
-			if gave != unspent || unspent == 0 {
-				t.Fatalf("%d unspent leased hits, %d given back: want all of them, and some", unspent, gave)
+			// And every unspent hit came back, unless the ring changed (the
+			// harness's gossip, on a loaded machine): that revokes the
+			// leases held and makes the owner forget its grants, and those
+			// hits do not come back.
+			changed := false
+			for i, n := range nodes {
+				changed = changed || n.Ring().Table() != tables[i]
+			}
+			if unspent == 0 || !changed && gave != unspent {
+				t.Fatalf("%d unspent leased hits, %d given back (ring changed: %v, %d leases revoked): want some, and all of them back", unspent, gave, changed, revoked)
+			}
+			if changed {
+				t.Logf("a ring changed during the test: %d of %d unspent hits came back", gave, unspent)
 			}
 		})
 	}

@@ -76,8 +76,9 @@ type Node struct {
 	// leaseRefusals counts refusal leases granted as an owner.
 	leaseRefusals atomic.Uint64
 	// Lease returns: hits this node took back as an owner, and hits the
-	// owners took back from it as a holder.
-	leaseTookBack, leaseGaveBack atomic.Uint64
+	// owners took back from it as a holder; leaseReturnsDone, hits of the
+	// returns it was done with, taken back or not.
+	leaseTookBack, leaseGaveBack, leaseReturnsDone atomic.Uint64
 	// leaseKick wakes leaseLoop when this node keeps a lease.
 	leaseKick chan struct{}
 	// regions is this node's view of the other regions (nil: no regions);

@@ -159,6 +159,10 @@ func TestRegionSlicesComeBack(t *testing.T) {
 	key := homedIn(a[0], "a")
 	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 	start := clock.Load()
+	tables := make([]*ring.Table, len(a)) // to see a ring change at home
+	for i, n := range a {
+		tables[i] = n.Ring().Table()
+	}
 	var admitted int64
 	for ms := range 300 {
 		clock.Store(start + int64(ms)*int64(time.Millisecond))
@@ -202,6 +206,16 @@ func TestRegionSlicesComeBack(t *testing.T) {
 	// test's first 300 ms: 3.7 to 4 s before the peek, 3 or 4 tokens.
 	lo, hi := burst-admitted+3, burst-admitted+4
 	t.Logf("b admitted %d; a lent %d and took back %d; %d left of %d", admitted, lent, took, left, burst)
+	changed := false
+	for i, n := range a {
+		changed = changed || n.Ring().Table() != tables[i]
+	}
+	if changed {
+		// The home forgot its grants (the counter may have come from
+		// elsewhere): their hits do not come back, and nothing below
+		// holds exactly. The harness's gossip, on a loaded machine.
+		t.Skipf("region a's ring changed during the test: lent %d, admitted %d, took back %d", lent, admitted, took)
+	}
 	if took == 0 || uint64(admitted)+took != lent {
 		t.Fatalf("lent %d, admitted %d, took back %d: want every unspent hit back", lent, admitted, took)
 	}

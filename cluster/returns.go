@@ -61,6 +61,11 @@ func (n *Node) sendReturns() bool {
 	if len(rets) == 0 {
 		return false
 	}
+	var hits uint64
+	for _, r := range rets {
+		hits += uint64(r.Hits)
+	}
+	defer n.leaseReturnsDone.Add(hits) // whatever came of them
 	rp, ok := n.peers.(ReturnPeers)
 	if !ok {
 		return true
@@ -77,7 +82,9 @@ func (n *Node) sendReturns() bool {
 			GrantedAt: r.GrantedAt,
 		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.LeaseTTL, 100*time.Millisecond))
+	// Returns wait on nothing: a second is long for a peer call, and what
+	// does not arrive in it is lost to under-admission only.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for addr, rs := range byAddr {
 		for len(rs) > 0 {

@@ -52,6 +52,11 @@ type Status struct {
 	// returned: the rest was admitted by nobody.
 	LeaseTookBack uint64
 	LeaseGaveBack uint64
+	// LeaseReturning hits of ended leases this node put up for return,
+	// LeaseReturnsDone of those it has sent, or dropped (the call failed,
+	// the key's owner changed), whether taken back or not.
+	LeaseReturning   uint64
+	LeaseReturnsDone uint64
 	// Regions (docs/regions.md): this node's region ("" none), hits it
 	// lent other regions as a home region's owner, checks it decided from
 	// a fallback share while cut off, and what it knows of each other
@@ -135,6 +140,7 @@ func (n *Node) Status() Status {
 		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
 	st.LeaseRefusalGrants, st.LeaseRefused = n.leaseRefusals.Load(), ls.Refused
 	st.LeaseTookBack, st.LeaseGaveBack = n.leaseTookBack.Load(), n.leaseGaveBack.Load()
+	st.LeaseReturning, st.LeaseReturnsDone = ls.Returning, n.leaseReturnsDone.Load()
 	st.Region, st.RegionLent, st.RegionFallback = n.cfg.Region, n.regionLent.Load(), n.regionFallback.Load()
 	st.RegionLinks = n.regionStatus(n.now().UnixNano())
 	st.MemberEvents = n.roster.counts()
