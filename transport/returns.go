@@ -41,16 +41,9 @@ func validateReturn(m *sluicev1.LeaseReturn) (bucket.LeaseReturn, error) {
 	case r.GrantedAt <= 0:
 		return bucket.LeaseReturn{}, fmt.Errorf("granted_at %d is not a grant's id", r.GrantedAt)
 	case len(r.Request.More) > 0 || r.Request.Limit.Limit == 0:
-		return bucket.LeaseReturn{}, fmt.Errorf("names %d limits, want the one the lease was granted under", len(r.Request.More)+btoi(r.Request.Limit.Limit != 0))
+		return bucket.LeaseReturn{}, fmt.Errorf("names no inline limit, or more than one: want the one the lease was granted under")
 	}
 	return r, nil
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // Return takes back the hits of leases the sender did not spend. One
