@@ -9,8 +9,8 @@
 //
 // # Tables
 //
-// BuildTable (and Ring.SetMembers) places every partition once, when
-// membership changes, and stores the result in an immutable Table: per
+// BuildTable places every partition with consistent, from nothing, and
+// stores the result in an immutable Table: per
 // partition, the owner and its replicas as indexes into the members sorted by
 // name. Members are sorted by name before they reach consistent, so every node
 // that sees the same member names builds the identical Table, whatever order
@@ -19,12 +19,21 @@
 // Ownership agrees with consistent.LocateKey on the key bytes
 // name+"\x00"+key.
 //
+// A Ring computes the same tables from the last one it built (place.go):
+// it keeps the hash circle of its last member set and changes only the
+// points of the members that joined or left, so a membership event costs
+// what changed plus a linear pass, not consistent's rebuild (for one
+// member joining or leaving, microbenchmark BenchmarkMembershipEvent:
+// about 0.1 ms at 10 members, 0.2 ms at 100, 0.5 ms at 1,000, where
+// BuildTable takes 1.8 ms, 35 ms and 4 s). TestPlacerAgreesWithConsistent
+// holds the two to the same tables.
+//
 // # Concurrency
 //
 // A Ring is safe for concurrent use. It holds the current Table in an
 // atomic.Pointer: Owner, Replicas and Table take no lock and never block;
-// SetMembers builds a new Table (a few milliseconds for 16 members with the defaults)
-// and swaps it in, serialised with other SetMembers calls. A Table never
+// SetMembers builds a new Table and swaps it in; SetMembers and Build are
+// serialised with each other. A Table never
 // changes after it is built, so callers that need several lookups to agree
 // take one Table and use it throughout. Owner, Replicas and Partition allocate
 // nothing; Replicas appends to a caller-owned slice. New starts no

@@ -118,7 +118,8 @@ var ErrDuplicateMember = errors.New("ring: duplicate member name")
 // block; SetMembers calls are serialised.
 type Ring struct {
 	cfg   Config
-	mu    sync.Mutex // serialises SetMembers so the last call's table wins
+	mu    sync.Mutex // serialises SetMembers and Build: the last SetMembers's table wins
+	place placer     // guarded by mu
 	table atomic.Pointer[Table]
 }
 
@@ -127,7 +128,7 @@ func New(cfg Config) (*Ring, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Ring{cfg: cfg}
+	r := &Ring{cfg: cfg, place: placer{cfg: cfg}}
 	r.table.Store(emptyTable(cfg))
 	return r, nil
 }
@@ -140,7 +141,7 @@ func (r *Ring) Config() Config { return r.cfg }
 func (r *Ring) SetMembers(ms []Member) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, err := BuildTable(r.cfg, ms)
+	t, err := r.build(ms)
 	if err != nil {
 		return err
 	}
@@ -150,7 +151,22 @@ func (r *Ring) SetMembers(ms []Member) error {
 
 // Build returns the Table of the full member set ms (in any order) without
 // making it current: the caller can prepare for it first, then SetTable.
-func (r *Ring) Build(ms []Member) (*Table, error) { return BuildTable(r.cfg, ms) }
+// It is BuildTable's table, computed from the ring's last placement: its
+// cost grows with the members that differ from the last set built (and
+// linearly with the members), not with a rebuild from nothing.
+func (r *Ring) Build(ms []Member) (*Table, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.build(ms)
+}
+
+func (r *Ring) build(ms []Member) (*Table, error) {
+	members, err := sortedMembers(ms)
+	if err != nil {
+		return nil, err
+	}
+	return r.place.place(members)
+}
 
 // SetTable makes t, from Build, the current Table. Callers that mix Build
 // and SetTable with SetMembers serialise them.

@@ -38,14 +38,40 @@ type hasher struct{}
 func (hasher) Sum64(b []byte) uint64 { return xxhash.Sum64(b) }
 
 // BuildTable places cfg.Partitions partitions on ms (any order) with
-// consistent's bounded-load hashing. The same cfg and member names give the
-// same table on every node. Names must be unique and non-empty.
+// consistent's bounded-load hashing, from nothing. The same cfg and member
+// names give the same table on every node. Names must be unique and
+// non-empty. Ring.SetMembers and Ring.Build compute the same table from
+// the ring's previous placement, much faster (place.go).
 func BuildTable(cfg Config, ms []Member) (*Table, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	members, err := sortedMembers(ms)
+	if err != nil {
+		return nil, err
+	}
+	n := len(members)
+	if n == 0 {
+		return emptyTable(cfg), nil
+	}
+	if err := checkRoom(cfg, n); err != nil {
+		return nil, err
+	}
+	owners, err := placeOwners(cfg, members)
+	if err != nil {
+		return nil, err
+	}
+	return newTable(cfg, members, owners), nil
+}
+
+// sortedMembers returns a copy of ms sorted by name, refusing empty and
+// duplicate names.
+func sortedMembers(ms []Member) ([]Member, error) {
+	byName := func(a, b Member) int { return cmp.Compare(a.Name, b.Name) }
 	members := slices.Clone(ms)
-	slices.SortFunc(members, func(a, b Member) int { return cmp.Compare(a.Name, b.Name) })
+	if !slices.IsSortedFunc(members, byName) {
+		slices.SortFunc(members, byName)
+	}
 	for i, m := range members {
 		if m.Name == "" {
 			return nil, fmt.Errorf("ring: member with empty name (addr %q)", m.Addr)
@@ -54,41 +80,46 @@ func BuildTable(cfg Config, ms []Member) (*Table, error) {
 			return nil, fmt.Errorf("%w: %q", ErrDuplicateMember, m.Name)
 		}
 	}
-	n := len(members)
-	if n == 0 {
-		return emptyTable(cfg), nil
-	}
-	// consistent panics when the members cannot hold every partition under
-	// the load bound; check its arithmetic first and say why.
+	return members, nil
+}
+
+// checkRoom says why n members cannot hold cfg's partitions under its
+// load bound (consistent panics then), or returns nil.
+func checkRoom(cfg Config, n int) error {
 	perMember := math.Ceil(float64(cfg.Partitions/n) * cfg.Load)
 	if int(perMember)*n < cfg.Partitions {
-		return nil, fmt.Errorf("ring: %d members cannot hold %d partitions at Load %v (at most %v each): use more partitions or a higher load",
+		return fmt.Errorf("ring: %d members cannot hold %d partitions at Load %v (at most %v each): use more partitions or a higher load",
 			n, cfg.Partitions, cfg.Load, perMember)
 	}
+	return nil
+}
 
-	owners, err := placeOwners(cfg, members)
-	if err != nil {
-		return nil, err
+// newTable makes the table of members (sorted by name) whose partition p
+// is owned by members[owners[p]]. Replicas follow
+// consistent.GetClosestNForPartition: members ordered by the hash of their
+// name; a partition's replicas are the members after its owner in that
+// order. Ties are broken by name so the order is total.
+func newTable(cfg Config, members []Member, owners []int32) *Table {
+	n := len(members)
+	type named struct {
+		hash uint64
+		i    int32 // index into members: ties go by name
 	}
-
-	// Replicas follow consistent.GetClosestNForPartition: members ordered by
-	// the hash of their name; a partition's replicas are the members after its
-	// owner in that order. Ties are broken by name so the order is total.
-	byHash := make([]int32, n)
-	hashes := make([]uint64, n)
+	order := make([]named, n)
 	for i, m := range members {
-		byHash[i] = int32(i)
-		hashes[i] = xxhash.Sum64String(m.Name)
+		order[i] = named{xxhash.Sum64String(m.Name), int32(i)}
 	}
-	slices.SortFunc(byHash, func(a, b int32) int {
-		if c := cmp.Compare(hashes[a], hashes[b]); c != 0 {
+	slices.SortFunc(order, func(a, b named) int {
+		if c := cmp.Compare(a.hash, b.hash); c != 0 {
 			return c
 		}
-		return cmp.Compare(members[a].Name, members[b].Name)
+		return cmp.Compare(a.i, b.i)
 	})
+	byHash := make([]int32, n)
 	pos := make([]int, n) // pos[i]: place of members[i] in byHash
-	for k, i := range byHash {
-		pos[i] = k
+	for k, o := range order {
+		byHash[k] = o.i
+		pos[o.i] = k
 	}
 
 	r := min(cfg.ReplicationFactor, n)
@@ -107,7 +138,7 @@ func BuildTable(cfg Config, ms []Member) (*Table, error) {
 			row[k] = byHash[(pos[o]+k)%n]
 		}
 	}
-	return t, nil
+	return t
 }
 
 // placeOwners asks consistent for the owner of every partition and returns

@@ -1,0 +1,231 @@
+package ring
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// sameTable reports how got differs from want (BuildTable's), or "".
+func sameTable(got, want *Table) string {
+	switch {
+	case !slices.Equal(got.members, want.members):
+		return fmt.Sprintf("members differ: %d against %d", len(got.members), len(want.members))
+	case got.r != want.r || got.partitions != want.partitions:
+		return fmt.Sprintf("shape differs: r %d/%d, partitions %d/%d", got.r, want.r, got.partitions, want.partitions)
+	case !slices.Equal(got.owned, want.owned):
+		return "owned counts differ"
+	}
+	for i := range want.reps {
+		if got.reps[i] != want.reps[i] {
+			p := i / want.r
+			return fmt.Sprintf("partition %d: row %v, consistent's %v", p,
+				got.appendRow(p, nil), want.appendRow(p, nil))
+		}
+	}
+	return ""
+}
+
+// A ring that sees member sets one after another, each differing from the
+// last by joins and leaves, builds for each exactly the table consistent
+// builds for that set from nothing (BuildTable): the placer's kept circle
+// changes its cost, never its result.
+func TestPlacerAgreesWithConsistent(t *testing.T) {
+	t.Parallel()
+	configs := []Config{
+		DefaultConfig(),
+		{Partitions: 271, ReplicationFactor: 3, Load: 1.25, VirtualNodes: 20},
+		{Partitions: 31, ReplicationFactor: 2, Load: 1.05, VirtualNodes: 3},
+		// Numbered names, whose points share hashes: see
+		// TestPlacerNumberedNames.
+		{Partitions: 271, ReplicationFactor: 2, Load: 1.25, VirtualNodes: 40},
+	}
+	for ci, cfg := range configs {
+		rng := rand.New(rand.NewPCG(uint64(ci), 7))
+		pool := members(rng, 80)
+		if ci == 3 {
+			pool = members(nil, 80)
+		}
+		r, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := map[string]bool{}
+		steps := 60
+		if testing.Short() {
+			steps = 20
+		}
+		for step := range steps {
+			// One to three members join or leave; sometimes a burst.
+			changes := 1 + rng.IntN(3)
+			if step%10 == 9 {
+				changes = 10
+			}
+			for range changes {
+				m := pool[rng.IntN(len(pool))]
+				in[m.Name] = !in[m.Name]
+			}
+			var ms []Member
+			for _, m := range pool {
+				if in[m.Name] {
+					ms = append(ms, m)
+				}
+			}
+			want, werr := BuildTable(cfg, ms)
+			got, gerr := r.Build(shuffled(rng, ms))
+			if (werr == nil) != (gerr == nil) {
+				t.Fatalf("config %d step %d, %d members: BuildTable error %v, Build error %v", ci, step, len(ms), werr, gerr)
+			}
+			if werr != nil {
+				continue
+			}
+			if d := sameTable(got, want); d != "" {
+				t.Fatalf("config %d step %d, %d members: %s", ci, step, len(ms), d)
+			}
+		}
+	}
+}
+
+// Large member sets, where a rebuild from nothing is what the placer
+// avoids: 300 members, then one joins, then another leaves.
+func TestPlacerAgreesWithConsistentLarge(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds three 300-member tables with consistent")
+	}
+	cfg := DefaultConfig()
+	rng := rand.New(rand.NewPCG(11, 12))
+	pool := members(rng, 302)
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ms := range [][]Member{pool[:300], pool[:301], slices.Delete(slices.Clone(pool[:301]), 17, 18), pool[2:302]} {
+		got, err := r.Build(ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := sameTable(got, mustTable(t, cfg, ms)); d != "" {
+			t.Fatalf("%d members: %s", len(ms), d)
+		}
+	}
+}
+
+// The small configurations of TestBuildTableSmallConfigs: the placer
+// refuses what consistent refuses (it panics there) and builds the same
+// table otherwise.
+func TestPlacerSmallConfigs(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{1, 2, 3, 7, 13, 31} {
+		for n := 1; n <= parts+2; n++ {
+			for _, vnodes := range []int{1, 2, 5} {
+				for _, load := range []float64{1.001, 1.05, 1.25, 2} {
+					cfg := Config{Partitions: parts, ReplicationFactor: 3, Load: load, VirtualNodes: vnodes}
+					ms := members(nil, n)
+					want, werr := BuildTable(cfg, ms)
+					r, err := New(cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// From a smaller set first, so the circle is reused.
+					_, _ = r.Build(ms[:n/2])
+					got, gerr := r.Build(ms)
+					if (werr == nil) != (gerr == nil) {
+						t.Fatalf("%+v, %d members: BuildTable error %v, Build error %v", cfg, n, werr, gerr)
+					}
+					if werr == nil {
+						if d := sameTable(got, want); d != "" {
+							t.Fatalf("%+v, %d members: %s", cfg, n, d)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// The points of two members that collide on a hash go to the later name,
+// as in consistent's map from hash to member.
+func TestPlacerCollidingPoints(t *testing.T) {
+	t.Parallel()
+	// b's and c's points share a hash; ids are not in name order.
+	c := circle{names: []string{"c", "a", "b"}, sorted: []int32{1, 2, 0},
+		hashes: []uint64{10, 20, 20, 30}, ids: []int32{1, 0, 2, 2}}
+	var got []int32
+	for i := range c.hashes {
+		got = append(got, c.pointOwner(i))
+	}
+	if !slices.Equal(got, []int32{1, 0, 0, 2}) {
+		t.Fatalf("owners %v, want [1 0 0 2]", got)
+	}
+}
+
+// Numbered names (a StatefulSet's pods) make points that share a hash:
+// node-1's point 10 and node-11's point 0 are both "node-110". The
+// placer agrees with consistent on them, as members come and go.
+func TestPlacerNumberedNames(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	all := members(nil, 130)
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := [][]Member{all[:120], all[:121], append(slices.Clone(all[:11]), all[12:125]...), all[1:130]}
+	if testing.Short() {
+		sets = sets[:2]
+	}
+	for _, ms := range sets {
+		got, err := r.Build(ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := sameTable(got, mustTable(t, cfg, ms)); d != "" {
+			t.Fatalf("%d members: %s", len(ms), d)
+		}
+	}
+}
+
+func BenchmarkBuildTable(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			ms := members(nil, n)
+			for b.Loop() {
+				if _, err := BuildTable(DefaultConfig(), ms); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMembershipEvent is the ring's share of one membership event on
+// a node: one member joins or leaves a ring of n, alternately, and the new
+// table is built from the last.
+func BenchmarkMembershipEvent(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			r, err := New(DefaultConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			ms := members(nil, n+1)
+			slices.SortFunc(ms, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+			sets := [2][]Member{ms[:n], ms}
+			if _, err := r.Build(sets[0]); err != nil {
+				b.Fatal(err)
+			}
+			i := 1
+			for b.Loop() {
+				if _, err := r.Build(sets[i&1]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}
