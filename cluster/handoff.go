@@ -62,16 +62,21 @@ func (n *Node) handoffLoop() {
 		case <-n.stop:
 			return
 		case job := <-n.handoffs:
-			if job.gained != nil {
-				marked := n.resendToNewReplicas(job.cur, job.gained, n.now().UnixNano())
-				n.log.Debug("new replicas: their keys go to the next replication round", "keys", marked)
-			}
-			if job.lost {
-				ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
-				n.handOffMoved(ctx, job.old, job.cur)
-				cancel()
-			}
+			n.runHandoff(job)
 		}
+	}
+}
+
+// runHandoff carries out one handoff job.
+func (n *Node) runHandoff(job handoffJob) {
+	if job.gained != nil {
+		marked := n.resendToNewReplicas(job.cur, job.gained, n.now().UnixNano())
+		n.log.Debug("new replicas: their keys go to the next replication round", "keys", marked)
+	}
+	if job.lost {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
+		n.handOffMoved(ctx, job.old, job.cur)
+		cancel()
 	}
 }
 
@@ -373,7 +378,7 @@ func (n *Node) addrOf(id string) string {
 func (n *Node) drain(ctx context.Context) error {
 	// A leaving node spends no lease: its checks go to their owners until
 	// it stops (docs/leases.md).
-	n.leases.Revoke()
+	n.leases.Revoke(nil)
 	// Decisions hold the gate shared: taking it once waits for those in
 	// progress; later ones see draining.
 	n.gate.Lock()

@@ -292,18 +292,23 @@ func (n *Node) rebuild() {
 	}
 	n.ring.SetTable(cur)
 	n.log.Debug("ring rebuilt", "members", len(ms))
-	// Leases are spent only while the membership they were granted in
-	// lasts (docs/leases.md).
+	// A lease is spent only while its key stays with the owner that
+	// granted it (docs/leases.md); the keys that did not move keep theirs.
+	moved := func(h uint64) bool {
+		o, _ := old.Owner(h)
+		c, _ := cur.Owner(h)
+		return o.Name != c.Name
+	}
 	if n.leases.Len() > 0 {
-		n.leases.Revoke()
+		n.leases.Revoke(func(k lease.Key) bool { return moved(ring.Hash(k.Name, k.Key)) })
 	}
 	if n.heat != nil {
-		// The keys' counters may now come from nodes that never counted
-		// this node's grants: take none of them back.
-		n.heat.ForgetGrants()
+		// The moved keys' counters may now come from nodes that never
+		// counted this node's grants: take none of them back.
+		n.heat.ForgetGrants(moved)
 	}
 	if n.regions != nil {
-		n.regions.book.Forget()
+		n.regions.book.Forget(moved)
 	}
 	if h := n.published.Load(); h != nil {
 		(*h)(cur)

@@ -229,3 +229,22 @@ func BenchmarkMembershipEvent(b *testing.B) {
 		})
 	}
 }
+
+func TestHas(t *testing.T) {
+	t.Parallel()
+	ms := members(nil, 12)
+	tab := mustTable(t, DefaultConfig(), ms)
+	for _, m := range ms {
+		if !tab.Has(m.Name) {
+			t.Errorf("Has(%q) = false", m.Name)
+		}
+	}
+	for _, name := range []string{"", "node-", "node-12", "node-1x", "zzz"} {
+		if tab.Has(name) {
+			t.Errorf("Has(%q) = true", name)
+		}
+	}
+	if emptyTable(DefaultConfig()).Has("node-0") {
+		t.Error("the empty table has a member")
+	}
+}

@@ -250,6 +250,12 @@ func (t *Table) appendRow(p int, dst []Member) []Member {
 	return dst
 }
 
+// Has reports whether a member is named name. It allocates nothing.
+func (t *Table) Has(name string) bool {
+	_, ok := slices.BinarySearchFunc(t.members, name, func(m Member, name string) int { return cmp.Compare(m.Name, name) })
+	return ok
+}
+
 // Members returns a copy of the members, sorted by name.
 func (t *Table) Members() []Member { return slices.Clone(t.members) }
 

@@ -63,9 +63,19 @@ func (b *Book) Sweep(before int64) int {
 	return len(b.m)
 }
 
-// Forget drops every record (the ring changed: see Heat.ForgetGrants).
-func (b *Book) Forget() {
+// Forget drops the records of the keys moved reports, every record when
+// moved is nil (the ring moved them: see Heat.ForgetGrants). moved is
+// called with b's lock held and must not call back into b.
+func (b *Book) Forget(moved func(key uint64) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	clear(b.m)
+	if moved == nil {
+		clear(b.m)
+		return
+	}
+	for k := range b.m {
+		if moved(k.key) {
+			delete(b.m, k)
+		}
+	}
 }

@@ -152,16 +152,21 @@ func (h *Heat) Return(key, from uint64, at, hits int64) int64 {
 	return 0
 }
 
-// ForgetGrants drops every grant record, so that no lease granted before
-// is taken back: the node's ring changed, and the key's counter may have
-// come from another node that never counted the grant.
-func (h *Heat) ForgetGrants() {
+// ForgetGrants drops the grant records of the keys moved reports (every
+// key's when moved is nil), so that none of their leases granted before
+// is taken back: the node's ring moved those keys, and their counters may
+// come from another node that never counted the grants. moved is called
+// with a stripe's lock held and must not call back into h.
+func (h *Heat) ForgetGrants(moved func(key uint64) bool) {
 	for st := range h.mu {
 		h.mu[st].Lock()
 		// The pairs of slots (2p, 2p+1) this stripe guards: p ≡ st.
 		for p := st; 2*p+1 < len(h.slots); p += heatStripes {
-			h.slots[2*p].grants = [MaxSlices]grantRec{}
-			h.slots[2*p+1].grants = [MaxSlices]grantRec{}
+			for i := 2 * p; i < 2*p+2; i++ {
+				if s := &h.slots[i]; s.grants != ([MaxSlices]grantRec{}) && (moved == nil || moved(s.key)) {
+					s.grants = [MaxSlices]grantRec{}
+				}
+			}
 		}
 		h.mu[st].Unlock()
 	}

@@ -373,16 +373,22 @@ func (t *Table) Sweep(now int64) {
 	}
 }
 
-// Revoke drops every lease (membership changed, or this node leaves) and
-// returns how many it dropped; their tokens count as unused, and are not
-// returned: the owner forgets its grants when its ring changes
-// (Heat.ForgetGrants), and a leaving node's returns would reach it after
-// it stopped deciding the keys.
-func (t *Table) Revoke() int {
+// Revoke drops the leases of the keys moved reports (every lease when
+// moved is nil: this node leaves) and returns how many it dropped. A ring
+// change revokes the leases of the keys whose owner it changed, and no
+// others: the owner of the rest still counts their grants. Their tokens
+// count as unused, and are not returned: the owner forgets its grants of
+// the keys that moved (Heat.ForgetGrants), and a leaving node's returns
+// would reach it after it stopped deciding the keys. moved is called with
+// the table's lock held and must not call back into it.
+func (t *Table) Revoke(moved func(Key) bool) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
-	for _, e := range t.m {
+	for k, e := range t.m {
+		if moved != nil && !moved(k) {
+			continue
+		}
 		for _, s := range e.slices {
 			t.stats.Unused += uint64(s.tokens)
 			n++
@@ -390,9 +396,9 @@ func (t *Table) Revoke() int {
 		if e.refuseUntil != 0 {
 			n++ // a refusal lease
 		}
+		delete(t.m, k)
+		t.n.Add(-1)
 	}
-	clear(t.m)
-	t.n.Store(0)
 	t.stats.Revoked += uint64(n)
 	return n
 }

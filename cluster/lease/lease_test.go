@@ -128,8 +128,36 @@ func TestTableSpendsTheSliceThatEndsFirst(t *testing.T) {
 	if tb.Take(other, 1, 310*ms, &d) {
 		t.Fatal("a lease was spent under another limit")
 	}
-	if n := tb.Revoke(); n != 1 || tb.Len() != 0 || tb.Stats().Unused != 4 {
+	if n := tb.Revoke(nil); n != 1 || tb.Len() != 0 || tb.Stats().Unused != 4 {
 		t.Fatalf("Revoke = %d, Len %d, stats %+v", n, tb.Len(), tb.Stats())
+	}
+}
+
+// A ring change revokes the leases of the keys it moved, and keeps the
+// others spendable.
+func TestRevokeOnlyMovedKeys(t *testing.T) {
+	t.Parallel()
+	const ms = int64(time.Millisecond)
+	tb := NewTable()
+	moved := Key{Name: "n", Key: "moved", Limit: bucket.Limit{Limit: 100, WindowMS: 1000}}
+	stayed := Key{Name: "n", Key: "stayed", Limit: moved.Limit}
+	for _, k := range []Key{moved, stayed} {
+		if !tb.Put(k, Grant{Tokens: 5, TTL: 100 * time.Millisecond}, 1, 0, 800, time.Second) {
+			t.Fatal("valid grant refused")
+		}
+	}
+	if n := tb.Revoke(func(k Key) bool { return k.Key == "moved" }); n != 1 || tb.Len() != 1 {
+		t.Fatalf("Revoke(moved) = %d, Len %d; want 1, 1", n, tb.Len())
+	}
+	var d bucket.Decision
+	if tb.Take(moved, 1, 10*ms, &d) {
+		t.Error("spent a revoked lease")
+	}
+	if !tb.Take(stayed, 1, 10*ms, &d) || d.Remaining != 4 {
+		t.Errorf("the lease of a key that did not move: %+v", d)
+	}
+	if st := tb.Stats(); st.Revoked != 1 || st.Unused != 5 {
+		t.Errorf("stats %+v, want 1 revoked and 5 unused", st)
 	}
 }
 
@@ -272,9 +300,9 @@ func TestModelLeasesNeverOverAdmit(t *testing.T) {
 			}
 			if r.IntN(3000) == 0 {
 				for _, tb := range tables {
-					tb.Revoke() // membership changed
+					tb.Revoke(nil) // membership changed, and moved the key
 				}
-				heat.ForgetGrants()
+				heat.ForgetGrants(nil)
 			}
 			if r.IntN(20) == 0 {
 				// A holder's lease loop: leases that ended go back to the
@@ -463,7 +491,7 @@ func TestReturnsOfEndedLeases(t *testing.T) {
 	if got := tb.TakeReturns(nil); len(got) != 1 || got[0].GrantedAt != 100 || got[0].Hits != 3 {
 		t.Fatalf("the slice pushed out: %+v, want 3 hits of the grant at 100", got)
 	}
-	tb.Revoke()
+	tb.Revoke(nil)
 	if got := tb.TakeReturns(nil); len(got) != 0 {
 		t.Fatalf("revoked leases returned: %+v", got)
 	}
@@ -515,13 +543,36 @@ func TestHeatTakesBackOnlyWhatItGranted(t *testing.T) {
 			h.Granted(k, 1, now, 3)
 		}
 	}
-	h.ForgetGrants()
-	if got := h.Return(9, 1, now+60*ms, 5); got != 0 {
-		t.Errorf("after ForgetGrants: took back %d", got)
-	}
+	// Which grants are still recorded (a key can lose its slot to
+	// another): each of those gives back 1 of its 3.
+	recorded := map[uint64]bool{}
 	for k := uint64(100); k < 600; k++ {
+		recorded[k] = h.Return(k, 1, now, 1) == 1
+	}
+	// A ring change that moved the odd keys forgets their grants only.
+	odd := func(k uint64) bool { return k%2 == 1 }
+	h.ForgetGrants(odd)
+	if got := h.Return(9, 1, now+60*ms, 5); got != 0 {
+		t.Errorf("key 9 moved: took back %d", got)
+	}
+	kept := 0
+	for k := uint64(100); k < 600; k++ {
+		want := int64(0)
+		if recorded[k] && !odd(k) {
+			want = 1
+			kept++
+		}
+		if got := h.Return(k, 1, now, 1); got != want {
+			t.Fatalf("key %d after ForgetGrants(odd): took back %d, want %d", k, got, want)
+		}
+	}
+	if kept < 100 {
+		t.Fatalf("only %d of 250 even keys' grants recorded: the test checks too little", kept)
+	}
+	h.ForgetGrants(nil)
+	for k := uint64(100); k < 600; k += 2 {
 		if got := h.Return(k, 1, now, 1); got != 0 {
-			t.Fatalf("key %d after ForgetGrants: took back %d", k, got)
+			t.Fatalf("key %d after ForgetGrants(nil): took back %d", k, got)
 		}
 	}
 }
@@ -553,8 +604,16 @@ func TestBookTakesBackEachGrantOnce(t *testing.T) {
 	if got := b.Return(7, 1, 5, 1); got != 0 {
 		t.Errorf("a swept grant: took back %d", got)
 	}
-	b.Forget()
+	b.Record(8, 1, 9, 10)
+	b.Forget(func(k uint64) bool { return k == 7 }) // key 7 moved
 	if got := b.Return(7, 1, 9, 1); got != 0 {
-		t.Errorf("after Forget: took back %d", got)
+		t.Errorf("key 7 moved: took back %d", got)
+	}
+	if got := b.Return(8, 1, 9, 1); got != 1 {
+		t.Errorf("key 8 did not move: took back %d of 1", got)
+	}
+	b.Forget(nil)
+	if got := b.Return(8, 1, 9, 1); got != 0 {
+		t.Errorf("after Forget(nil): took back %d", got)
 	}
 }

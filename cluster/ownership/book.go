@@ -132,10 +132,7 @@ func (b *Book) Paused(prev, cur *ring.Table, now int64) {
 }
 
 // HasMember reports whether name is a member of t.
-func HasMember(t *ring.Table, name string) bool {
-	_, ok := t.Shares()[name]
-	return ok
-}
+func HasMember(t *ring.Table, name string) bool { return t.Has(name) }
 
 // Unsettled reports whether some move in its window at now brought the
 // key k (ring hash h) here and k has not been settled for it since.
