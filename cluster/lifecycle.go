@@ -175,6 +175,10 @@ func (n *Node) Start(ctx context.Context) error {
 	n.ml.Store(ml)
 	n.rebuild()
 	n.cache.Start(ctx)
+	n.pauseMu.Lock()
+	n.evidence = openCPUEvidence()
+	n.sampleCPU()
+	n.pauseMu.Unlock()
 	n.beat.Store(n.now().UnixNano())
 	n.wg.Add(8)
 	if n.regions != nil {
@@ -275,6 +279,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.wg.Wait()
+		n.pauseMu.Lock()
+		if n.evidence != nil {
+			n.evidence.close()
+			n.evidence = nil
+		}
+		n.pauseMu.Unlock()
 		errs = append(errs, n.cache.Close(ctx))
 		n.shutErr = errors.Join(errs...)
 	})

@@ -111,13 +111,25 @@ type Node struct {
 	answered      atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
 	boot          uint64        // this process's boot id, in the gossiped metadata
 	restarts      chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
-	pauseMu       sync.Mutex    // held while a pause is noticed
-	rate          atomic.Uint64 // math.Float64bits of checks per second
-	rateIdle      atomic.Bool   // the rate meter stopped for want of checks (rate.go)
-	rateWake      chan struct{} // wakes the stopped rate meter (capacity 1)
-	deadWake      chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
-	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
-	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
+	pauseMu       sync.Mutex    // held while a pause is noticed, and by the heartbeat's samples
+	// Guarded by pauseMu: what explains a gap (starve.go; nil where not
+	// started), the CPU counters at the last beat, the ring without this
+	// node for pauseCur, and the pause log's rate limit.
+	evidence      *cpuEvidence
+	lastCPU       cpuSample
+	pausePrev     *ring.Table
+	pauseCur      *ring.Table
+	pauseLoggedAt int64
+	pauseUnlogged uint64
+	// pausesStarved and pausesBusy count the pauses explained as such
+	// (the rest of pauses are stopped).
+	pausesStarved, pausesBusy atomic.Uint64
+	rate                      atomic.Uint64 // math.Float64bits of checks per second
+	rateIdle                  atomic.Bool   // the rate meter stopped for want of checks (rate.go)
+	rateWake                  chan struct{} // wakes the stopped rate meter (capacity 1)
+	deadWake                  chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
+	load                      atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
+	lastWarn                  atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
 	// (sideStandIn) does not try it again.
 	unreachable sync.Map

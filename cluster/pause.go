@@ -44,6 +44,10 @@ import (
 //
 // A step of the wall clock forward by more than ForwardTimeout looks like
 // a pause and costs one pull per owned key touched: it is safe.
+//
+// The node tells an overloaded machine (starved), a long collection
+// (busy) and a stopped process apart where the system shows it
+// (starve.go), for the log and the status; it reacts to each the same.
 
 // pauseCheck notices a pause (the event "pause noticed") before a decision
 // taken at now (Unix ns).
@@ -59,11 +63,19 @@ func (n *Node) pauseCheck(now int64) {
 // handles it as a pause and wakes it.
 func (n *Node) heartbeatLoop() {
 	defer n.wg.Done()
+	beats := 0
 	beatLoop(n.stop, n.beatWake, max(n.cfg.ForwardTimeout/4, time.Millisecond), n.cfg.HeartbeatIdle,
 		func() uint64 { return n.checks.Load() + n.answered.Load() },
 		func(time.Time) {
 			now := n.now().UnixNano()
 			n.pauseCheck(now)
+			// The CPU evidence a gap is explained by, every fourth beat
+			// (reading it costs tens of microseconds).
+			if beats++; beats%4 == 0 {
+				n.pauseMu.Lock()
+				n.sampleCPU()
+				n.pauseMu.Unlock()
+			}
 			n.beat.Store(max(n.beat.Load(), now))
 		},
 		func(idle bool) {
@@ -84,6 +96,7 @@ func (n *Node) noticePause(now int64) {
 		return // handled by another caller
 	}
 	n.pausedFor(time.Duration(now-last), now, n.beatIdle.Load())
+	n.sampleCPU()
 	n.beat.Store(now)
 	select { // wake the heartbeat if it stopped
 	case n.beatWake <- struct{}{}:
@@ -91,31 +104,55 @@ func (n *Node) noticePause(now int64) {
 	}
 }
 
+// sampleCPU records, at a beat, what a later gap is explained by
+// (starve.go). n.pauseMu is held.
+func (n *Node) sampleCPU() {
+	if n.evidence != nil {
+		n.lastCPU = n.evidence.sample()
+	}
+}
+
+// pauseLogEvery is the least time between two log lines about pauses: an
+// overloaded machine can starve a node several times a second, and each
+// line would be more work for it. The lines say how many pauses they
+// stand for.
+const pauseLogEvery = 10 * time.Second
+
 // pausedFor registers, after a pause of d, that every key this node owns
 // may be held newer elsewhere: a move from the ring without this node (who
 // took its keys when it was declared dead) to the current ring (whose
 // replicas stood in for it before that), for the keys it owns in the
 // current ring only. idle: the heartbeat had stopped for want of checks
 // (HeartbeatIdle), so the gap is most likely idleness; it is handled the
-// same way, but counted and logged apart from pauses.
+// same way, but counted and logged apart from pauses. n.pauseMu is held.
+//
+// The reaction is bounded whatever the rate of pauses: one move for all
+// the keys (a newer pause move replaces an older one over the same table,
+// ownership.Book.Paused), the ring without this node built once per table,
+// and a key pulled at most once per pause, when it is next checked; an
+// idle node pulls nothing.
 func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 	if !n.inRing.Load() || n.draining() {
 		return
 	}
 	cur := n.ring.Table()
-	var others []ring.Member
-	for _, m := range cur.Members() {
-		if m.Name != n.name {
-			others = append(others, m)
+	prev := n.pausePrev
+	if prev == nil || n.pauseCur != cur {
+		var others []ring.Member
+		for _, m := range cur.Members() {
+			if m.Name != n.name {
+				others = append(others, m)
+			}
 		}
-	}
-	if len(others) == 0 || len(others) == cur.Len() {
-		return // alone, or not in its own ring: nobody decided for it
-	}
-	prev, err := n.ring.Build(others)
-	if err != nil {
-		n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
-		return
+		if len(others) == 0 || len(others) == cur.Len() {
+			return // alone, or not in its own ring: nobody decided for it
+		}
+		var err error
+		if prev, err = n.ring.Build(others); err != nil {
+			n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
+			return
+		}
+		n.pausePrev, n.pauseCur = prev, cur
 	}
 	n.book.Paused(prev, cur, now)
 	if idle {
@@ -126,7 +163,23 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 		return
 	}
 	n.pauses.Add(1)
-	n.log.Warn("this node did not run for longer than the forward timeout (paused, frozen or starved; or the clock jumped): "+
+	cause := PauseStopped
+	if n.evidence != nil {
+		cause = pauseCause(n.lastCPU, n.evidence.sample(), d)
+	}
+	switch cause {
+	case PauseStarved:
+		n.pausesStarved.Add(1)
+	case PauseBusy:
+		n.pausesBusy.Add(1)
+	}
+	n.pauseUnlogged++
+	if now-n.pauseLoggedAt < int64(pauseLogEvery) && n.pauseLoggedAt != 0 {
+		return
+	}
+	n.log.Warn("this node did not run for longer than the forward timeout: "+
 		"its peers may have decided its keys meanwhile, so each key it owns is pulled from them before its next decision",
-		"gap", d.Round(time.Millisecond), "forward_timeout", n.cfg.ForwardTimeout, "window", n.cfg.MoveWindow)
+		"gap", d.Round(time.Millisecond), "cause", cause, "forward_timeout", n.cfg.ForwardTimeout, "window", n.cfg.MoveWindow,
+		"pauses_since_last_line", n.pauseUnlogged)
+	n.pauseLoggedAt, n.pauseUnlogged = now, 0
 }

@@ -66,6 +66,8 @@ type Status struct {
 	RegionFallback    uint64
 	RegionLinks       []RegionLink
 	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
+	PausesStarved     uint64 // of those, the machine or the cgroup had no CPU for it (starve.go)
+	PausesBusy        uint64 // of those, the process ran but not its heartbeat (a long collection)
 	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
 	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
 	Unreplicated      int    // changed keys not yet sent to replicas
@@ -120,6 +122,8 @@ func (n *Node) Status() Status {
 		PullErrors:        n.pullErrors.Load(),
 		Rejoins:           n.rejoins.Load(),
 		Pauses:            n.pauses.Load(),
+		PausesStarved:     n.pausesStarved.Load(),
+		PausesBusy:        n.pausesBusy.Load(),
 		IdleResumes:       n.idleResumes.Load(),
 		HeartbeatIdle:     n.beatIdle.Load(),
 		Unreplicated:      n.cache.Changed(),

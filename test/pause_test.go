@@ -243,4 +243,9 @@ func TestPausedOwnerDoesNotDecideFromItsStaleCount(t *testing.T) {
 	if n := metric(t, ps[x], "sluice_pauses_total"); n < 1 {
 		t.Errorf("the resumed node reports %v pauses, want at least 1", n)
 	}
+	// SIGSTOP leaves the process off the run queues: not starved, and it
+	// used no CPU.
+	if n := metric(t, ps[x], `sluice_pause_causes_total{cause="stopped"}`); n < 1 {
+		t.Errorf("the resumed node explains %v pauses as stopped, want at least 1 (SIGSTOP)", n)
+	}
 }

@@ -126,9 +126,21 @@ func (b *Book) TableChanged(old, cur *ring.Table, now int64) (gained, lost bool)
 
 // Paused registers the move of a noticed pause: prev is the ring without
 // this node (which the others used when they declared it dead), cur the
-// current one; it applies to the keys this node owns in cur only.
+// current one; it applies to the keys this node owns in cur only. It
+// replaces the pause moves over the same cur: the new one applies to the
+// same keys for longer, and none of them is settled for it yet, so the
+// older ones add nothing. However often a starved node notices a pause,
+// its book holds one pause move per table.
 func (b *Book) Paused(prev, cur *ring.Table, now int64) {
-	b.add(&Move{prev: prev, cur: cur, owned: true, until: now + int64(b.window)}, now)
+	b.movesMu.Lock()
+	defer b.movesMu.Unlock()
+	ms := Moves{{prev: prev, cur: cur, owned: true, until: now + int64(b.window)}}
+	for _, old := range b.Moves() {
+		if old.until > now && !(old.owned && old.cur == cur) {
+			ms = append(ms, old)
+		}
+	}
+	b.moves.Store(&ms)
 }
 
 // HasMember reports whether name is a member of t.

@@ -152,6 +152,42 @@ func TestPausedMoveAppliesToOwnedKeysOnly(t *testing.T) {
 	}
 }
 
+// A node that notices pauses again and again (a starved machine) keeps
+// one pause move per table, and a key settled after one pause is
+// unsettled again by the next.
+func TestPauseMovesDoNotPileUp(t *testing.T) {
+	t.Parallel()
+	cur := table(t, "a", "b", "c")
+	prev := table(t, "b", "c")
+	other := table(t, "a", "b", "c", "d")
+	const now = int64(1e18)
+	b := NewBook("a", window, noRelease)
+	mine, h := keyOwnedBy(t, prev, cur, "b", "a")
+	for i := range 1000 {
+		b.Paused(prev, cur, now+int64(i))
+	}
+	if n := len(b.Moves()); n != 1 {
+		t.Fatalf("%d moves after 1000 pauses over one table, want 1", n)
+	}
+	srcs, settles := b.Moves().Plan(h, mine, "a", cur, now+1000, nil)
+	if len(srcs) == 0 || len(settles) != 1 {
+		t.Fatalf("plan after the pauses: sources %v, %d moves to settle; want some and 1", srcs, len(settles))
+	}
+	Settled(mine, settles)
+	if b.Unsettled(h, mine, now+1000) {
+		t.Fatal("settled key still unsettled")
+	}
+	b.Paused(prev, cur, now+2000)
+	if !b.Unsettled(h, mine, now+2000) {
+		t.Error("a key settled after one pause is settled for the next")
+	}
+	// A pause over another table keeps the first table's move.
+	b.Paused(prev, other, now+3000)
+	if n := len(b.Moves()); n != 2 {
+		t.Errorf("%d moves after pauses over two tables, want 2", n)
+	}
+}
+
 // Released-to records stay within the prune threshold plus twice the
 // releases in force, and the sweep keeps only those in force; moves are
 // dropped once their window ended.

@@ -290,6 +290,7 @@ var (
 	descPullErrors     = desc("sluice_pull_errors_total", "Pulls whose node did not answer.", prometheus.CounterValue)
 	descRejoins        = desc("sluice_rejoins_total", "Members alive again after being declared dead (a partition healed or a restart).", prometheus.CounterValue)
 	descPauses         = desc("sluice_pauses_total", "Times this process found it had not run for longer than the forward timeout (SIGSTOP, VM freeze, long GC): it then pulled its keys before deciding them.", prometheus.CounterValue)
+	descPauseCauses    = desc("sluice_pause_causes_total", "Pauses (sluice_pauses_total) by what explains them: starved (the machine or the cgroup had no CPU for the process), busy (the process ran but not its heartbeat: a long collection), stopped (neither: SIGSTOP, a frozen VM, a clock step).", prometheus.CounterValue, "cause")
 	descKeys           = desc("sluice_keys", "Live keys in this node's cache.", prometheus.GaugeValue)
 	descUnreplicated   = desc("sluice_unreplicated_keys", "Changed keys not yet sent to replicas.", prometheus.GaugeValue)
 	descUnflushed      = desc("sluice_unflushed_keys", "Changed keys not yet written to disk.", prometheus.GaugeValue)
@@ -330,7 +331,7 @@ var (
 )
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
-	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descIdleResumes,
+	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descPauseCauses, descIdleResumes,
 	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked, descLeaseRefusals, descLeaseRefused,
 	descLeaseTookBack, descLeaseGaveBack, descRegionLent, descRegionFallback, descRegionCut, descRegionRTT,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
@@ -364,6 +365,9 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descPullErrors, float64(st.PullErrors))
 	put(descRejoins, float64(st.Rejoins))
 	put(descPauses, float64(st.Pauses))
+	put(descPauseCauses, float64(st.PausesStarved), cluster.PauseStarved)
+	put(descPauseCauses, float64(st.PausesBusy), cluster.PauseBusy)
+	put(descPauseCauses, float64(st.Pauses-st.PausesStarved-st.PausesBusy), cluster.PauseStopped)
 	put(descIdleResumes, float64(st.IdleResumes))
 	put(descLeaseGrants, float64(st.LeaseGrants))
 	put(descLeaseTokens, float64(st.LeaseGrantTokens))

@@ -1,0 +1,194 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A gap in the pause heartbeat has three common causes, which call for
+// different action by an operator but the same by the node (pause.go):
+//
+//   - starved: the process was ready to run but got no CPU — the machine
+//     was overloaded or its cgroup's CPU quota was spent: its threads
+//     waited on the kernel's run queues (the run delay of
+//     /proc/self/task/*/schedstat) for most of the gap, or its cgroup was
+//     throttled (cpu.stat) for most of it;
+//   - busy: the process ran, but not its heartbeat — a long garbage
+//     collection or a goroutine that held the CPU (its own CPU time grew
+//     by most of the gap);
+//   - stopped: neither — SIGSTOP, a frozen VM or container, or a step of
+//     the wall clock.
+//
+// The node reacts to all three the same way, because its peers cannot
+// tell them apart either: it did not answer them for longer than their
+// forward timeout. The cause goes into the log line and the status
+// (PausesStarved, PausesBusy) so that an overloaded machine is not
+// mistaken for a failing node. Where the evidence is missing (no
+// schedstat, no cgroup) a gap with no CPU used counts as stopped.
+
+// Pause causes, as Status and the metrics name them.
+const (
+	PauseStarved = "starved"
+	PauseBusy    = "busy"
+	PauseStopped = "stopped"
+)
+
+// cpuSample is what the heartbeat records at each beat for a later gap to
+// be explained by.
+type cpuSample struct {
+	cpu       time.Duration // this process's user + system CPU time
+	waited    time.Duration // its threads' time on run queues, summed; 0 when unknown
+	throttled time.Duration // its cgroup's throttled time; 0 when unknown
+}
+
+// cpuEvidence reads the counters cpuSample holds. The cgroup's file is
+// opened once and read again at each sample; the threads' schedstat
+// files are read anew (threads come and go). Not safe for concurrent
+// use: the node samples under pauseMu.
+type cpuEvidence struct {
+	cgroup *os.File // nil where there is none
+	v2     bool     // cgroup holds cgroup v2's cpu.stat (throttled_usec)
+	buf    [512]byte
+}
+
+// openCPUEvidence opens what the system offers; a missing file just
+// leaves that counter at 0.
+func openCPUEvidence() *cpuEvidence {
+	e := &cpuEvidence{}
+	e.cgroup, e.v2 = openCgroupCPUStat()
+	return e
+}
+
+// openCgroupCPUStat opens the cpu.stat of this process's CPU cgroup, v1
+// (the cpu controller's hierarchy) or v2 (the unified one).
+func openCgroupCPUStat() (*os.File, bool) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, false
+	}
+	var v2path string
+	for _, line := range strings.Split(string(b), "\n") {
+		// hierarchy-ID:controller-list:path
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2path = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == "cpu" {
+				for _, dir := range []string{"/sys/fs/cgroup/" + parts[1], "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"} {
+					if f, err := os.Open(dir + parts[2] + "/cpu.stat"); err == nil {
+						return f, false
+					}
+				}
+			}
+		}
+	}
+	if v2path != "" {
+		if f, err := os.Open("/sys/fs/cgroup" + v2path + "/cpu.stat"); err == nil {
+			return f, true
+		}
+	}
+	return nil, false
+}
+
+func (e *cpuEvidence) close() {
+	if e.cgroup != nil {
+		e.cgroup.Close()
+	}
+}
+
+// sample reads the counters now.
+func (e *cpuEvidence) sample() cpuSample {
+	s := cpuSample{cpu: cpuTime(), waited: e.runDelay()}
+	if e.cgroup != nil {
+		if n, err := e.cgroup.ReadAt(e.buf[:], 0); n > 0 && (err == nil || n < len(e.buf)) {
+			s.throttled = cgroupThrottled(e.buf[:n], e.v2)
+		}
+	}
+	return s
+}
+
+// runDelay returns the time this process's threads have spent waiting on
+// a run queue (the second field of each /proc/self/task/TID/schedstat),
+// summed; 0 where the system does not say.
+func (e *cpuEvidence) runDelay() time.Duration {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		f, err := os.Open("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread ended
+		}
+		n, _ := f.Read(e.buf[:])
+		f.Close()
+		sum += schedstatWaited(e.buf[:n])
+	}
+	return sum
+}
+
+// schedstatWaited returns the run-queue wait of a schedstat line ("ns on
+// a CPU, ns waiting on a run queue, timeslices"), or 0.
+func schedstatWaited(b []byte) time.Duration {
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	v, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || v < 0 {
+		return 0
+	}
+	return time.Duration(v)
+}
+
+// cgroupThrottled returns a cpu.stat's throttled time: throttled_time
+// (ns) in cgroup v1, throttled_usec in v2; 0 when absent.
+func cgroupThrottled(b []byte, v2 bool) time.Duration {
+	key, unit := "throttled_time", time.Nanosecond
+	if v2 {
+		key, unit = "throttled_usec", time.Microsecond
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || k != key {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 {
+			return 0
+		}
+		return time.Duration(n) * unit
+	}
+	return 0
+}
+
+// pauseCause explains a gap of length gap between the samples before
+// and after it (the earlier may be older than the gap: the heartbeat
+// samples every ForwardTimeout): starved when the process's threads
+// waited on run queues, or its cgroup was throttled, for at least half of
+// it; busy when the process used at least half of it in CPU time;
+// stopped otherwise.
+func pauseCause(before, after cpuSample, gap time.Duration) string {
+	if gap <= 0 {
+		return PauseStopped
+	}
+	half := gap / 2
+	switch {
+	case after.waited-before.waited >= half || after.throttled-before.throttled >= half:
+		return PauseStarved
+	case after.cpu-before.cpu >= half:
+		return PauseBusy
+	}
+	return PauseStopped
+}

@@ -1,0 +1,101 @@
+package cluster
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+func TestPauseCause(t *testing.T) {
+	t.Parallel()
+	const gap = time.Second
+	base := cpuSample{cpu: 5 * time.Second, waited: 7 * time.Second, throttled: 9 * time.Second}
+	for _, c := range []struct {
+		name  string
+		after cpuSample
+		want  string
+	}{
+		{"nothing ran, nothing waited: stopped", base, PauseStopped},
+		{"threads waited most of the gap on run queues", cpuSample{cpu: base.cpu, waited: base.waited + 600*time.Millisecond, throttled: base.throttled}, PauseStarved},
+		{"the cgroup was throttled most of the gap", cpuSample{cpu: base.cpu, waited: base.waited, throttled: base.throttled + 700*time.Millisecond}, PauseStarved},
+		{"the process used the CPU (a collection)", cpuSample{cpu: base.cpu + 900*time.Millisecond, waited: base.waited, throttled: base.throttled}, PauseBusy},
+		{"a little of each is not enough", cpuSample{cpu: base.cpu + 400*time.Millisecond, waited: base.waited + 400*time.Millisecond, throttled: base.throttled + 400*time.Millisecond}, PauseStopped},
+		{"starved and busy: starved", cpuSample{cpu: base.cpu + 600*time.Millisecond, waited: base.waited + 600*time.Millisecond, throttled: base.throttled}, PauseStarved},
+	} {
+		if got := pauseCause(base, c.after, gap); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestCPUEvidenceParsers(t *testing.T) {
+	t.Parallel()
+	if got := schedstatWaited([]byte("696287 52469 2\n")); got != 52469 {
+		t.Errorf("schedstat: %v", got)
+	}
+	for _, bad := range []string{"", "1", "1 x 2", "1 -5 2"} {
+		if got := schedstatWaited([]byte(bad)); got != 0 {
+			t.Errorf("schedstat %q: %v, want 0", bad, got)
+		}
+	}
+	v1 := "nr_periods 120\nnr_throttled 30\nthrottled_time 2500000000\n"
+	if got := cgroupThrottled([]byte(v1), false); got != 2500*time.Millisecond {
+		t.Errorf("cgroup v1: %v", got)
+	}
+	v2 := "usage_usec 100\nuser_usec 60\nsystem_usec 40\nnr_periods 3\nnr_throttled 1\nthrottled_usec 1500\n"
+	if got := cgroupThrottled([]byte(v2), true); got != 1500*time.Microsecond {
+		t.Errorf("cgroup v2: %v", got)
+	}
+	if got := cgroupThrottled([]byte(v2), false); got != 0 {
+		t.Errorf("v2's file read as v1: %v", got)
+	}
+}
+
+// On Linux the run-queue wait of the process's threads is readable, and
+// it grows while two goroutines per CPU compete for the CPUs.
+func TestRunDelayGrowsUnderContention(t *testing.T) {
+	e := openCPUEvidence()
+	defer e.close()
+	before := e.sample()
+	if before.waited == 0 {
+		if _, err := os.Stat("/proc/self/task"); err == nil {
+			t.Fatal("/proc/self/task is there, but the threads' run-queue wait read as 0")
+		}
+		t.Skip("no /proc/self/task here")
+	}
+	if before.cpu <= 0 {
+		t.Fatalf("process CPU time %v", before.cpu)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	for range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var after cpuSample
+	for {
+		after = e.sample()
+		if after.waited > before.waited && after.cpu > before.cpu {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	close(stop)
+	for range 8 {
+		<-done
+	}
+	if after.waited <= before.waited || after.cpu <= before.cpu {
+		t.Fatalf("under contention: waited %v → %v, cpu %v → %v; want both to grow", before.waited, after.waited, before.cpu, after.cpu)
+	}
+}
