@@ -6,7 +6,7 @@ HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey
+.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale
 
 all: build lint test
 
@@ -101,3 +101,12 @@ HOTKEY_SECS ?= 10
 hotkey:
 	bash test/hotkey.sh $(HOTKEY_SECS)
 	HOTKEY_THRESHOLD=0 bash test/hotkey.sh $(HOTKEY_SECS)
+
+# SCALE_NODES real nodes on this machine's loopback (test/scale.sh): the
+# time until every node sees all alive, then SCALE_SECS idle: CPU and RSS
+# per node, members declared dead and pauses (it fails on any). Environment
+# knobs (SCALE_STAGGER, SCALE_LOAD_RATE, ...) at the head of the script.
+SCALE_NODES ?= 100
+SCALE_SECS ?= 300
+scale:
+	bash test/scale.sh $(SCALE_NODES) $(SCALE_SECS)
