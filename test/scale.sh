@@ -415,7 +415,7 @@ while :; do
       { c[$2]++; if ($2 != n) { bad = bad sprintf(" scale-%d=%s", $1, $2); nb++ } }
       END { printf "members alive as the nodes see them (alive: nodes, -1 = no answer):"; for (k in c) printf " %s:%d", k, c[k]; print ""
             printf "nodes not seeing %d:%s\n", n, (nb > 40 ? substr(bad, 1, 600) " …" : bad) }' >&2
-    worst=$(alive_counts "$tmp/poll" | sort -k2,2n | awk '$2 >= 0 { print $1; exit }')
+    worst=$(alive_counts "$tmp/poll" | sort -k2,2n | awk '$2 >= 0 && !w { w = $1 } END { print w }')
     if [ -n "$worst" ]; then
       seen=$("$bin" status --addr "$net.$worst:8081" --json --timeout 3s 2>/dev/null |
         grep -oE '"name": ?"[^"]*", ?"grpc_addr": ?"[^"]*", ?"state": ?"alive"' | grep -oE 'scale-[0-9]+' || true)
