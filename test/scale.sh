@@ -16,6 +16,10 @@
 #   SCALE_LOAD_RATE  checks/s of an outside load phase after the stable window,
 #                    STABLE seconds long (default 0: no load phase)
 #   SCALE_LOAD_BATCH checks per call of that load (default 1)
+#   SCALE_HOG_SECS   seconds of an overload phase after the others (default 0: none):
+#                    a busy loop on every core while a paced load of SCALE_HOG_RATE
+#                    checks/s (default 200) runs, with 10 s of that load before and
+#                    20 s after
 #   SCALE_KEEP       non-empty: keep the temp dir (logs log-I, metrics scrapes)
 #
 # Phases:
@@ -80,6 +84,8 @@ net=${SCALE_NET:-127.0.3}
 rate=${SCALE_LOAD_RATE:-0}
 batch=${SCALE_LOAD_BATCH:-1}
 settle=${SCALE_SETTLE:-35}
+hog=${SCALE_HOG_SECS:-0}
+hog_rate=${SCALE_HOG_RATE:-200}
 keep=${SCALE_KEEP:-}
 read -r -a extra <<<"${SCALE_ARGS:-}"
 if ! [[ "$stagger" =~ ^[0-9]+(\.[0-9]+)?$ ]] || [ "${stagger%%.*}" -ge 10 ]; then
@@ -97,6 +103,12 @@ if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 1000 ]; 
 fi
 if ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 900 ]; then
   echo "SCALE_SETTLE: want 0..900 seconds" >&2; exit 2
+fi
+if ! [[ "$hog" =~ ^[0-9]+$ ]] || [ "$hog" -gt 600 ]; then
+  echo "SCALE_HOG_SECS: want 0..600 seconds" >&2; exit 2
+fi
+if ! [[ "$hog_rate" =~ ^[0-9]+$ ]] || [ "$hog_rate" -lt 1 ] || [ "$hog_rate" -gt 100000 ]; then
+  echo "SCALE_HOG_RATE: want 1..100000 checks/s" >&2; exit 2
 fi
 for tool in curl awk stat getconf; do
   command -v "$tool" >/dev/null || { echo "$0: needs $tool" >&2; exit 2; }
@@ -123,6 +135,7 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/sluice-scale.XXXXXX")
 declare -a pids=() # pids[i]: node i
 spid=""            # the sleep of nap, while it runs
+hogs=()            # the busy loops of the overload phase, while they run
 hurry=0
 summary=()
 put() { summary+=("$1=$2"); } # a key=value line of the summary
@@ -174,11 +187,20 @@ stop_nodes() {
   pids=()
 }
 
+# stop_hogs: ends the overload phase's busy loops, if running.
+stop_hogs() {
+  local p
+  for p in "${hogs[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${hogs[@]}"; do wait "$p" 2>/dev/null || true; done
+  hogs=()
+}
+
 cleanup() {
   local rc=$?
   set +e # a sleep a second Ctrl-C interrupts must not end the cleanup
   trap 'hurry=1' INT TERM
   if [ -n "$spid" ]; then kill "$spid" 2>/dev/null || true; fi
+  stop_hogs
   if [ "${#pids[@]}" -gt 0 ]; then
     say "stopping ${#pids[@]} nodes"
     stop_nodes 30
@@ -551,6 +573,100 @@ if [ "$rate" -gt 0 ]; then
   say "load: $l_checks checks in ${secs} s, $l_errs errors, CPU ${c_mean} ms/s per node, generator $((gen1 - gen0)) ticks"
 fi
 
+# --- overload ----------------------------------------------------------
+# A busy loop on every core for SCALE_HOG_SECS under a paced load (one
+# bench run a second over the next nodes in turn, as in the load phase):
+# 10 s of the load first (the baseline), the hog, then 20 s of the load
+# again. The nodes may answer slower; none may be declared dead, and in
+# the last 10 s of the 20 after the hog their CPU should be back at the
+# baseline's.
+hog_failures=0
+if [ "$hog" -gt 0 ]; then
+  h_calls=$hog_rate
+  h_conc=$(((h_calls + 199) / 200))
+  [ "$h_conc" -le "$n" ] || h_conc=$n
+  h_next=0
+  mkdir -p "$tmp/hog"
+  # hog_slots FROM COUNT T0: slots FROM..FROM+COUNT-1, slot k starting at
+  # T0 + k s; each one bench run into $tmp/hog/k.json.
+  hog_slots() {
+    local k j addrs
+    for ((k = $1; k < $1 + $2; k++)); do
+      nap_until $(($3 + k * 1000000))
+      addrs=""
+      for ((j = 0; j < h_conc; j++)); do addrs+="${addrs:+,}$net.$(((h_next + j) % n + 1)):8081"; done
+      h_next=$(((h_next + h_conc) % n))
+      "$bin" bench --addr "$addrs" --conns 1 --concurrency "$h_conc" --calls "$h_calls" \
+        --duration 900ms --timeout 2s --progress 0 --json --name overload >"$tmp/hog/$k.json" 2>"$tmp/hog/$k.err" || true
+    done
+  }
+  # hog_summary FROM COUNT: "CHECKS ERRORS P99_US_MAX MAX_US" of those slots.
+  hog_summary() {
+    local k
+    for ((k = $1; k < $1 + $2; k++)); do
+      awk 'function num(key,   s) { if (!match($0, "\"" key "\":[-0-9.eE+]+")) return -1; s = substr($0, RSTART, RLENGTH); sub(/.*:/, "", s); return s + 0 }
+        /^\{/ { printf "%d %d %.0f %.0f\n", num("checks"), num("item_errors") + num("call_errors"), num("p99_us"), num("max_us"); found = 1 }
+        END { if (!found) print "0 1 -1 -1" }' "$tmp/hog/$k.json"
+    done | awk '{ c += $1; e += $2; if ($3 > p) p = $3; if ($4 > m) m = $4 } END { print c + 0, e + 0, p + 0, m + 0 }'
+  }
+  say "overload: ${hog}s of a busy loop on each of $(nproc) cores under $hog_rate checks/s, 10 s of the load before and 20 s after"
+  scrape "$tmp/m-hog0"; metrics "$tmp/m-hog0"; offsets "$tmp/off-hog0"
+  now_us; h0=$((NOW + 200000))
+  sample "$tmp/cpu-base0"
+  hog_slots 0 10 "$h0"
+  nap_until $((h0 + 10 * 1000000))
+  sample "$tmp/cpu-base1"
+  scrape "$tmp/m-hogb"; metrics "$tmp/m-hogb"
+  for ((c = 0; c < $(nproc); c++)); do
+    bash -c 'while :; do :; done' &
+    hogs+=($!)
+  done
+  hog_slots 10 "$hog" "$h0"
+  nap_until $((h0 + (10 + hog) * 1000000))
+  stop_hogs
+  scrape "$tmp/m-hog1"; metrics "$tmp/m-hog1"; offsets "$tmp/off-hog1"
+  hog_slots $((10 + hog)) 10 "$h0"
+  nap_until $((h0 + (20 + hog) * 1000000))
+  sample "$tmp/cpu-rec0"
+  hog_slots $((20 + hog)) 10 "$h0"
+  nap_until $((h0 + (30 + hog) * 1000000))
+  sample "$tmp/cpu-rec1"
+  scrape "$tmp/m-hog2"; metrics "$tmp/m-hog2"; offsets "$tmp/off-hog2"
+  read -r b_mean b_max _ _ _ _ b_busy _ _ <<<"$(cpu_stats "$tmp/cpu-base0" "$tmp/cpu-base1")"
+  read -r r_mean r_max _ _ _ _ r_busy _ r_gone <<<"$(cpu_stats "$tmp/cpu-rec0" "$tmp/cpu-rec1")"
+  read -r hb_checks hb_errs hb_p99 _ <<<"$(hog_summary 0 10)"
+  read -r hh_checks hh_errs hh_p99 hh_max <<<"$(hog_summary 10 "$hog")"
+  read -r ha_checks ha_errs ha_p99 _ <<<"$(hog_summary $((10 + hog)) 20)"
+  put hog_s "$hog"
+  put hog_rate "$hog_rate"
+  put hog_before_checks "$hb_checks"
+  put hog_before_errors "$hb_errs"
+  put hog_before_p99_us_max "$hb_p99"
+  put hog_during_checks "$hh_checks"
+  put hog_during_errors "$hh_errs"
+  put hog_during_p99_us_max "$hh_p99"
+  put hog_during_max_us "$hh_max"
+  put hog_after_checks "$ha_checks"
+  put hog_after_errors "$ha_errs"
+  put hog_after_p99_us_max "$ha_p99"
+  put hog_base_cpu_ms_s_mean "$b_mean"
+  put hog_base_cpu_ms_s_max "$b_max"
+  put hog_base_machine_busy_pct "$b_busy"
+  put hog_recovered_cpu_ms_s_mean "$r_mean"
+  put hog_recovered_cpu_ms_s_max "$r_max"
+  put hog_recovered_machine_busy_pct "$r_busy"
+  put hog_nodes_exited "$r_gone"
+  put hog_pulls_before "$(mdelta "$tmp/m-hog0" "$tmp/m-hogb" sluice_pulls_total)"
+  put hog_pulls_during "$(mdelta "$tmp/m-hogb" "$tmp/m-hog1" sluice_pulls_total)"
+  put hog_pulls_after "$(mdelta "$tmp/m-hog1" "$tmp/m-hog2" sluice_pulls_total)"
+  put hog_forward_errors "$(mdelta "$tmp/m-hog0" "$tmp/m-hog2" sluice_forward_errors_total)"
+  instability overload "$tmp/m-hog0" "$tmp/m-hog1" "$tmp/off-hog0" "$tmp/off-hog1"
+  instability recovery "$tmp/m-hog1" "$tmp/m-hog2" "$tmp/off-hog1" "$tmp/off-hog2"
+  hog_failures=$(mdelta "$tmp/m-hog0" "$tmp/m-hog2" 'sluice_membership_changes_total{event="fail"}')
+  [ "$r_gone" = 0 ] || hog_failures=$((hog_failures + r_gone))
+  say "overload: $hog_failures members declared dead; CPU per node ${b_mean} ms/s before, ${r_mean} ms/s 10-20 s after; p99 ${hb_p99} / ${hh_p99} / ${ha_p99} µs before / during / after"
+fi
+
 # --- stop --------------------------------------------------------------
 offsets "$tmp/off-run"
 say "stopping $n nodes"
@@ -564,7 +680,7 @@ put stop_log_error "$(logcount "$tmp/lines-stop" ' level=ERROR ')"
 bymessage "$tmp/lines-stop" stop
 
 met=met
-if [ "$stable_failures" != 0 ] || [ "$stable_pauses" != 0 ] || [ "$stable_gone" != 0 ]; then met=not_met; fi
+if [ "$stable_failures" != 0 ] || [ "$stable_pauses" != 0 ] || [ "$stable_gone" != 0 ] || [ "$hog_failures" != 0 ]; then met=not_met; fi
 put criterion "$met"
 now_us
 put run_s "$(fmt_s $((NOW - t_begin)))"
