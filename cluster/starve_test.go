@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -66,17 +67,12 @@ func TestRunDelayGrowsUnderContention(t *testing.T) {
 	if before.cpu <= 0 {
 		t.Fatalf("process CPU time %v", before.cpu)
 	}
-	stop := make(chan struct{})
+	var stop atomic.Bool
 	done := make(chan struct{})
 	for range 8 {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for !stop.Load() {
 			}
 		}()
 	}
@@ -91,7 +87,7 @@ func TestRunDelayGrowsUnderContention(t *testing.T) {
 			break
 		}
 	}
-	close(stop)
+	stop.Store(true)
 	for range 8 {
 		<-done
 	}
