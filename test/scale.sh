@@ -16,6 +16,9 @@
 #   SCALE_LOAD_RATE  checks/s of an outside load phase after the stable window,
 #                    STABLE seconds long (default 0: no load phase)
 #   SCALE_LOAD_BATCH checks per call of that load (default 1)
+#   SCALE_EVENTS     membership events to measure after the stable window (default 0):
+#                    node N+1 joins, and 8 s later leaves (SIGTERM), this many times;
+#                    the N nodes' CPU in the 8 s after each, less their idle CPU
 #   SCALE_HOG_SECS   seconds of an overload phase after the others (default 0: none):
 #                    a busy loop on every core while a paced load of SCALE_HOG_RATE
 #                    checks/s (default 200) runs, with 10 s of that load before and
@@ -85,6 +88,7 @@ rate=${SCALE_LOAD_RATE:-0}
 batch=${SCALE_LOAD_BATCH:-1}
 settle=${SCALE_SETTLE:-35}
 hog=${SCALE_HOG_SECS:-0}
+events=${SCALE_EVENTS:-0}
 hog_rate=${SCALE_HOG_RATE:-200}
 keep=${SCALE_KEEP:-}
 read -r -a extra <<<"${SCALE_ARGS:-}"
@@ -103,6 +107,9 @@ if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 1000 ]; 
 fi
 if ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 900 ]; then
   echo "SCALE_SETTLE: want 0..900 seconds" >&2; exit 2
+fi
+if ! [[ "$events" =~ ^[0-9]+$ ]] || [ "$events" -gt 50 ]; then
+  echo "SCALE_EVENTS: want 0..50" >&2; exit 2
 fi
 if ! [[ "$hog" =~ ^[0-9]+$ ]] || [ "$hog" -gt 600 ]; then
   echo "SCALE_HOG_SECS: want 0..600 seconds" >&2; exit 2
@@ -388,16 +395,21 @@ instability() {
   bymessage "$lf" "$p"
 }
 
+# start_node I: starts node I (joining nodes 1 and 2) and sets pids[I].
+start_node() {
+  local i=$1 join=()
+  if [ "$i" = 2 ]; then join=(--join "$net.1:7946"); elif [ "$i" -gt 2 ]; then join=(--join "$net.1:7946,$net.2:7946"); fi
+  "$bin" serve --node-name "scale-$i" --grpc-addr "$net.$i:8081" --http-addr "$net.$i:8080" \
+    --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --log-level info \
+    "${join[@]}" "${extra[@]}" </dev/null >>"$tmp/log-$i" 2>&1 &
+  pids[i]=$!
+}
+
 # --- start -------------------------------------------------------------
 say "starting $n nodes on $net.1..$net.$n, ${stagger}s apart (logs in $tmp)"
 now_us; t_first=$NOW
 for ((i = 1; i <= n; i++)); do
-  join=()
-  if [ "$i" = 2 ]; then join=(--join "$net.1:7946"); elif [ "$i" -gt 2 ]; then join=(--join "$net.1:7946,$net.2:7946"); fi
-  "$bin" serve --node-name "scale-$i" --grpc-addr "$net.$i:8081" --http-addr "$net.$i:8080" \
-    --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --log-level info \
-    "${join[@]}" "${extra[@]}" </dev/null >"$tmp/log-$i" 2>&1 &
-  pids[i]=$!
+  start_node "$i"
   if [ "$i" = 1 ]; then
     now_us; deadline=$((NOW + 30000000))
     until curl -sf -m 1 -o /dev/null "http://$net.1:8080/healthz"; do
@@ -503,6 +515,51 @@ instability stable "$m_start" "$tmp/m-idle" "$o_start" "$tmp/off-idle"
 stable_failures=$(mdelta "$m_start" "$tmp/m-idle" 'sluice_membership_changes_total{event="fail"}')
 stable_pauses=$(mdelta "$m_start" "$tmp/m-idle" sluice_pauses_total)
 say "stable: CPU ${c_mean} ms/s per node (max ${c_max}), RSS ${r_mean} MB (max ${r_max}), machine ${busy}% busy; failures $stable_failures, pauses $stable_pauses"
+
+# --- membership events ---------------------------------------------------
+# Node N+1 joins the idle cluster, and 8 s later leaves (SIGTERM: a
+# graceful leave), SCALE_EVENTS times. What one event costs the cluster is
+# the N nodes' CPU in the 8 s after it, less what they used in the 8 s
+# before the join (idle, measured anew for each event).
+if [ "$events" -gt 0 ]; then
+  x=$((n + 1))
+  evw=8
+  say "membership events: scale-$x joins and leaves $events times, ${evw}s apart, after ${evw}s idle each"
+  : >"$tmp/ev-costs"
+  for ((e = 1; e <= events; e++)); do
+    sample "$tmp/ev-b0"
+    nap "$evw"
+    sample "$tmp/ev-j0"
+    read -r _ _ idle_tot _ _ _ _ _ _ <<<"$(cpu_stats "$tmp/ev-b0" "$tmp/ev-j0")"
+    start_node "$x"
+    nap "$evw"
+    sample "$tmp/ev-j1"
+    kill -TERM "${pids[x]}" 2>/dev/null || true
+    now_us; deadline=$((NOW + 30000000))
+    while is_running "${pids[x]}" && [ "$NOW" -lt "$deadline" ]; do sleep 0.1; now_us; done
+    is_running "${pids[x]}" && kill -KILL "${pids[x]}" 2>/dev/null
+    wait "${pids[x]}" 2>/dev/null || true
+    unset 'pids[x]'
+    nap_until $(($(awk '$1 == "time" { print $2 }' "$tmp/ev-j1") + evw * 1000000))
+    sample "$tmp/ev-l1"
+    read -r _ _ j_tot _ _ _ _ j_secs j_gone <<<"$(cpu_stats "$tmp/ev-j0" "$tmp/ev-j1")"
+    read -r _ _ l_tot _ _ _ _ l_secs l_gone <<<"$(cpu_stats "$tmp/ev-j1" "$tmp/ev-l1")"
+    if [ "$j_gone" != 0 ] || [ "$l_gone" != 0 ]; then fail "a node exited during the membership events"; fi
+    awk -v jt="$j_tot" -v js="$j_secs" -v lt="$l_tot" -v ls="$l_secs" -v it="$idle_tot" \
+      'BEGIN { printf "%.1f %.1f\n", (jt - it) * js, (lt - it) * ls }' >>"$tmp/ev-costs"
+    rm -rf "$tmp/data-$x"
+  done
+  read -r ev_join ev_join_max ev_leave ev_leave_max <<<"$(awk '{ j += $1; l += $2; if ($1 > jm) jm = $1; if ($2 > lm) lm = $2 }
+    END { printf "%.1f %.1f %.1f %.1f\n", j / NR, jm, l / NR, lm }' "$tmp/ev-costs")"
+  put event_count "$events"
+  put event_window_s "$evw"
+  put event_join_cluster_cpu_ms_mean "$ev_join"
+  put event_join_cluster_cpu_ms_max "$ev_join_max"
+  put event_leave_cluster_cpu_ms_mean "$ev_leave"
+  put event_leave_cluster_cpu_ms_max "$ev_leave_max"
+  put event_join_cpu_ms_per_node "$(awk -v j="$ev_join" -v n="$n" 'BEGIN { printf "%.2f", j / n }')"
+  say "membership events: a join costs the $n nodes ${ev_join} ms of CPU (max ${ev_join_max}), a leave ${ev_leave} ms (max ${ev_leave_max})"
+fi
 
 # --- load --------------------------------------------------------------
 if [ "$rate" -gt 0 ]; then
