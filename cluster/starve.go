@@ -43,6 +43,7 @@ type cpuSample struct {
 	cpu       time.Duration // this process's user + system CPU time
 	waited    time.Duration // its threads' time on run queues, summed; 0 when unknown
 	throttled time.Duration // its cgroup's throttled time; 0 when unknown
+	cgroup    string        // the cgroup throttled is of: two samples of different cgroups do not compare
 }
 
 // cpuEvidence reads the counters cpuSample holds. The cgroup's file is
@@ -52,24 +53,38 @@ type cpuSample struct {
 type cpuEvidence struct {
 	cgroup *os.File // nil where there is none
 	v2     bool     // cgroup holds cgroup v2's cpu.stat (throttled_usec)
-	buf    [512]byte
+	// self is /proc/self/cgroup as last read, and path the cgroup it
+	// names: a process can be moved to another cgroup while it runs.
+	self, path string
+	buf        [512]byte
 }
 
 // openCPUEvidence opens what the system offers; a missing file just
 // leaves that counter at 0.
 func openCPUEvidence() *cpuEvidence {
 	e := &cpuEvidence{}
-	e.cgroup, e.v2 = openCgroupCPUStat()
+	e.follow()
 	return e
 }
 
-// openCgroupCPUStat opens the cpu.stat of this process's CPU cgroup, v1
-// (the cpu controller's hierarchy) or v2 (the unified one).
-func openCgroupCPUStat() (*os.File, bool) {
+// follow reads which cgroup the process is in, and opens that cgroup's
+// cpu.stat when it changed.
+func (e *cpuEvidence) follow() {
 	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return nil, false
+	if err != nil || string(b) == e.self {
+		return
 	}
+	e.self = string(b)
+	if e.cgroup != nil {
+		e.cgroup.Close()
+	}
+	e.cgroup, e.v2, e.path = openCgroupCPUStat(b)
+}
+
+// openCgroupCPUStat opens the cpu.stat of the CPU cgroup that b, the
+// process's /proc/self/cgroup, names: v1 (the cpu controller's hierarchy)
+// or v2 (the unified one).
+func openCgroupCPUStat(b []byte) (*os.File, bool, string) {
 	var v2path string
 	for _, line := range strings.Split(string(b), "\n") {
 		// hierarchy-ID:controller-list:path
@@ -85,7 +100,7 @@ func openCgroupCPUStat() (*os.File, bool) {
 			if c == "cpu" {
 				for _, dir := range []string{"/sys/fs/cgroup/" + parts[1], "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"} {
 					if f, err := os.Open(dir + parts[2] + "/cpu.stat"); err == nil {
-						return f, false
+						return f, false, dir + parts[2]
 					}
 				}
 			}
@@ -93,10 +108,10 @@ func openCgroupCPUStat() (*os.File, bool) {
 	}
 	if v2path != "" {
 		if f, err := os.Open("/sys/fs/cgroup" + v2path + "/cpu.stat"); err == nil {
-			return f, true
+			return f, true, "/sys/fs/cgroup" + v2path
 		}
 	}
-	return nil, false
+	return nil, false, ""
 }
 
 func (e *cpuEvidence) close() {
@@ -107,7 +122,8 @@ func (e *cpuEvidence) close() {
 
 // sample reads the counters now.
 func (e *cpuEvidence) sample() cpuSample {
-	s := cpuSample{cpu: cpuTime(), waited: e.runDelay()}
+	e.follow()
+	s := cpuSample{cpu: cpuTime(), waited: e.runDelay(), cgroup: e.path}
 	if e.cgroup != nil {
 		if n, err := e.cgroup.ReadAt(e.buf[:], 0); n > 0 && (err == nil || n < len(e.buf)) {
 			s.throttled = cgroupThrottled(e.buf[:n], e.v2)
@@ -185,7 +201,7 @@ func pauseCause(before, after cpuSample, gap time.Duration) string {
 	}
 	half := gap / 2
 	switch {
-	case after.waited-before.waited >= half || after.throttled-before.throttled >= half:
+	case after.waited-before.waited >= half || (after.cgroup == before.cgroup && after.throttled-before.throttled >= half):
 		return PauseStarved
 	case after.cpu-before.cpu >= half:
 		return PauseBusy

@@ -22,6 +22,7 @@ func TestPauseCause(t *testing.T) {
 		{"the process used the CPU (a collection)", cpuSample{cpu: base.cpu + 900*time.Millisecond, waited: base.waited, throttled: base.throttled}, PauseBusy},
 		{"a little of each is not enough", cpuSample{cpu: base.cpu + 400*time.Millisecond, waited: base.waited + 400*time.Millisecond, throttled: base.throttled + 400*time.Millisecond}, PauseStopped},
 		{"starved and busy: starved", cpuSample{cpu: base.cpu + 600*time.Millisecond, waited: base.waited + 600*time.Millisecond, throttled: base.throttled}, PauseStarved},
+		{"moved to another cgroup: its throttled time does not compare", cpuSample{cpu: base.cpu, waited: base.waited, throttled: base.throttled + time.Hour, cgroup: "/other"}, PauseStopped},
 	} {
 		if got := pauseCause(base, c.after, gap); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
