@@ -6,7 +6,7 @@ HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale
+.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale deploy-scale
 
 all: build lint test
 
@@ -110,3 +110,13 @@ SCALE_NODES ?= 100
 SCALE_SECS ?= 300
 scale:
 	bash test/scale.sh $(SCALE_NODES) $(SCALE_SECS)
+
+# A rolling deploy of DEPLOY_NODES real nodes on this machine's loopback
+# (TestRollingDeployAtScale in test/deploy_test.go; go test ./test/ skips
+# it): an outside load over every node, 25 nodes restarted gracefully one
+# after another, then 25 in bursts of 5; 0 over, 0 lost, 0 call errors,
+# each phase's p50/p99/max latency logged. Knobs (SLUICE_DEPLOY_GATE,
+# SLUICE_DEPLOY_LOGS, ...) at the head of the test.
+DEPLOY_NODES ?= 100
+deploy-scale:
+	SLUICE_DEPLOY_NODES=$(DEPLOY_NODES) go test -count=1 -v -timeout 30m -run '^TestRollingDeployAtScale$$' ./test/
