@@ -187,11 +187,8 @@ func (pl *placer) nextCircle(members []Member) circle {
 	pl.pts = pl.pts[:0]
 	i = 0
 	for _, m := range members {
-		if i < len(old.sorted) && old.names[old.sorted[i]] < m.Name {
-			// Left: skip it.
-			for i < len(old.sorted) && old.names[old.sorted[i]] < m.Name {
-				i++
-			}
+		for i < len(old.sorted) && old.names[old.sorted[i]] < m.Name {
+			i++ // left: its points are dropped above
 		}
 		if i < len(old.sorted) && old.names[old.sorted[i]] == m.Name {
 			next.sorted = append(next.sorted, old.sorted[i])
