@@ -36,7 +36,7 @@ func grpcCluster(t testing.TB, k int) ([]*cluster.Node, []*transport.Server) {
 		// The peer client's deadline is the node's, as `sluice serve` wires
 		// them (the harness's 2 s leaves room for -race on a busy machine;
 		// the client's own default, 250 ms, did not).
-		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, ClusterName: cfgs[i].ClusterName, Timeout: cfgs[i].ForwardTimeout})
+		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, NodeAddr: cfgs[i].GRPCAddr, ClusterName: cfgs[i].ClusterName, Timeout: cfgs[i].ForwardTimeout})
 		t.Cleanup(func() { peers[i].Close() })
 	}
 	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })

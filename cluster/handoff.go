@@ -296,12 +296,20 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 // ans[i] where keys[i] had already been released to and, for a key not
 // settled here, the nodes this node would pull it from. With release this
 // node stops deciding those keys for ttl, redirecting them to the puller
-// (released to the puller). It implements the receiving side of Peers.Pull.
-func (n *Node) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
+// (released to the puller). from is the puller's name and fromAddr its
+// gRPC address, which the puller sends: this node may not know the puller
+// yet (it joined a moment ago), and must still know where the keys went,
+// to point their checks there or take them back from there. Without it
+// (an older puller), the address is looked up by name. It implements the
+// receiving side of Peers.Pull.
+func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
 	now := n.now().UnixNano()
 	addr := ""
 	if release {
-		addr = n.addrOf(from)
+		addr = fromAddr
+		if addr == "" {
+			addr = n.addrOf(from)
+		}
 	}
 	phase := n.ownershipPhase()
 	moves, cur := n.book.Moves(), n.ring.Table()

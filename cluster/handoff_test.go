@@ -371,7 +371,7 @@ func TestReleasedKeyIsNotHandedOff(t *testing.T) {
 		x = nodes[2]
 	}
 	pulled := []bucket.Counter{{Name: "api", Key: key}}
-	n0.Pull(context.Background(), x.Name(), pulled, true, time.Hour, make([]route.PullAnswer, 1))
+	n0.Pull(context.Background(), x.Name(), x.cfg.GRPCAddr, pulled, true, time.Hour, make([]route.PullAnswer, 1))
 	if pulled[0].Version == 0 {
 		t.Fatal("the pull got no record")
 	}

@@ -16,7 +16,7 @@ type ForwardHandler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
 	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
-	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
+	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
 }
 
 // MemNetwork connects nodes in one process without sockets, with failure
@@ -203,7 +203,7 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 	if err != nil {
 		return err
 	}
-	h.Pull(ctx, p.from, keys, release, ttl, ans)
+	h.Pull(ctx, p.from, p.from, keys, release, ttl, ans)
 	return ctx.Err() // answered too late: see forward
 }
 

@@ -24,7 +24,7 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	key := keysOwnedBy(nodes[0], "n0", 1)[0]
 	admit(t, nodes[0], key, 3, 10)
 	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
-	nodes[0].Pull(context.Background(), "n1", keys, true, time.Minute, ans)
+	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
 	if keys[0].Version == 0 || keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
 	}
@@ -48,6 +48,41 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	}
 	if !nodes[1].Cache().Fenced(h, k, t0.UnixNano()) {
 		t.Fatal("taking the key back did not release it on n1")
+	}
+}
+
+// A node can be pulled from, with release, by a node it does not know yet:
+// in a burst of restarts, the puller joined a moment ago and the gossip
+// about it has not reached this node. The pull names the puller's address,
+// so the releaser still knows where the key went: a check it then gets,
+// still owning the key in its view, takes the key back from the puller
+// with the puller's count. Knowing only the name, it reclaimed the key
+// and decided from its stale copy, and the hits the puller had admitted
+// meanwhile were lost (TestRollingDeployAtScale at 10 nodes, phase B:
+// 217 lost, 2026-11-27).
+func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 2, nil)
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	admit(t, nodes[0], key, 3, 10)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	nodes[0].Pull(context.Background(), "n1-restarted", memAddr(1), keys, true, time.Minute, ans)
+	if keys[0].Version == 0 || keys[0].State.Count != 3 {
+		t.Fatalf("pulled %+v", keys[0])
+	}
+	// n1 decides two hits with what it pulled, in its cache: no call of
+	// its own reaches n0 (which would name it).
+	h := ring.Hash("api", key)
+	k := writeback.Key{Name: "api", Key: key}
+	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
+	r := req("api", key, 2, 10)
+	if d, err := nodes[1].Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
+		t.Fatalf("n1 decided %+v, %v", d, err)
+	}
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
+		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", out[0], moved[0])
 	}
 }
 
@@ -261,11 +296,11 @@ func TestReleasedToIsPruned(t *testing.T) {
 	n := nodes[0]
 	ctx := context.Background()
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(ctx, nodes[1].Name(), live, true, time.Hour, make([]route.PullAnswer, 1))
+	n.Pull(ctx, nodes[1].Name(), memAddr(1), live, true, time.Hour, make([]route.PullAnswer, 1))
 	const keys = 5 * ownership.MinReleasedSweep
 	for i := range keys {
 		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
-		n.Pull(ctx, nodes[1].Name(), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]route.PullAnswer, 1))
+		n.Pull(ctx, nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]route.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords()
 	bound := ownership.MinReleasedSweep + 2*2 // the threshold, and twice the two releases in force

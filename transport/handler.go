@@ -59,7 +59,8 @@ type PeerHandler interface {
 	// and ans[i] (len(ans) == len(keys)) with where keys[i] had been released to and whom this node would pull it from
 	// (PullResponse.moved_to and holders; at most route.MaxHolders are sent per key).
 	// With release, this node stops deciding those keys for ttl (it points their checks at the puller).
-	Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
+	// from is the puller's name, fromAddr its gRPC address (PullRequest.from_addr; empty from older nodes).
+	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
 }
 
 // RuleLimits gives the limits of the rule for a name (the rules file in

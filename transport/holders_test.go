@@ -19,8 +19,8 @@ import (
 // ones with release.
 type holdingPeer struct{ fakePeer }
 
-func (h *holdingPeer) Pull(ctx context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
-	h.fakePeer.Pull(ctx, from, keys, release, ttl, ans)
+func (h *holdingPeer) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
+	h.fakePeer.Pull(ctx, from, fromAddr, keys, release, ttl, ans)
 	for i := range keys {
 		var n int
 		if _, err := fmt.Sscanf(keys[i].Key, "h%d", &n); err != nil {

@@ -58,6 +58,10 @@ var ErrClosed = errors.New("transport: peer client closed")
 type PeerConfig struct {
 	// NodeName is this node's name, sent as ForwardRequest.from.
 	NodeName string
+	// NodeAddr is this node's advertised gRPC address, sent as
+	// PullRequest.from_addr: where the keys a pull releases go. Empty, the
+	// receiver looks it up by NodeName among the members it knows.
+	NodeAddr string
 	// ClusterName is sent with every call (ForwardRequest.cluster, …); a
 	// receiver whose ServerConfig.ClusterName differs refuses the call.
 	ClusterName string
@@ -116,6 +120,7 @@ type PeerConfig struct {
 // A PeerClient is safe for concurrent use.
 type PeerClient struct {
 	name        string
+	addr        string // PullRequest.from_addr
 	cluster     string
 	timeout     time.Duration
 	maxBatch    int
@@ -144,6 +149,7 @@ type PeerClient struct {
 func NewPeerClient(cfg PeerConfig) *PeerClient {
 	pc := &PeerClient{
 		name:        cfg.NodeName,
+		addr:        cfg.NodeAddr,
 		cluster:     cfg.ClusterName,
 		timeout:     cfg.Timeout,
 		maxBatch:    cfg.MaxBatch,

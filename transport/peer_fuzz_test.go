@@ -116,7 +116,7 @@ func (h *recordingHandler) Replicate(_ context.Context, _ string, _ bool, counte
 	return len(counters), 0
 }
 
-func (h *recordingHandler) Pull(_ context.Context, _ string, keys []bucket.Counter, _ bool, ttl time.Duration, ans []route.PullAnswer) {
+func (h *recordingHandler) Pull(_ context.Context, _, _ string, keys []bucket.Counter, _ bool, ttl time.Duration, ans []route.PullAnswer) {
 	var err error
 	if len(ans) != len(keys) {
 		err = errors.New("Pull got answers and keys of different lengths")

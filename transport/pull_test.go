@@ -24,7 +24,7 @@ func TestPull(t *testing.T) {
 	h := &fakePeer{}
 	s := startPeerServer(t, h)
 	addr := s.GRPCAddr()
-	pc := NewPeerClient(PeerConfig{NodeName: "b", MaxCounters: 2})
+	pc := NewPeerClient(PeerConfig{NodeName: "b", NodeAddr: "10.0.0.2:8081", MaxCounters: 2})
 	defer pc.Close()
 	ctx := testCtx(t)
 	held := []bucket.Counter{counter("x", 3, 9), counter("z", 4, 11)}
@@ -52,8 +52,8 @@ func TestPull(t *testing.T) {
 			t.Fatalf("answer %d = %+v, want nothing besides the record", i, ans[i])
 		}
 	}
-	if got := fmt.Sprint(h.pullCalls()); got != "[{b 2 true 2ms} {b 2 true 2ms} {b 1 true 2ms}]" {
-		t.Fatalf("handler calls %s, want chunks of 2, 2, 1 from b with release for 2ms", got)
+	if got := fmt.Sprint(h.pullCalls()); got != "[{b@10.0.0.2:8081 2 true 2ms} {b@10.0.0.2:8081 2 true 2ms} {b@10.0.0.2:8081 1 true 2ms}]" {
+		t.Fatalf("handler calls %s, want chunks of 2, 2, 1 from b (at its address) with release for 2ms", got)
 	}
 
 	raw := rawPeer(t, addr)
@@ -94,6 +94,18 @@ func TestPull(t *testing.T) {
 	}
 	if _, err := raw.Pull(ctx, many); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("%d keys: %v, want InvalidArgument", len(many.Keys), err)
+	}
+	// A from_addr that is not a host:port refuses the call, and the
+	// handler never sees it.
+	before := len(h.pullCalls())
+	for _, a := range []string{"no-port", "host:", ":8081", strings.Repeat("h", 300) + ":1"} {
+		_, err := raw.Pull(ctx, &sluicev1.PullRequest{From: "c", FromAddr: a, Release: true, Keys: []*sluicev1.CounterKey{{Name: "api", Key: "x"}}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "from_addr") {
+			t.Errorf("from_addr %.20q: %v, want InvalidArgument naming from_addr", a, err)
+		}
+	}
+	if n := len(h.pullCalls()); n != before {
+		t.Fatalf("%d refused pulls reached the handler", n-before)
 	}
 }
 

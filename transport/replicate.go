@@ -126,6 +126,13 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		g.s.log.Warn("refused pull", "from", from, "keys", len(ks))
 		return nil, tooManyCounters(len(ks))
 	}
+	fromAddr := req.GetFromAddr()
+	if fromAddr != "" {
+		if err := checkHostPort(fromAddr); err != nil {
+			g.s.log.Warn("refused pull", "from", from, "reason", "from_addr: "+err.Error())
+			return nil, status.Errorf(codes.InvalidArgument, "from_addr: %v", err)
+		}
+	}
 	keys := make([]bucket.Counter, len(ks))
 	for i, k := range ks {
 		if err := bucket.ValidateCounterKey(k.GetName(), k.GetKey()); err != nil {
@@ -139,7 +146,7 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		return resp, nil
 	}
 	ans := make([]route.PullAnswer, len(keys))
-	h.Pull(ctx, from, keys, req.GetRelease(), releaseTTL(req.GetReleaseTtlMs()), ans)
+	h.Pull(ctx, from, fromAddr, keys, req.GetRelease(), releaseTTL(req.GetReleaseTtlMs()), ans)
 
 	msgs := make([]sluicev1.Counter, len(keys))
 	resp.Counters = make([]*sluicev1.Counter, len(keys))
@@ -305,7 +312,7 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 		msgs[i].Name, msgs[i].Key = keys[i].Name, keys[i].Key
 		ptrs[i] = &msgs[i]
 	}
-	req := &sluicev1.PullRequest{From: pc.name, Cluster: pc.cluster, Release: release, ReleaseTtlMs: releaseTTLMS(ttl)}
+	req := &sluicev1.PullRequest{From: pc.name, FromAddr: pc.addr, Cluster: pc.cluster, Release: release, ReleaseTtlMs: releaseTTLMS(ttl)}
 	size := pc.maxCounters
 	for start := 0; start < len(keys); {
 		end := min(start+size, len(keys))

@@ -41,13 +41,18 @@ type replicateCall struct {
 
 type pullCall struct {
 	from    string
+	addr    string // from_addr
 	n       int
 	release bool
 	ttl     time.Duration
 }
 
 func (c pullCall) String() string {
-	return fmt.Sprintf("{%s %d %t %v}", c.from, c.n, c.release, c.ttl)
+	from := c.from
+	if c.addr != "" {
+		from += "@" + c.addr
+	}
+	return fmt.Sprintf("{%s %d %t %v}", from, c.n, c.release, c.ttl)
 }
 
 var _ PeerHandler = (*fakePeer)(nil)
@@ -77,9 +82,9 @@ func (h *fakePeer) Replicate(_ context.Context, from string, handoff bool, count
 	return installed, stale
 }
 
-func (h *fakePeer) Pull(_ context.Context, from string, keys []bucket.Counter, release bool, ttl time.Duration, _ []route.PullAnswer) {
+func (h *fakePeer) Pull(_ context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, _ []route.PullAnswer) {
 	h.mu.Lock()
-	h.pulls = append(h.pulls, pullCall{from, len(keys), release, ttl})
+	h.pulls = append(h.pulls, pullCall{from, fromAddr, len(keys), release, ttl})
 	block := h.block
 	h.mu.Unlock()
 	if block != nil {

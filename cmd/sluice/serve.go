@@ -248,7 +248,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		grpcLn.Close()
 		return nil, nil, nil, err
 	}
-	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
+	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, NodeAddr: cfg.GRPCAddr, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
 		UnaryForwards: !f.forwardStreams, TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
 	metrics := newNodeMetrics(watcher(cfg.Rules))
 	cfg.Cache.OnFlush = metrics.observeFlush

@@ -2631,12 +2631,18 @@ func (x *CounterKey) GetKey() string {
 }
 
 type PullRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Keys          []*CounterKey          `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	Release       bool                   `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
-	ReleaseTtlMs  int64                  `protobuf:"varint,4,opt,name=release_ttl_ms,json=releaseTtlMs,proto3" json:"release_ttl_ms,omitempty"` // how long the receiver redirects released keys
-	Cluster       string                 `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`                                  // as ForwardRequest.cluster
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	From         string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Keys         []*CounterKey          `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Release      bool                   `protobuf:"varint,3,opt,name=release,proto3" json:"release,omitempty"`
+	ReleaseTtlMs int64                  `protobuf:"varint,4,opt,name=release_ttl_ms,json=releaseTtlMs,proto3" json:"release_ttl_ms,omitempty"` // how long the receiver redirects released keys
+	Cluster      string                 `protobuf:"bytes,5,opt,name=cluster,proto3" json:"cluster,omitempty"`                                  // as ForwardRequest.cluster
+	// from_addr is the puller's advertised gRPC address: where keys released
+	// to it went. The receiver may not know the puller yet (it joined a
+	// moment ago), and without the address it could neither point checks of
+	// those keys there nor take them back from there. Empty from older
+	// nodes: the receiver then looks the address up by from.
+	FromAddr      string `protobuf:"bytes,6,opt,name=from_addr,json=fromAddr,proto3" json:"from_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2702,6 +2708,13 @@ func (x *PullRequest) GetReleaseTtlMs() int64 {
 func (x *PullRequest) GetCluster() string {
 	if x != nil {
 		return x.Cluster
+	}
+	return ""
+}
+
+func (x *PullRequest) GetFromAddr() string {
+	if x != nil {
+		return x.FromAddr
 	}
 	return ""
 }
@@ -3044,13 +3057,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
 	"CounterKey\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xa6\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xc3\x01\n" +
 	"\vPullRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12)\n" +
 	"\x04keys\x18\x02 \x03(\v2\x15.sluice.v1.CounterKeyR\x04keys\x12\x18\n" +
 	"\arelease\x18\x03 \x01(\bR\arelease\x12$\n" +
 	"\x0erelease_ttl_ms\x18\x04 \x01(\x03R\freleaseTtlMs\x12\x18\n" +
-	"\acluster\x18\x05 \x01(\tR\acluster\"\x8a\x01\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\x12\x1b\n" +
+	"\tfrom_addr\x18\x06 \x01(\tR\bfromAddr\"\x8a\x01\n" +
 	"\fPullResponse\x12.\n" +
 	"\bcounters\x18\x01 \x03(\v2\x12.sluice.v1.CounterR\bcounters\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x03(\tR\amovedTo\x12/\n" +
