@@ -277,7 +277,11 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 		case eff.Merge:
 			installed1 = n.cache.Merge(h, rec)
 		}
-		if eff.MarkSettled {
+		if eff.MarkSettled && installed1 {
+			// A push that installed nothing told this node nothing newer
+			// than it holds: a leaving node's stale replica copy, say. The
+			// key stays as it was: unsettled, it is still pulled on first
+			// touch; released, a check takes it back from where it went.
 			n.book.MarkSettled(rec.Key)
 		}
 		if n.debug && handoff {

@@ -86,6 +86,44 @@ func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 	}
 }
 
+// A key released to another node stays released when a third node hands
+// this node a stale copy of it: a leaving node pushes every record of its
+// store to the keys' next owners, replica copies among them, and in a
+// burst of restarts such a push reaches a node that had meanwhile released
+// the key. The check it then gets takes the key back from where it went,
+// with that node's hits; the stale push lifted the release, and the node
+// decided from the state it had released (TestRollingDeployAtScale at 10
+// nodes, phase B: 87 admitted hits lost, 2026-11-27). The push also does
+// not mark the key settled: it told this node nothing newer.
+func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
+	t.Parallel()
+	nodes, _ := memCluster(t, 3, nil)
+	key := keysOwnedBy(nodes[0], "n0", 1)[0]
+	admit(t, nodes[0], key, 1, 10)
+	h := ring.Hash("api", key)
+	k := writeback.Key{Name: "api", Key: key}
+	old, _, _ := nodes[0].Cache().Get(h, k, t0.UnixNano()) // n2's stale copy
+	admit(t, nodes[0], key, 2, 10)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
+	if keys[0].State.Count != 3 {
+		t.Fatalf("pulled %+v", keys[0])
+	}
+	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
+	r := req("api", key, 2, 10)
+	if d, err := nodes[1].Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
+		t.Fatalf("n1 decided %+v, %v", d, err)
+	}
+	if installed, _ := nodes[0].Replicate(context.Background(), "n2", true, []bucket.Counter{old.Counter()}); installed != 0 {
+		t.Fatalf("n0 installed n2's stale copy (%d hits) over its own (3)", old.State.Count)
+	}
+	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
+		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", out[0], moved[0])
+	}
+}
+
 // A batch of keys that a join moved to the new node is settled with one
 // Pull per node asked, not one per key: key by key, a 100-item forward
 // after a membership change took 100 round trips or more on the owner, ran

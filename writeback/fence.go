@@ -96,10 +96,13 @@ func (c *Cache) Unfence(hash uint64, k Key) {
 	s.mu.Unlock()
 }
 
-// Install lifts a fence on rec's key and installs rec when it is newer
-// than what is held (or their merge), like Merge, reporting whether it
-// did: the cluster adopts a key handed to it. An installed record counts
-// as a change (TakeChanged).
+// Install installs rec when it is newer than what is held (or their merge
+// changes the state held), like Merge, and then lifts a fence on rec's
+// key, reporting whether it did: the cluster adopts a key handed to it. A
+// record that changes nothing leaves a fence in force: it is no newer than
+// the state this cache released, so the node that took it decides the key
+// (TestInstallOfAStaleRecordKeepsTheFence). An installed record counts as
+// a change (TakeChanged).
 func (c *Cache) Install(hash uint64, rec Record) bool {
 	return c.install(hash, rec, math.MaxInt64)
 }
@@ -203,10 +206,14 @@ func (c *Cache) install(hash uint64, rec Record, since int64) bool {
 	if r, ok := s.fences[rec.Key]; ok && r.at >= since {
 		return false
 	}
-	delete(s.fences, rec.Key)
 	if !s.installIn(e, rec) {
+		// Nothing newer than the state this cache released: the node it
+		// went to decides the key, and may have since (a leaving node
+		// pushes its stale replica copies too). The release stands; the
+		// cluster takes the key back by pulling it from there.
 		return false
 	}
+	delete(s.fences, rec.Key)
 	s.markChanged(hash, e)
 	return true
 }

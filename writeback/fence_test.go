@@ -71,3 +71,43 @@ func TestFenceIfDeciding(t *testing.T) {
 		t.Errorf("after the fence ended: %v", err)
 	}
 }
+
+// Install of a record that changes nothing (not newer than what the cache
+// holds, and no merge rule that adds to it) leaves a fence in force: the
+// node the key was released to took the state and decides the key, and a
+// stale copy handed here — a leaving node pushes every record of its store
+// to the keys' next owners, replica copies among them — is no reason to
+// decide it here again. Lifting the fence let this cache decide from the
+// state it had released, and the hits decided since by the node it went
+// to were lost (TestRollingDeployAtScale, phase B). A record that is newer
+// is adopted and ends the release.
+func TestInstallOfAStaleRecordKeepsTheFence(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+	k := Key{Name: "n", Key: "k"}
+	h := hashKey(k)
+	decide(t, c, k, lim10, 1, base)
+	old, _, _ := c.Get(h, k, base)
+	decide(t, c, k, lim10, 2, base+1)
+	rec, _, err := c.Fence(h, k, base+2, time.Minute)
+	if err != nil || rec.State.Count != 3 {
+		t.Fatalf("fence: %+v %v", rec, err)
+	}
+	for _, stale := range []Record{old, rec} {
+		if c.Install(h, stale) {
+			t.Fatalf("installed %+v over %+v", stale, rec)
+		}
+		if !c.Fenced(h, k, base+3) {
+			t.Fatalf("Install of a record of %d hits (version %d) lifted the fence of the key holding %d (version %d)",
+				stale.State.Count, stale.Version, rec.State.Count, rec.Version)
+		}
+	}
+	newer := rec
+	newer.State.Count, newer.Version = 5, rec.Version+10
+	if !c.Install(h, newer) || c.Fenced(h, k, base+3) {
+		t.Fatal("a newer record was not adopted, or left the fence in force")
+	}
+	if d := decide(t, c, k, lim10, 1, base+4); d.Remaining != 4 {
+		t.Fatalf("after the newer record: remaining %d, want 4 (5 + 1 of 10)", d.Remaining)
+	}
+}

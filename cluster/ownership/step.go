@@ -157,7 +157,9 @@ type Effects struct {
 	Holders bool
 	// Push: push the released record to NoteTo (handoff).
 	Push bool
-	// Adopt: install the record, ending a release; MarkSettled: no move
+	// Adopt: install the record, ending a release when it is newer than
+	// what is held (a stale copy changes nothing); MarkSettled: once it
+	// installed, no move
 	// pulls it any more.
 	Adopt, MarkSettled bool
 	// Merge: install the copy as a replica's (newer version, or the merge).
