@@ -683,12 +683,67 @@ func diagnoseLost(t *testing.T, l *load, ps []*proc, verifier *transport.Client)
 		}
 		slices.Sort(vs)
 		t.Logf("lost on %s: %d admitted; %s", k, l.admitted[k].Load(), strings.Join(vs, "; "))
+		for _, d := range doubleCounts(l, k, 5) {
+			t.Logf("  %s", d)
+		}
 	}
 	time.Sleep(5 * time.Second)
 	for _, k := range short {
 		owner, counted, err := peek(verifier, k)
 		t.Logf("lost on %s, 5 s later through node 1: %s says %d (%v)", k, owner, counted, err)
 	}
+}
+
+// doubleCounts returns, for the loose key k, up to max runs of admitted
+// answers that left the count at a value an earlier admitted answer had
+// already left it at: each admitted hit raises the key's count by one, so
+// two answers with the same count after them are two decisions made on
+// the same state, one of them on a copy that did not hold the other's
+// hit. Each run says which owner decided first, which decided again,
+// when, and how many counts it repeated.
+func doubleCounts(l *load, k string, max int) []string {
+	l.histMu.Lock()
+	defer l.histMu.Unlock()
+	type seen struct {
+		at    time.Duration
+		owner string
+	}
+	first := map[int64]seen{}
+	var out []string
+	var run struct {
+		n              int
+		from, to       int64
+		owner1, owner2 string
+		at1, at2       time.Duration
+	}
+	flush := func() {
+		if run.n > 0 && len(out) < max {
+			out = append(out, fmt.Sprintf("counts %d..%d (%d) decided by %s at %v and again by %s at %v",
+				run.from, run.to, run.n, run.owner1, run.at1.Round(time.Millisecond), run.owner2, run.at2.Round(time.Millisecond)))
+		}
+		run.n = 0
+	}
+	for _, a := range l.hist[k] {
+		if !a.admitted {
+			continue
+		}
+		c := l.looseLimit - a.remaining
+		f, ok := first[c]
+		if !ok {
+			first[c] = seen{a.at, a.owner}
+			continue
+		}
+		if run.n > 0 && (c != run.to+1 || a.owner != run.owner2 || f.owner != run.owner1) {
+			flush()
+		}
+		if run.n == 0 {
+			run.from, run.owner1, run.owner2, run.at1, run.at2 = c, f.owner, a.owner, f.at, a.at
+		}
+		run.to = c
+		run.n++
+	}
+	flush()
+	return out
 }
 
 // machineLoad is the load average and the `sluice serve` processes on

@@ -30,8 +30,9 @@ type load struct {
 	maxLatency              atomic.Int64
 	firstErr                atomic.Pointer[string]
 
-	// hist is every answer to a tight key, in the order they came, for
-	// the log of a key that went over its limit.
+	// hist is every answer, in the order they came: for the log of a
+	// tight key that went over its limit, and of a loose key whose count
+	// lost admitted hits (doubleCounts).
 	histMu sync.Mutex
 	hist   map[string][]answer
 	start  time.Time
@@ -122,7 +123,7 @@ func (l *load) run(t *testing.T, workers int, maxCalls int64, maxTime time.Durat
 				if r.Status == sluicev1.Status_STATUS_UNDER_LIMIT {
 					l.admitted[key].Add(1)
 				}
-				if limit == l.tightLimit {
+				{
 					l.histMu.Lock()
 					l.hist[key] = append(l.hist[key], answer{at: start.Sub(l.start), took: took, owner: r.Owner,
 						admitted: r.Status == sluicev1.Status_STATUS_UNDER_LIMIT, remaining: r.Remaining})
