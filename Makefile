@@ -6,7 +6,7 @@ HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale deploy-scale
+.PHONY: all build test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale capacity deploy-scale sim-scale
 
 all: build lint test
 
@@ -106,10 +106,20 @@ hotkey:
 # time until every node sees all alive, then SCALE_SECS idle: CPU and RSS
 # per node, members declared dead and pauses (it fails on any). Environment
 # knobs (SCALE_STAGGER, SCALE_LOAD_RATE, ...) at the head of the script.
+# Then the capacity curve (make capacity).
 SCALE_NODES ?= 100
 SCALE_SECS ?= 300
 scale:
 	bash test/scale.sh $(SCALE_NODES) $(SCALE_SECS)
+	bash test/capacity.sh $(CAPACITY_SECS)
+
+# Checks/s at saturation against nodes (test/capacity.sh): 1, 2, 4 and 8
+# nodes held to 0.2 core each by cgroup v1 quotas (root), owner-aware and
+# sidecar-style batched load, the servers' CPU per check and the
+# generator's CPU; CAP_* knobs at the head of the script.
+CAPACITY_SECS ?= 10
+capacity:
+	bash test/capacity.sh $(CAPACITY_SECS)
 
 # A rolling deploy of DEPLOY_NODES real nodes on this machine's loopback
 # (TestRollingDeployAtScale in test/deploy_test.go; go test ./test/ skips
@@ -120,3 +130,15 @@ scale:
 DEPLOY_NODES ?= 100
 deploy-scale:
 	SLUICE_DEPLOY_NODES=$(DEPLOY_NODES) go test -count=1 -v -timeout 30m -run '^TestRollingDeployAtScale$$' ./test/
+
+# SIM_NODES cluster.Nodes in one process on the simulated clock of
+# cluster/clustertest (TestThousandMembers; go test runs the same scenario
+# at 50 members as TestFiftyMembers): formation, 4 joins and 4 graceful
+# leaves under checks (exact counts asserted), 3 crashes (the crash bound
+# of docs/guarantees.md); prints what each event moves against 1/N and
+# how long the rings took to agree. At 1000: about 5 minutes and 14 GB
+# here (docs/scaling.md); SIM_MEMLIMIT is the Go heap's soft limit.
+SIM_NODES ?= 1000
+SIM_MEMLIMIT ?= 14GiB
+sim-scale:
+	SLUICE_SIM_NODES=$(SIM_NODES) GOMEMLIMIT=$(SIM_MEMLIMIT) go test -count=1 -v -timeout 60m -run '^TestThousandMembers$$' ./cluster/clustertest/

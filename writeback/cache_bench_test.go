@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/bucket"
 )
@@ -197,4 +198,53 @@ func residentBytes() int64 {
 		return 0
 	}
 	return pages * int64(os.Getpagesize())
+}
+
+// BenchmarkReplicaCopy: what a replica pays per copy of a key it does not
+// decide (Merge), against a check of a key in memory (Decide), both on a
+// pebble store: 10k keys, each copy newer than the last, and a flush
+// after every round of 10k copies, as the flush loop would (a copy waits
+// in pending only until the next flush, then only the store holds it, so
+// every copy after the first reads the store). The flush's cost is in the
+// figure.
+func BenchmarkReplicaCopy(b *testing.B) {
+	keys, hashes := benchKeys(10_000)
+	st := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: base + 120e9}
+	for _, bc := range []struct {
+		name string
+		op   func(c *Cache, j int, v uint64) error
+	}{
+		{"merge", func(c *Cache, j int, v uint64) error {
+			s := st
+			s.Count = int64(v)
+			c.Merge(hashes[j], Record{Key: keys[j], State: s, Version: v})
+			return nil
+		}},
+		{"decide", func(c *Cache, j int, v uint64) error {
+			_, err := c.Decide(hashes[j], keys[j], benchLim, 1, base)
+			return err
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			c, err := New(Config{Logger: quietLogger(), FlushInterval: time.Hour}, openTestStore(b, b.TempDir()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			i := 0
+			for b.Loop() {
+				j := i % len(keys)
+				if err := bc.op(c, j, uint64(i+1)); err != nil {
+					b.Fatal(err)
+				}
+				i++
+				if j == len(keys)-1 {
+					if err := c.Flush(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
 }

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Capacity against cluster size: N real `sluice serve` nodes on loopback,
+# each in its own cgroup (v1 cpu controller) held to CAP_CPU cores, for N
+# in CAP_NODES, and `sluice bench` from outside at saturation on many keys,
+# in two shapes:
+#
+#   owner-aware  the client learns the owner table and sends each check
+#                straight to its key's owner (bench --owner-aware): no node
+#                forwards, so capacity should grow with N almost one for one
+#   sidecar      each caller calls one node, its own, as an application
+#                calls the sidecar beside it (bench spreads its callers
+#                over --addr, caller w on node w mod N): (N-1)/N of the
+#                checks take a second hop to their owner
+#
+# Both send batches of CAP_BATCH checks per call over CAP_KEYS keys at
+# random, limits that admit everything, once the cluster is steady: the
+# rounds start CAP_SETTLE seconds after every node saw every node alive,
+# past the move window of the last join (30 s), within which a node pulls
+# each key of a partition that came to it before its first decision. A
+# light load (one caller per node, single checks) runs until then: a node
+# left without checks for --heartbeat-idle (30 s) stops its pause
+# heartbeat, and its first check after that is handled as a pause, every
+# key it owns pulled before its next decision for 30 s. The pulls of each
+# round are counted and printed. The budget, not the generator,
+# must be what stops the nodes: the script reports, per round, the share
+# of the nodes' 100 ms CFS periods that ran out of quota (throttled) and
+# the generator's own CPU (bench's user+system time from /usr/bin/time),
+# and the servers' CPU per check (cpuacct.usage of their cgroups).
+#
+# At the end it prints the curve, and the two ratios the scale promise is
+# held to (docs/scaling.md): owner-aware capacity(largest N) over
+# capacity(1), and sidecar capacity(largest N) over capacity(2).
+#
+# Usage: test/capacity.sh [SECONDS]   (per round, 3..120; default 10)
+# Environment:
+#   CAP_NODES   cluster sizes, ascending (default "1 2 4 8"; each 1..16)
+#   CAP_CPU     cores per node (default 0.2)
+#   CAP_BATCH   checks per call (default 500)
+#   CAP_CONC    bench callers per node (default 4)
+#   CAP_KEYS    distinct keys (default 100000)
+#   CAP_NET     first three octets of the node addresses (default 127.0.5)
+#   CAP_SETTLE  seconds from formation to the first round (default 32)
+#   SLUICE_BIN  a prebuilt binary (default: go build ./cmd/sluice)
+# Needs root and a writable /sys/fs/cgroup/cpu (cgroup v1); exits 2
+# without. Nodes are stopped by PID, cgroups removed and the temp dir
+# deleted on exit, also on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 3 ] || [ "$secs" -gt 120 ]; then
+  echo "usage: $0 [SECONDS 3..120]" >&2; exit 2
+fi
+sizes=${CAP_NODES:-1 2 4 8}
+cpu=${CAP_CPU:-0.2}
+batch=${CAP_BATCH:-500}
+conc=${CAP_CONC:-4}
+keys=${CAP_KEYS:-100000}
+net=${CAP_NET:-127.0.5}
+settle=${CAP_SETTLE:-32}
+for s in $sizes; do
+  if ! [[ "$s" =~ ^[0-9]+$ ]] || [ "$s" -lt 1 ] || [ "$s" -gt 16 ]; then echo "CAP_NODES: want sizes 1..16, got $s" >&2; exit 2; fi
+done
+if ! [[ "$cpu" =~ ^[0-9]*\.?[0-9]+$ ]]; then echo "CAP_CPU: want a number of cores" >&2; exit 2; fi
+if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 1000 ]; then echo "CAP_BATCH: want 1..1000" >&2; exit 2; fi
+if ! [[ "$conc" =~ ^[0-9]+$ ]] || [ "$conc" -lt 1 ] || [ "$conc" -gt 64 ]; then echo "CAP_CONC: want 1..64" >&2; exit 2; fi
+if ! [[ "$keys" =~ ^[0-9]+$ ]] || [ "$keys" -lt 1 ]; then echo "CAP_KEYS: want a positive whole number" >&2; exit 2; fi
+if ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 600 ]; then echo "CAP_SETTLE: want 0..600 seconds" >&2; exit 2; fi
+cg=/sys/fs/cgroup/cpu
+acct=/sys/fs/cgroup/cpuacct
+if [ ! -w "$cg" ] || [ ! -w "$acct" ]; then
+  echo "capacity: needs a writable cgroup v1 cpu and cpuacct controller ($cg, $acct): run as root on cgroup v1" >&2
+  exit 2
+fi
+quota=$(awk -v c="$cpu" 'BEGIN {printf "%d", c * 100000}')
+
+tmp=$(mktemp -d)
+pids=()
+groups=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for g in "${groups[@]}"; do rmdir "$g" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+bin=${SLUICE_BIN:-}
+if [ -z "$bin" ]; then
+  bin=$tmp/sluice
+  go build -o "$bin" ./cmd/sluice
+fi
+
+# alive I: the members node I sees alive (sluice_members_alive), 0 if it
+# does not answer.
+alive() {
+  curl -fsS -m 1 "http://$net.$1:8080/metrics" 2>/dev/null | awk '$1 == "sluice_members_alive" {v = $2} END {printf "%d\n", v + 0}'
+}
+
+# start N: nodes 1..N, each in its cgroup, until every node sees N alive.
+start() {
+  local n=$1 i g
+  pids=()
+  for ((i = 1; i <= n; i++)); do
+    local join=()
+    [ "$i" -gt 1 ] && join=(--join "$net.1:7946")
+    rm -rf "$tmp/data-$i"
+    "$bin" serve --node-name "cap-$i" --grpc-addr "$net.$i:8081" --http-addr "$net.$i:8080" \
+      --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --log-level warn "${join[@]}" \
+      </dev/null 2>"$tmp/log-$i" &
+    pids[i]=$!
+    for c in cpu cpuacct; do
+      g=/sys/fs/cgroup/$c/sluice-cap-$$-$i
+      [ -d "$g" ] || { mkdir "$g"; groups+=("$g"); }
+      echo "${pids[i]}" >"$g/cgroup.procs"
+    done
+    g=$cg/sluice-cap-$$-$i
+    echo 100000 >"$g/cpu.cfs_period_us"
+    echo "$quota" >"$g/cpu.cfs_quota_us"
+    if [ "$i" = 1 ]; then
+      for _ in $(seq 1 300); do curl -sf -m 1 -o /dev/null "http://$net.1:8080/healthz" && break; sleep 0.1; done
+    fi
+  done
+  local ok
+  for _ in $(seq 1 600); do
+    ok=0
+    for ((i = 1; i <= n; i++)); do [ "$(alive "$i")" = "$n" ] && ok=$((ok + 1)); done
+    [ "$ok" = "$n" ] && return 0
+    sleep 0.1
+  done
+  echo "capacity: $n nodes did not see each other alive within 60 s; logs:" >&2
+  tail -n 5 "$tmp"/log-* >&2
+  exit 1
+}
+
+stop() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+
+# usage N: the nodes' CPU ns (cpuacct.usage), periods, throttled periods,
+# pulls made (sluice_pulls_total), and pauses and idle resumes noticed
+# (sluice_pauses_total, sluice_idle_resumes_total), summed.
+usage() {
+  local n=$1 i u=0 p=0 t=0 l=0 q=0 g m
+  for ((i = 1; i <= n; i++)); do
+    g=sluice-cap-$$-$i
+    u=$((u + $(cat "$acct/$g/cpuacct.usage")))
+    p=$((p + $(awk '$1 == "nr_periods" {print $2}' "$cg/$g/cpu.stat")))
+    t=$((t + $(awk '$1 == "nr_throttled" {print $2}' "$cg/$g/cpu.stat")))
+    m=$(curl -fsS -m 2 "http://$net.$i:8080/metrics")
+    l=$((l + $(awk '$1 == "sluice_pulls_total" {v = $2} END {printf "%d\n", v + 0}' <<<"$m")))
+    q=$((q + $(awk '$1 == "sluice_pauses_total" || $1 == "sluice_idle_resumes_total" {v += $2} END {printf "%d\n", v + 0}' <<<"$m")))
+  done
+  echo "$u $p $t $l $q"
+}
+
+field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1"; }
+
+# round N SHAPE: one bench run; appends a line to $tmp/curve.
+round() {
+  local n=$1 shape=$2 i addrs="" flags=()
+  for ((i = 1; i <= n; i++)); do addrs+="${addrs:+,}$net.$i:8081"; done
+  [ "$shape" = owner-aware ] && flags=(--owner-aware)
+  local before after
+  before=$(usage "$n")
+  /usr/bin/time -f '%U %S' -o "$tmp/gen" "$bin" bench --addr "$addrs" "${flags[@]}" --batch "$batch" \
+    --concurrency $((conc * n)) --keys "$keys" --duration "${secs}s" --progress 0 --json >"$tmp/bench.json"
+  after=$(usage "$n")
+  local f=$tmp/bench.json
+  read -r u0 p0 t0 l0 q0 <<<"$before"
+  read -r u1 p1 t1 l1 q1 <<<"$after"
+  read -r gu gs <"$tmp/gen"
+  awk -v n="$n" -v s="$shape" -v cps="$(field "$f" checks_per_sec)" -v checks="$(field "$f" checks)" \
+    -v p99="$(field "$f" p99_us)" -v errs="$(($(field "$f" call_errors) + $(field "$f" item_errors)))" \
+    -v du="$((u1 - u0))" -v dp="$((p1 - p0))" -v dt="$((t1 - t0))" -v pulls="$((l1 - l0))" -v pauses="$((q1 - q0))" -v gen="$gu $gs" -v secs="$(field "$f" seconds)" 'BEGIN {
+      split(gen, g, " ")
+      printf "%d\t%s\t%.0f\t%.0f\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\n", n, s, cps, p99, errs, du / 1e3 / checks,
+        (dp > 0 ? 100 * dt / dp : 0), du / 1e9 / secs, (g[1] + g[2]) / secs, pulls, pauses }' >>"$tmp/curve"
+}
+
+echo "capacity: nodes {$sizes}, $cpu core each (cpu.cfs_quota_us $quota of 100000), ${secs} s a round," \
+  "batches of $batch, $conc callers per node, $keys keys; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+: >"$tmp/curve"
+for n in $sizes; do
+  start "$n"
+  # Past the move window of the last join, never idle (see the head).
+  addrs=""
+  for ((i = 1; i <= n; i++)); do addrs+="${addrs:+,}$net.$i:8081"; done
+  "$bin" bench --addr "$addrs" --concurrency "$n" --keys "$keys" --duration "${settle}s" --progress 0 --json >/dev/null
+  round "$n" owner-aware
+  round "$n" sidecar
+  stop
+done
+
+printf '\n%-5s %-11s %10s %9s %6s %11s %10s %12s %10s %7s %6s\n' nodes shape checks/s "p99 µs" errors "µs CPU/chk" throttled "server cores" "gen cores" pulls pauses
+awk -F'\t' '{printf "%-5d %-11s %10.0f %9.0f %6d %11.2f %9.0f%% %12.2f %10.2f %7d %6d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}' "$tmp/curve"
+awk -F'\t' -v sizes="$sizes" '
+  { cap[$2, $1] = $3; errs += $5 }
+  END {
+    n = split(sizes, s, " "); big = s[n]
+    printf "\n"
+    if (("owner-aware", 1) in cap && big > 1)
+      printf "owner-aware: capacity(%d) / capacity(1) = %.2f (the promise: at least %.1f at 8 nodes)\n", big, cap["owner-aware", big] / cap["owner-aware", 1], 7
+    if (("sidecar", 2) in cap && big > 2)
+      printf "sidecar:     capacity(%d) / capacity(2) = %.2f (the promise: at least %.1f at 8 nodes)\n", big, cap["sidecar", big] / cap["sidecar", 2], 3.4
+    if (errs > 0) { printf "errors: %d\n", errs; exit 1 }
+  }' "$tmp/curve"
