@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -127,19 +129,70 @@ func (c *Cluster) Up() []string {
 // is the first node when none is). It does not wait for the join: Settle
 // does.
 func (c *Cluster) Add(name string) error {
-	if _, ok := c.members[name]; ok {
-		return fmt.Errorf("add %s: a member of that name exists (restart it)", name)
+	m, err := c.newMember(name, nil)
+	if err != nil {
+		return err
 	}
-	if name == "" || strings.ContainsAny(name, " ,/") {
-		return fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
-	}
-	m := &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore()}
-	if err := c.start(m); err != nil {
+	if err := c.start(m, c.config(m)); err != nil {
 		return err
 	}
 	c.members[name] = m
 	c.order = append(c.order, name)
 	return nil
+}
+
+// AddMany starts new nodes named names all at once, each joining the
+// members that were up before the call (Options.Configure may narrow each
+// node's seeds), and adds those that started, in the order given; with no
+// member up, the first name starts alone first and the others join it.
+// It is Add for many nodes without Add's wait for each: a node's Start
+// waits until its ready flag has been gossiped (up to the node's
+// LeaveTimeout), which takes longer the larger the cluster, so starting a
+// large cluster one node at a time costs simulated time that grows with
+// the square of its size. It does not wait for the joins: Settle does.
+func (c *Cluster) AddMany(names ...string) error {
+	if len(names) > 0 && len(c.Up()) == 0 {
+		if err := c.Add(names[0]); err != nil {
+			return err
+		}
+		names = names[1:]
+	}
+	ms := make([]*Member, len(names))
+	cfgs := make([]cluster.Config, len(names))
+	taken := map[string]bool{}
+	for i, name := range names {
+		m, err := c.newMember(name, taken)
+		if err != nil {
+			return err
+		}
+		taken[name] = true
+		ms[i], cfgs[i] = m, c.config(m)
+	}
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() { errs[i] = c.start(m, cfgs[i]) })
+	}
+	wg.Wait()
+	for i, m := range ms {
+		if errs[i] == nil {
+			c.members[m.Name] = m
+			c.order = append(c.order, m.Name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newMember returns a new member named name at fresh addresses, or why
+// the name cannot be used (taken: names being added with it).
+func (c *Cluster) newMember(name string, taken map[string]bool) (*Member, error) {
+	if _, ok := c.members[name]; ok || taken[name] {
+		return nil, fmt.Errorf("add %s: a member of that name exists (restart it)", name)
+	}
+	if name == "" || strings.ContainsAny(name, " ,/") {
+		return nil, fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
+	}
+	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore()}, nil
 }
 
 // Restart starts again a member that left or crashed, at the same
@@ -154,11 +207,12 @@ func (c *Cluster) Restart(name string) error {
 		return fmt.Errorf("restart %s: it is up", name)
 	}
 	m.Store = m.Store.Clone()
-	return c.start(m)
+	return c.start(m, c.config(m))
 }
 
-func (c *Cluster) start(m *Member) error {
-	cfg := c.config(m)
+// start starts m's node with cfg (c.config(m)). It may run on a goroutine
+// of its own (AddMany): it touches m and the networks only.
+func (c *Cluster) start(m *Member, cfg cluster.Config) error {
 	n, err := cluster.New(cfg, countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
@@ -415,31 +469,57 @@ func (c *Cluster) Settle() error {
 }
 
 // settled returns "" when every member is settled, else the first that is
-// not and what it sees.
+// not and what it sees. It sorts the names up once per look, not once per
+// member, so that a look at a thousand members stays cheap.
 func (c *Cluster) settled() string {
 	up := c.Up()
+	want := map[int][]string{} // by group; one group when whole
+	for _, o := range up {
+		want[c.groups[o]] = append(want[c.groups[o]], o)
+	}
+	for _, w := range want {
+		sort.Strings(w)
+	}
 	for _, name := range up {
 		n := c.members[name].Node
 		if !n.Ready() {
 			return name + " is not ready"
 		}
-		var want []string
-		for _, o := range up {
-			if c.groups == nil || c.groups[o] == c.groups[name] {
-				want = append(want, o)
-			}
-		}
-		var have []string
-		for _, rm := range n.Ring().Table().Members() {
-			have = append(have, rm.Name)
-		}
-		sort.Strings(want)
-		sort.Strings(have)
-		if !slices.Equal(want, have) {
-			return fmt.Sprintf("%s's ring holds %v, want %v", name, have, want)
+		w := want[c.groups[name]]
+		have := n.Ring().Table().Members() // sorted by name
+		if !slices.EqualFunc(have, w, func(m ring.Member, s string) bool { return m.Name == s }) {
+			return fmt.Sprintf("%s's ring %s", name, ringDiff(have, w))
 		}
 	}
 	return ""
+}
+
+// ringDiff says how a ring's members (sorted by name) differ from want
+// (sorted): both in full for a small cluster, else the names missing and
+// those in excess.
+func ringDiff(have []ring.Member, want []string) string {
+	names := make([]string, len(have))
+	for i, m := range have {
+		names[i] = m.Name
+	}
+	if len(names) <= 10 && len(want) <= 10 {
+		return fmt.Sprintf("holds %v, want %v", names, want)
+	}
+	var missing, extra []string
+	for i, j := 0, 0; i < len(names) || j < len(want); {
+		switch {
+		case j == len(want) || i < len(names) && names[i] < want[j]:
+			extra = append(extra, names[i])
+			i++
+		case i == len(names) || want[j] < names[i]:
+			missing = append(missing, want[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return fmt.Sprintf("holds %d members, want %d: missing %v, not up or on another side %v", len(names), len(want), missing, extra)
 }
 
 // Close stops every node (gracefully for those up) and waits for the

@@ -292,6 +292,11 @@ func (m *modelRun) crash(t time.Time) {
 
 // checkModel returns the model's violations in r's run.
 func checkModel(r *Runner, failedForwards func(key string) int64) []string {
+	return checkModelRun(replayModel(r, failedForwards))
+}
+
+// replayModel replays r's run and returns every key's bound and admissions.
+func replayModel(r *Runner, failedForwards func(key string) int64) *modelRun {
 	m := &modelRun{interval: cluster.DefaultConfig().ReplicationInterval, sides: 1, failed: failedForwards,
 		admitted: map[wk]int64{}, bounds: map[wk]*modelBound{}, firstTouch: map[wk]time.Time{}}
 	for _, e := range r.Events {
@@ -324,6 +329,11 @@ func checkModel(r *Runner, failedForwards func(key string) int64) []string {
 	for _, a := range r.Answers[ai:] {
 		m.answer(a)
 	}
+	return m
+}
+
+// checkModelRun returns the keys admitted past their bound in m.
+func checkModelRun(m *modelRun) []string {
 	var bad []string
 	for _, k := range m.order {
 		if b := m.bounds[k]; m.admitted[k] > b.total() {
