@@ -72,18 +72,8 @@ func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 	}
 	// n1 decides two hits with what it pulled, in its cache: no call of
 	// its own reaches n0 (which would name it).
-	h := ring.Hash("api", key)
-	k := writeback.Key{Name: "api", Key: key}
-	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
-	r := req("api", key, 2, 10)
-	if d, err := nodes[1].Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
-		t.Fatalf("n1 decided %+v, %v", d, err)
-	}
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
-	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
-		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", out[0], moved[0])
-	}
+	decideTwoFromPulled(t, nodes[1], keys[0])
+	wantTakenBack(t, nodes[0], key)
 }
 
 // A key released to another node stays released when a third node hands
@@ -109,18 +99,36 @@ func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
 	if keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
 	}
-	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
-	r := req("api", key, 2, 10)
-	if d, err := nodes[1].Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
-		t.Fatalf("n1 decided %+v, %v", d, err)
-	}
+	decideTwoFromPulled(t, nodes[1], keys[0])
 	if installed, _ := nodes[0].Replicate(context.Background(), "n2", true, []bucket.Counter{old.Counter()}); installed != 0 {
 		t.Fatalf("n0 installed n2's stale copy (%d hits) over its own (3)", old.State.Count)
 	}
+	wantTakenBack(t, nodes[0], key)
+}
+
+// decideTwoFromPulled installs at n the record of 3 hits (limit 10) it
+// pulled, and decides two more hits in its cache, as the node the key was
+// released to would.
+func decideTwoFromPulled(t *testing.T, n *Node, pulled bucket.Counter) {
+	t.Helper()
+	k := writeback.KeyOf(pulled)
+	h := keyHash(k)
+	n.Cache().Install(h, writeback.RecordOf(pulled))
+	r := req(k.Name, k.Key, 2, 10)
+	if d, err := n.Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
+		t.Fatalf("%s decided %+v, %v", n.Name(), d, err)
+	}
+}
+
+// wantTakenBack checks that a check of key forwarded to owner (n0, which
+// released it to n1, where decideTwoFromPulled left 5 hits) takes the key
+// back with n1's hits and decides it there.
+func wantTakenBack(t *testing.T, owner *Node, key string) {
+	t.Helper()
 	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
-	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
-		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", out[0], moved[0])
+	owner.CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	if moved[0] != "" || out[0].Owner != owner.Name() || out[0].Remaining != 4 {
+		t.Fatalf("%s answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", owner.Name(), out[0], moved[0])
 	}
 }
 

@@ -161,7 +161,7 @@ func FuzzServiceMessages(f *testing.F) {
 	greq := &sluicev1.RateLimitRequest{Name: "api", Key: "u1", Hits: proto.Int64(5), Limit: 10, WindowMs: 60_000, Global: true}
 	seed(5, &sluicev1.RegionGrantRequest{From: "n1", Cluster: "fuzz", Region: "b", ToRegion: "a", Asks: []*sluicev1.RegionAsk{{Request: greq, ReturnHits: 2, ReturnGrantedAt: 9}}})
 	seed(4, &sluicev1.ReturnRequest{From: "n1", Cluster: "fuzz", Returns: []*sluicev1.LeaseReturn{{Request: req, GrantedAt: 5}, {Request: req}}})
-	seed(3, &sluicev1.PullRequest{From: "n1", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
+	seed(3, &sluicev1.PullRequest{From: "n1", FromAddr: "10.0.0.1:8081", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
 
 	// One server for every input (building one per input would make it a
 	// hundredth as fast); the fuzz function runs one input at a time per
@@ -235,7 +235,7 @@ func FuzzServiceMessages(f *testing.F) {
 				return
 			}
 			n = len(m.Keys)
-			sure = m.Cluster != "fuzz" || n > MaxCounters
+			sure = m.Cluster != "fuzz" || n > MaxCounters || (m.FromAddr != "" && checkHostPort(m.FromAddr) != nil)
 			for _, k := range m.Keys {
 				sure = sure || bucket.ValidateCounterKey(k.GetName(), k.GetKey()) != nil
 			}
