@@ -18,11 +18,9 @@ func sameTable(got, want *Table) string {
 	case !slices.Equal(got.owned, want.owned):
 		return "owned counts differ"
 	}
-	for i := range want.reps {
-		if got.reps[i] != want.reps[i] {
-			p := i / want.r
-			return fmt.Sprintf("partition %d: row %v, consistent's %v", p,
-				got.appendRow(p, nil), want.appendRow(p, nil))
+	for p := range want.owner {
+		if g, w := got.appendRow(p, nil), want.appendRow(p, nil); !slices.Equal(g, w) {
+			return fmt.Sprintf("partition %d: row %v, consistent's %v", p, g, w)
 		}
 	}
 	return ""

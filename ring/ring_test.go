@@ -53,8 +53,8 @@ func TestDeterminism(t *testing.T) {
 		rings[i] = newRing(t, cfg, shuffled(rng, ms))
 	}
 	for i, r := range rings[1:] {
-		if !slices.Equal(r.Table().reps, rings[0].Table().reps) {
-			t.Fatalf("ring %d: table differs from ring 0", i+1)
+		if d := sameTable(r.Table(), rings[0].Table()); d != "" {
+			t.Fatalf("ring %d: table differs from ring 0: %s", i+1, d)
 		}
 	}
 	var want, got []Member
@@ -331,6 +331,11 @@ func TestSetMembersErrors(t *testing.T) {
 	small.Partitions = 7
 	if _, err := BuildTable(small, members(nil, 8)); err == nil {
 		t.Fatal("8 members on 7 partitions accepted")
+	}
+	// Owners are 2-byte indexes: one member more than MaxMembers is
+	// refused, before any placement work.
+	if err := r.SetMembers(members(nil, MaxMembers+1)); err == nil || !strings.Contains(err.Error(), "more than 65536") {
+		t.Fatalf("%d members: err = %v", MaxMembers+1, err)
 	}
 	if r.Table() != before {
 		t.Fatal("a failed SetMembers replaced the table")

@@ -14,14 +14,27 @@ import (
 // Table is an immutable placement of partitions on members: for every
 // partition, its owner and replicas. It is safe for concurrent use; lookups
 // take no lock and allocate nothing.
+//
+// It keeps 2 bytes per partition: the owner's index. A partition's
+// replicas are the members after its owner in the order of their name
+// hashes, which the table keeps once (n entries), so a table of 65,521
+// partitions is 128 KiB whatever the replication factor. Moves keep the
+// tables of the last MoveWindow's membership changes, so their size is
+// what a burst of changes costs in memory.
 type Table struct {
 	partitions uint64   // Config.Partitions
 	recip      uint64   // floor(2^64 / partitions), for mod
-	r          int      // entries per partition in reps: min(ReplicationFactor, len(members))
+	r          int      // owner and replicas per partition: min(ReplicationFactor, len(members))
 	members    []Member // sorted by name
-	reps       []int32  // reps[p*r : p*r+r]: owner of p, then its replicas, as indexes into members
+	owner      []uint16 // owner[p]: index into members of p's owner
+	byHash     []uint16 // members' indexes in the order of their name hashes
+	pos        []uint16 // pos[i]: the place of members[i] in byHash
 	owned      []int32  // owned[i]: partitions owned by members[i]
 }
+
+// MaxMembers is the most members a table holds: owners are 2-byte
+// indexes.
+const MaxMembers = 1 << 16
 
 func emptyTable(cfg Config) *Table {
 	return &Table{partitions: uint64(cfg.Partitions), recip: reciprocal(cfg.Partitions)}
@@ -86,6 +99,9 @@ func sortedMembers(ms []Member) ([]Member, error) {
 // checkRoom says why n members cannot hold cfg's partitions under its
 // load bound (consistent panics then), or returns nil.
 func checkRoom(cfg Config, n int) error {
+	if n > MaxMembers {
+		return fmt.Errorf("ring: %d members, more than %d", n, MaxMembers)
+	}
 	perMember := math.Ceil(float64(cfg.Partitions/n) * cfg.Load)
 	if int(perMember)*n < cfg.Partitions {
 		return fmt.Errorf("ring: %d members cannot hold %d partitions at Load %v (at most %v each): use more partitions or a higher load",
@@ -115,28 +131,23 @@ func newTable(cfg Config, members []Member, owners []int32) *Table {
 		}
 		return cmp.Compare(a.i, b.i)
 	})
-	byHash := make([]int32, n)
-	pos := make([]int, n) // pos[i]: place of members[i] in byHash
-	for k, o := range order {
-		byHash[k] = o.i
-		pos[o.i] = k
-	}
-
-	r := min(cfg.ReplicationFactor, n)
 	t := &Table{
 		partitions: uint64(cfg.Partitions),
 		recip:      reciprocal(cfg.Partitions),
-		r:          r,
+		r:          min(cfg.ReplicationFactor, n),
 		members:    members,
-		reps:       make([]int32, cfg.Partitions*r),
+		owner:      make([]uint16, cfg.Partitions),
+		byHash:     make([]uint16, n),
+		pos:        make([]uint16, n),
 		owned:      make([]int32, n),
+	}
+	for k, o := range order {
+		t.byHash[k] = uint16(o.i)
+		t.pos[o.i] = uint16(k)
 	}
 	for p, o := range owners {
 		t.owned[o]++
-		row := t.reps[p*r : p*r+r]
-		for k := range row {
-			row[k] = byHash[(pos[o]+k)%n]
-		}
+		t.owner[p] = uint16(o)
 	}
 	return t
 }
@@ -215,7 +226,7 @@ func (t *Table) Owner(hash uint64) (Member, bool) {
 	if t.r == 0 {
 		return Member{}, false
 	}
-	return t.members[t.reps[t.mod(hash)*uint64(t.r)]], true
+	return t.members[t.owner[t.mod(hash)]], true
 }
 
 // Replicas appends to dst the owner of hash's partition followed by its
@@ -231,7 +242,7 @@ func (t *Table) PartitionOwner(p int) (Member, bool) {
 	if t.r == 0 || p < 0 || p >= int(t.partitions) {
 		return Member{}, false
 	}
-	return t.members[t.reps[p*t.r]], true
+	return t.members[t.owner[p]], true
 }
 
 // PartitionReplicas is Replicas for partition p; it appends nothing when p is
@@ -243,9 +254,19 @@ func (t *Table) PartitionReplicas(p int, dst []Member) []Member {
 	return t.appendRow(p, dst)
 }
 
+// appendRow appends p's owner and replicas: the owner, then the members
+// after it in the order of name hashes, wrapping around.
 func (t *Table) appendRow(p int, dst []Member) []Member {
-	for _, i := range t.reps[p*t.r : p*t.r+t.r] {
-		dst = append(dst, t.members[i])
+	if t.r == 0 {
+		return dst
+	}
+	n := len(t.byHash)
+	at := int(t.pos[t.owner[p]])
+	for range t.r {
+		dst = append(dst, t.members[t.byHash[at]])
+		if at++; at == n {
+			at = 0
+		}
 	}
 	return dst
 }
