@@ -249,6 +249,7 @@ func TestMetadataRoundTripAndRefusal(t *testing.T) {
 
 func FuzzDecodeMeta(f *testing.F) {
 	f.Add(encodeMeta(meta{grpcAddr: "127.0.0.1:8081"}))
+	f.Add(encodeMeta(meta{grpcAddr: "h:1", boot: 9, place: placement{partitions: 65521, load: 1.25, vnodes: 100}}))
 	f.Add([]byte{1, 1, 3, 'a'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)

@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -17,12 +18,26 @@ import (
 // of the moved keys) and the handoff job it queues, run here in line
 // (the keys whose partitions moved away released; the push to their new
 // owners fails at once, as no peer answers). The node decides 10,000
-// keys of its own.
+// keys of its own. At 1,000 members it runs twice: with the default ring
+// and with 65,521 partitions and load 1.25 (--ring-partitions,
+// --ring-load; docs/ring.md), whose events walk 8 times as many
+// partitions.
 func BenchmarkMembershipEvent(b *testing.B) {
-	for _, n := range []int{10, 100, 1000} {
-		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+	large := ring.DefaultConfig()
+	large.Partitions, large.Load = 65521, 1.25 // docs/ring.md's settings past 500 members
+	for _, tc := range []struct {
+		n    int
+		ring ring.Config
+	}{{10, ring.DefaultConfig()}, {100, ring.DefaultConfig()}, {1000, ring.DefaultConfig()}, {1000, large}} {
+		n := tc.n
+		name := fmt.Sprintf("members=%d", n)
+		if tc.ring.Partitions != ring.DefaultConfig().Partitions {
+			name += fmt.Sprintf("/partitions=%d", tc.ring.Partitions)
+		}
+		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			cfg := NodeConfig(b, "sluice-0000", "127.0.0.1:1")
+			cfg.Ring = tc.ring
 			cfg.MoveWindow = 1 // moves end at once: a long run keeps none
 			node, err := New(cfg, nil)
 			if err != nil {
@@ -34,7 +49,7 @@ func BenchmarkMembershipEvent(b *testing.B) {
 			member := func(i int) memberInfo {
 				name := fmt.Sprintf("sluice-%04d", i)
 				return memberInfo{name: name, gossip: fmt.Sprintf("10.1.%d.%d:7946", i/250, i%250),
-					meta: meta{grpcAddr: fmt.Sprintf("10.1.%d.%d:8081", i/250, i%250), ready: true}, state: StateAlive}
+					meta: meta{grpcAddr: fmt.Sprintf("10.1.%d.%d:8081", i/250, i%250), ready: true, place: placementOf(cfg.Ring)}, state: StateAlive}
 			}
 			node.roster.m = map[string]memberInfo{}
 			for i := range n {

@@ -4,12 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/sluicehq/sluice/ring"
 )
 
 // Member states as `sluice status` prints them. memberlist reports joins,
@@ -51,8 +54,52 @@ const (
 	metaTLS             = 4
 	metaClientAuth      = 8
 	metaGossipEncrypted = 16
-	metaFlags           = metaLeaving | metaReady | metaTLS | metaClientAuth | metaGossipEncrypted
+	metaFlags           = metaLeaving | metaReady | metaTLS | metaClientAuth | metaGossipEncrypted | metaPlacement
 )
+
+// metaPlacement is the flag of a node whose ring places partitions with
+// other settings than ring.DefaultConfig's: its placement follows the boot
+// id. A node with the defaults sends neither, so its metadata is what
+// releases before the flag sent.
+const metaPlacement = 32
+
+// placementLen is the size of the placement that follows the boot id:
+// partitions (4 bytes), load (8, IEEE 754 bits) and virtual nodes (2), all
+// big-endian.
+const placementLen = 4 + 8 + 2
+
+// placement is what of a ring's settings decides who owns a partition. Two
+// nodes whose placements differ compute different owners for the same
+// members, so each leaves the other out of its ring (Node.rebuild). The
+// zero placement stands for ring.DefaultConfig's.
+type placement struct {
+	partitions uint32
+	load       float64
+	vnodes     uint16
+}
+
+// placementOf returns cfg's placement, zero for the defaults'.
+func placementOf(cfg ring.Config) placement {
+	def := ring.DefaultConfig()
+	if cfg.Partitions == def.Partitions && cfg.Load == def.Load && cfg.VirtualNodes == def.VirtualNodes {
+		return placement{}
+	}
+	return placement{partitions: uint32(cfg.Partitions), load: cfg.Load, vnodes: uint16(cfg.VirtualNodes)}
+}
+
+// orDefault returns p with the zero placement spelled out.
+func (p placement) orDefault() placement {
+	if p == (placement{}) {
+		def := ring.DefaultConfig()
+		return placement{partitions: uint32(def.Partitions), load: def.Load, vnodes: uint16(def.VirtualNodes)}
+	}
+	return p
+}
+
+func (p placement) String() string {
+	p = p.orDefault()
+	return fmt.Sprintf("%d partitions, load %v, %d virtual nodes", p.partitions, p.load, p.vnodes)
+}
 
 // Security is how a node is secured, as it announces itself in gossip for
 // status output; nothing is decided on it.
@@ -76,13 +123,15 @@ type meta struct {
 	// member whose boot changes has restarted, and lost what it had not
 	// flushed, even when nobody saw it die (rereplicate.go).
 	boot uint64
+	// place is how its ring places partitions; zero for the defaults.
+	place placement
 }
 
 // encodeMeta returns the metadata a node gossips: version, flags, its
 // gRPC address as a length-prefixed string, then its boot id (8 bytes,
-// big-endian).
+// big-endian), and with metaPlacement its placement (placementLen bytes).
 func encodeMeta(m meta) []byte {
-	b := make([]byte, 0, 3+len(m.grpcAddr)+8)
+	b := make([]byte, 0, 3+len(m.grpcAddr)+8+placementLen)
 	var flags byte
 	if m.leaving {
 		flags |= metaLeaving
@@ -99,29 +148,56 @@ func encodeMeta(m meta) []byte {
 	if m.sec.GossipEncrypted {
 		flags |= metaGossipEncrypted
 	}
+	if m.place != (placement{}) {
+		flags |= metaPlacement
+	}
 	b = append(b, metaVersion, flags, byte(len(m.grpcAddr)))
 	b = append(b, m.grpcAddr...)
-	return binary.BigEndian.AppendUint64(b, m.boot)
+	b = binary.BigEndian.AppendUint64(b, m.boot)
+	if m.place != (placement{}) {
+		b = binary.BigEndian.AppendUint32(b, m.place.partitions)
+		b = binary.BigEndian.AppendUint64(b, math.Float64bits(m.place.load))
+		b = binary.BigEndian.AppendUint16(b, m.place.vnodes)
+	}
+	return b
 }
 
 // decodeMeta decodes a peer's metadata, refusing anything else.
 func decodeMeta(b []byte) (meta, error) {
+	tail := 8 // the boot id, and the placement when flagged
+	if len(b) > 1 && b[1]&metaPlacement != 0 {
+		tail += placementLen
+	}
 	switch {
-	case len(b) < 3+8:
-		return meta{}, fmt.Errorf("metadata is %d bytes, want at least 11", len(b))
+	case len(b) < 3+tail:
+		return meta{}, fmt.Errorf("metadata is %d bytes, want at least %d", len(b), 3+tail)
 	case b[0] != metaVersion:
 		return meta{}, fmt.Errorf("metadata version %d, want %d (nodes of one cluster run one release)", b[0], metaVersion)
 	case b[1]&^metaFlags != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
-	case int(b[2]) != len(b)-3-8:
-		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow before the boot id", b[2], len(b)-3-8)
+	case int(b[2]) != len(b)-3-tail:
+		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow before the boot id", b[2], len(b)-3-tail)
 	case b[2] == 0:
 		return meta{}, errors.New("metadata has an empty gRPC address")
 	}
-	f, end := b[1], len(b)-8
-	return meta{grpcAddr: string(b[3:end]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
+	f, end := b[1], 3+int(b[2])
+	m := meta{grpcAddr: string(b[3:end]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
 		sec:  Security{TLS: f&metaTLS != 0, ClientAuth: f&metaClientAuth != 0, GossipEncrypted: f&metaGossipEncrypted != 0},
-		boot: binary.BigEndian.Uint64(b[end:])}, nil
+		boot: binary.BigEndian.Uint64(b[end:])}
+	if f&metaPlacement != 0 {
+		pb := b[end+8:]
+		p := placement{partitions: binary.BigEndian.Uint32(pb), load: math.Float64frombits(binary.BigEndian.Uint64(pb[4:])),
+			vnodes: binary.BigEndian.Uint16(pb[12:])}
+		cfg := ring.Config{Partitions: int(p.partitions), ReplicationFactor: 1, Load: p.load, VirtualNodes: int(p.vnodes)}
+		if err := cfg.Validate(); err != nil {
+			return meta{}, fmt.Errorf("metadata placement: %w", err)
+		}
+		if placementOf(cfg) == (placement{}) {
+			return meta{}, errors.New("metadata placement is flagged but holds the defaults")
+		}
+		m.place = p
+	}
+	return m, nil
 }
 
 // MemberStatus is one member as this node sees it.

@@ -273,6 +273,13 @@ func (n *Node) rebuild() {
 			n.log.Warn("member left out of the ring: bad metadata", "member", m.name, "gossip_addr", m.gossip, "err", m.metaErr)
 			continue
 		}
+		if own := placementOf(n.cfg.Ring); m.meta.place != own {
+			// Its ring would give partitions to other owners than this
+			// one's: both deciding would count one key in two places.
+			n.log.Warn("member left out of the ring: its ring places partitions otherwise (--ring-partitions, --ring-load)",
+				"member", m.name, "gossip_addr", m.gossip, "theirs", m.meta.place.String(), "ours", own.String())
+			continue
+		}
 		// A leaving member is routed around at once; this node routes
 		// around itself only once it drains (until then it decides what
 		// nobody has pulled yet).

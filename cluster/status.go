@@ -154,7 +154,7 @@ func (n *Node) Status() Status {
 
 // meta is what this node gossips about itself.
 func (n *Node) meta(ready, leaving bool) meta {
-	return meta{grpcAddr: n.cfg.GRPCAddr, ready: ready, leaving: leaving, sec: n.security(), boot: n.boot}
+	return meta{grpcAddr: n.cfg.GRPCAddr, ready: ready, leaving: leaving, sec: n.security(), boot: n.boot, place: placementOf(n.cfg.Ring)}
 }
 
 // security is how this node is secured: Config.Security, with

@@ -87,3 +87,64 @@ func TestMeasure(t *testing.T) {
 		}
 	}
 }
+
+var (
+	measureLarge     = flag.Int("ring.large", 0, "member count for -ring.measure's large-cluster table (TestMeasureLarge); 0 skips it")
+	measureLargeSets = flag.Int("ring.largesets", 5, "random member-name sets for TestMeasureLarge")
+)
+
+// TestMeasureLarge prints, for a cluster of -ring.large members, how many
+// partitions change owner when one member joins or one leaves, as a
+// multiple of the ideal 1/N, for each partition count and load factor of
+// -ring.partitions and -ring.loads (docs/ring.md, docs/scaling.md). The
+// tables come from a Ring (place.go), which computes consistent's
+// placement without consistent's rebuild, so 1,000 members take seconds.
+// Run:
+//
+//	go test ./ring/ -run TestMeasureLarge -v -args -ring.measure -ring.large 1000 -ring.partitions 7919,65521 -ring.loads 1.05,1.25
+func TestMeasureLarge(t *testing.T) {
+	if !*measure || *measureLarge == 0 {
+		t.Skip("pass -args -ring.measure -ring.large N to print the table")
+	}
+	n := *measureLarge
+	fmt.Printf("%d members, %d random name sets; a join or leave's moved partitions × N (mean / worst)\n\n", n, *measureLargeSets)
+	fmt.Println("| Partitions | Load | partitions per member | balance max/mean (worst) | add: moved×(N+1) mean / worst | remove: moved×N mean / worst |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for _, parts := range numbers[int](t, *measureParts) {
+		for _, load := range numbers[float64](t, *measureLoads) {
+			cfg := DefaultConfig()
+			cfg.Partitions, cfg.Load = parts, load
+			if parts < n+1 {
+				continue
+			}
+			var bal, addSum, addMax, remSum, remMax float64
+			sets := *measureLargeSets
+			for s := 1; s <= sets; s++ {
+				all := members(rand.New(rand.NewPCG(uint64(n), uint64(s))), n+1)
+				r, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				table := func(ms []Member) *Table {
+					if err := r.SetMembers(ms); err != nil {
+						t.Fatal(err)
+					}
+					return r.Table()
+				}
+				old := table(all[:n])
+				grown := table(all)
+				moved, _ := movement(old, grown)
+				addSum += moved * float64(n+1)
+				addMax = max(addMax, moved*float64(n+1))
+				table(all[:n])
+				shrunk := table(slices.Delete(slices.Clone(all[:n]), s%n, s%n+1))
+				moved, _ = movement(old, shrunk)
+				remSum += moved * float64(n)
+				remMax = max(remMax, moved*float64(n))
+				bal = max(bal, balance(old), balance(grown))
+			}
+			fmt.Printf("| %d | %.2f | %.1f | %.3f | %.2f / %.2f | %.2f / %.2f |\n",
+				parts, load, float64(parts)/float64(n), bal, addSum/float64(sets), addMax, remSum/float64(sets), remMax)
+		}
+	}
+}

@@ -22,10 +22,42 @@ import (
 // simNodesEnv sets TestThousandMembers' number of members (make sim-scale).
 const simNodesEnv = "SLUICE_SIM_NODES"
 
+// simPartitionsEnv and simLoadEnv set the ring's partitions and load
+// factor in TestThousandMembers (a real node's --ring-partitions and
+// --ring-load); unset, ring.DefaultConfig's. make sim-scale runs the
+// settings docs/scaling.md gives for clusters past 500 nodes.
+const (
+	simPartitionsEnv = "SLUICE_SIM_PARTITIONS"
+	simLoadEnv       = "SLUICE_SIM_LOAD"
+)
+
+// simRing returns the ring configuration TestThousandMembers runs with.
+func simRing(t *testing.T) ring.Config {
+	cfg := ring.DefaultConfig()
+	if v := os.Getenv(simPartitionsEnv); v != "" {
+		p, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("%s=%q: want a whole number", simPartitionsEnv, v)
+		}
+		cfg.Partitions = p
+	}
+	if v := os.Getenv(simLoadEnv); v != "" {
+		l, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: want a number", simLoadEnv, v)
+		}
+		cfg.Load = l
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("%s, %s: %v", simPartitionsEnv, simLoadEnv, err)
+	}
+	return cfg
+}
+
 // TestThousandMembers runs the scale scenario (runScale) with
-// $SLUICE_SIM_NODES members: at 1,000 it takes about 5 minutes and 14 GB
-// with GOMEMLIMIT=14GiB (make sim-scale; docs/scaling.md has the
-// figures). Skipped unless the variable is set, and with -short.
+// $SLUICE_SIM_NODES members: at 1,000 it takes about 14 minutes and 15 GB
+// with GOMEMLIMIT=14GiB and make sim-scale's ring (65521 partitions), 5
+// minutes with the default ring (docs/scaling.md has the figures). Skipped unless the variable is set, and with -short.
 func TestThousandMembers(t *testing.T) {
 	v := os.Getenv(simNodesEnv)
 	switch {
@@ -38,14 +70,14 @@ func TestThousandMembers(t *testing.T) {
 	if err != nil || n < scaleMinMembers {
 		t.Fatalf("%s=%q: want a number of members ≥ %d", simNodesEnv, v, scaleMinMembers)
 	}
-	runScale(t, n)
+	runScale(t, n, simRing(t))
 }
 
 // TestFiftyMembers is TestThousandMembers' scenario at 50 members, in
 // every go test (about 2 s). Skipped with -race: see runScale.
 func TestFiftyMembers(t *testing.T) {
 	t.Parallel()
-	runScale(t, 50)
+	runScale(t, 50, ring.DefaultConfig())
 }
 
 // The scenario's events, in order: graceful joins and leaves alternating
@@ -105,8 +137,9 @@ type scaleRun struct {
 // runScale runs the scenario with n members in a bubble:
 //
 //  1. n nodes start in batches of scaleBatch, each joining scaleSeeds
-//     members up, with a real node's ring (ring.DefaultConfig: 7919
-//     partitions, 100 points per member, load 1.05) and failure detection
+//     members up, with a real node's ring (cfg: ring.DefaultConfig's 7919
+//     partitions, 100 points per member and load 1.05, or what
+//     TestThousandMembers is given) and failure detection
 //     (cluster.FastFailureDetection, as sluice serve);
 //  2. keys (3 per member, 300 to 3000), key i with a limit of 1 + i mod
 //     24, get one hit each per round, each through a member picked at
@@ -131,13 +164,13 @@ type scaleRun struct {
 // ThreadSanitizer's StackDepotBase::Put while the bubble's clock starts
 // the goroutine of an AfterFunc timer; no race is reported), which the
 // package's shorter bubbles have not shown.
-func runScale(t *testing.T, n int) {
+func runScale(t *testing.T, n int, cfg ring.Config) {
 	if raceEnabled {
 		t.Skip("the race runtime crashes in a bubble this long (runScale)")
 	}
 	wall := realNow()
 	synctest.Test(t, func(t *testing.T) {
-		s := newScaleRun(t, n)
+		s := newScaleRun(t, n, cfg)
 		s.form(n)
 		s.checkRound(s.c.Up(), "after formation")
 		var joined, left int
@@ -165,8 +198,7 @@ func runScale(t *testing.T, n int) {
 	t.Logf("%d members: the whole run took %v of wall time", n, realNow().Sub(wall).Round(time.Millisecond))
 }
 
-func newScaleRun(t *testing.T, n int) *scaleRun {
-	cfg := ring.DefaultConfig()
+func newScaleRun(t *testing.T, n int, cfg ring.Config) *scaleRun {
 	predict, err := ring.New(cfg)
 	if err != nil {
 		t.Fatal(err)

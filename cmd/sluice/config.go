@@ -315,6 +315,12 @@ func (f *serveFlags) validate() (string, error) {
 	if f.replicas < 1 || f.replicas > ring.MaxReplicationFactor {
 		return "replicas", fmt.Errorf("%d: want 1..%d", f.replicas, ring.MaxReplicationFactor)
 	}
+	if p := f.ringPartitions; p < 1 || p > ring.MaxPartitions {
+		return "ring-partitions", fmt.Errorf("%d: want 1..%d", p, ring.MaxPartitions)
+	}
+	if l := f.ringLoad; !(l > 1 && l <= ring.MaxLoad) {
+		return "ring-load", fmt.Errorf("%v: want more than 1 and at most %v", l, ring.MaxLoad)
+	}
 	if s := f.forwardAuthDenyStatus; s < 400 || s > 499 {
 		return "forward-auth-deny-status", fmt.Errorf("%d: want 400..499", s)
 	}

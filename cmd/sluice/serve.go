@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -43,6 +44,8 @@ type serveFlags struct {
 	regionFallbackShare                                    float64
 	regionCutAfter                                         time.Duration
 	forwardAuthDenyStatus                                  int
+	ringPartitions                                         int
+	ringLoad                                               float64
 	configPath                                             string
 }
 
@@ -83,6 +86,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.cacheSize, "cache-size", 1_000_000, "live counters kept in memory")
 	fs.DurationVar(&f.flushInterval, "flush-interval", time.Second, "how often changed counters are written to disk")
 	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
+	fs.IntVar(&f.ringPartitions, "ring-partitions", ring.DefaultConfig().Partitions, "partitions keys are hashed into; ownership moves whole partitions. Every node of a cluster must agree (a node that differs stays out of the others' rings); past about 500 nodes 65521 moves close to 1/N of the keys per join (docs/scaling.md)")
+	fs.Float64Var(&f.ringLoad, "ring-load", ring.DefaultConfig().Load, "bounded-load factor of the ring: no node owns more than this × its fair share of partitions; higher moves fewer keys per membership change. Every node must agree, as with --ring-partitions")
 	fs.DurationVar(&f.replicationInterval, "replication-interval", 100*time.Millisecond, "how often an owner sends changed counters to its replicas")
 	fs.DurationVar(&f.moveWindow, "move-window", 30*time.Second, "after a membership change, how long a new owner pulls moved keys on first touch")
 	fs.DurationVar(&f.heartbeatIdle, "heartbeat-idle", 30*time.Second, "after this long without a check the pause heartbeat stops (no wake-ups while idle); the next check's keys are pulled first, as after a pause; 0 beats always")
@@ -370,6 +375,8 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.Cache.Size = f.cacheSize
 	cfg.Cache.FlushInterval = f.flushInterval
 	cfg.Ring.ReplicationFactor = f.replicas
+	cfg.Ring.Partitions = f.ringPartitions
+	cfg.Ring.Load = f.ringLoad
 	cfg.ForwardTimeout = f.forwardTimeout
 	cfg.ReplicationInterval = f.replicationInterval
 	cfg.MoveWindow = f.moveWindow
