@@ -204,10 +204,20 @@ func BenchmarkBuildTable(b *testing.B) {
 // a node: one member joins or leaves a ring of n, alternately, and the new
 // table is built from the last.
 func BenchmarkMembershipEvent(b *testing.B) {
-	for _, n := range []int{10, 100, 1000} {
-		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+	large := DefaultConfig()
+	large.Partitions, large.Load = 65521, 1.25 // docs/ring.md's settings past 500 members
+	for _, tc := range []struct {
+		n   int
+		cfg Config
+	}{{10, DefaultConfig()}, {100, DefaultConfig()}, {1000, DefaultConfig()}, {1000, large}} {
+		n := tc.n
+		name := fmt.Sprintf("members=%d", n)
+		if tc.cfg.Partitions != DefaultConfig().Partitions {
+			name += fmt.Sprintf("/partitions=%d", tc.cfg.Partitions)
+		}
+		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
-			r, err := New(DefaultConfig())
+			r, err := New(tc.cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
