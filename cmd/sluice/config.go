@@ -315,6 +315,9 @@ func (f *serveFlags) validate() (string, error) {
 	if f.replicas < 1 || f.replicas > ring.MaxReplicationFactor {
 		return "replicas", fmt.Errorf("%d: want 1..%d", f.replicas, ring.MaxReplicationFactor)
 	}
+	if d := f.failureDetection; d != "lan" && d != "fast" {
+		return "failure-detection", fmt.Errorf("%q: want lan or fast", d)
+	}
 	if p := f.ringPartitions; p < 1 || p > ring.MaxPartitions {
 		return "ring-partitions", fmt.Errorf("%d: want 1..%d", p, ring.MaxPartitions)
 	}

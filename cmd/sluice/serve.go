@@ -45,6 +45,7 @@ type serveFlags struct {
 	regionCutAfter                                         time.Duration
 	forwardAuthDenyStatus                                  int
 	ringPartitions                                         int
+	failureDetection                                       string
 	ringLoad                                               float64
 	configPath                                             string
 }
@@ -91,6 +92,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.replicationInterval, "replication-interval", 100*time.Millisecond, "how often an owner sends changed counters to its replicas")
 	fs.DurationVar(&f.moveWindow, "move-window", 30*time.Second, "after a membership change, how long a new owner pulls moved keys on first touch")
 	fs.DurationVar(&f.heartbeatIdle, "heartbeat-idle", 30*time.Second, "after this long without a check the pause heartbeat stops (no wake-ups while idle); the next check's keys are pulled first, as after a pause; 0 beats always")
+	fs.StringVar(&f.failureDetection, "failure-detection", "lan", "memberlist timings: lan (memberlist's LAN defaults: probe every 1 s, suspicion 4 × log10(N) probe intervals; steady under load, and what clusters past a few tens of nodes need) or fast (probe every 400 ms, suspicion 3 × log10(N) × 400 ms: a crash agreed on within about 3 s, for small clusters on machines with room; docs/scaling.md)")
 	fs.StringVar(&f.onOwnerUnavailable, "on-owner-unavailable", "serve", "when a key's owner cannot be reached: serve (decide here) or deny")
 	fs.DurationVar(&f.forwardTimeout, "forward-timeout", 250*time.Millisecond, "deadline of a check forwarded to its owner")
 	fs.BoolVar(&f.forwardStreams, "forward-streams", true, "carry forwarded checks on one long-lived gRPC stream per peer (false: one unary call each, as before)")
@@ -348,7 +350,9 @@ func markReady(ctx context.Context, node *cluster.Node, srv *transport.Server) {
 func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg := cluster.DefaultConfig()
 	ml := memberlist.DefaultLANConfig()
-	cluster.FastFailureDetection(ml)
+	if f.failureDetection == "fast" {
+		cluster.FastFailureDetection(ml)
+	}
 	ml.Name = f.nodeName
 	host, port, err := splitHostPort(f.gossipAddr)
 	if err != nil {

@@ -27,7 +27,9 @@ func (h *Host) Start(join ...*Host) {
 	args := []string{"netns", "exec", h.NS, sluiceBinary(t), "serve",
 		"--node-name", h.Name,
 		"--grpc-addr", h.GRPCAddr(), "--http-addr", h.HTTPAddr(), "--gossip-addr", h.GossipAddr(),
-		"--data-dir", h.DataDir, "--cluster-name", "faults-" + h.c.id, "--log-level", "debug"}
+		"--data-dir", h.DataDir, "--cluster-name", "faults-" + h.c.id, "--log-level", "debug",
+		// docs/guarantees.md's fault figures are fast failure detection's.
+		"--failure-detection", "fast"}
 	var seeds []string
 	for _, j := range join {
 		seeds = append(seeds, j.GossipAddr())
