@@ -384,12 +384,15 @@ func newFixedProc(t *testing.T, name, ip string) *proc {
 		gossip:  net.JoinHostPort(ip, "7946"),
 		dataDir: t.TempDir(),
 		log:     &logBuf{},
+		// The default failure detection, not the harness's fast one: a
+		// deploy at scale is what lan is the default for.
+		extra: []string{"--failure-detection", "lan"},
 	}
 	// The harness's debug level by default (every handoff, pull and settle
 	// of a key: what a lost count is traced with; a few MB a node at 100);
 	// SLUICE_DEPLOY_LOG_LEVEL=info for less.
 	if lv := os.Getenv("SLUICE_DEPLOY_LOG_LEVEL"); lv != "" {
-		p.extra = []string{"--log-level", lv}
+		p.extra = append(p.extra, "--log-level", lv)
 	}
 	for _, a := range []string{p.grpc, p.http, p.gossip} {
 		l, err := net.Listen("tcp", a)
