@@ -469,9 +469,10 @@ func awaitAllAlive(t *testing.T, ps []*proc, d time.Duration, what string) (time
 	start := time.Now()
 	interval := max(200*time.Millisecond, time.Duration(len(ps))*20*time.Millisecond)
 	var last []string
+	var lagging []int // the nodes of the last poll that did not see all alive
 	for {
 		round := time.Now()
-		last = last[:0]
+		last, lagging = last[:0], lagging[:0]
 		seen := make([]string, len(ps))
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 16)
@@ -489,9 +490,9 @@ func awaitAllAlive(t *testing.T, ps []*proc, d time.Duration, what string) (time
 			})
 		}
 		wg.Wait()
-		for _, s := range seen {
+		for i, s := range seen {
 			if s != "" {
-				last = append(last, s)
+				last, lagging = append(last, s), append(lagging, i)
 			}
 		}
 		if len(last) == 0 {
@@ -513,19 +514,31 @@ func awaitAllAlive(t *testing.T, ps []*proc, d time.Duration, what string) (time
 		last = append(last[:20], fmt.Sprintf("and %d more", len(last)-20))
 	}
 	t.Errorf("%s: not every node saw %d alive and was ready within %v: %s", what, len(ps), d, strings.Join(last, "; "))
-	// Whom node 1 does not see alive, and as what (one Status: it asks
-	// every member it sees alive once).
+	// Whom the first few lagging nodes (node 1 when none lags: it was not
+	// ready) do not see alive, and as what: one Status each, which asks
+	// every member the node sees alive once.
+	if len(lagging) == 0 {
+		lagging = []int{0}
+	}
+	for _, i := range lagging[:min(len(lagging), 5)] {
+		t.Logf("%s sees not alive: %s", ps[i].name, notAlive(ps[i]))
+	}
+	return time.Since(start), false
+}
+
+// notAlive returns the members p sees in another state than alive, from
+// its Status, or why it could not tell.
+func notAlive(p *proc) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := transport.Dial(ps[0].grpc)
+	c, err := transport.Dial(p.grpc)
 	if err != nil {
-		return time.Since(start), false
+		return err.Error()
 	}
 	defer c.Close()
 	st, err := c.Status(ctx)
 	if err != nil {
-		t.Logf("status of %s: %v", ps[0].name, err)
-		return time.Since(start), false
+		return "status: " + err.Error()
 	}
 	var not []string
 	for _, m := range st.Members {
@@ -533,8 +546,7 @@ func awaitAllAlive(t *testing.T, ps []*proc, d time.Duration, what string) (time
 			not = append(not, m.Name+"="+m.State)
 		}
 	}
-	t.Logf("%s sees %d members, not alive: %v", ps[0].name, len(st.Members), not)
-	return time.Since(start), false
+	return fmt.Sprintf("%v of %d members", not, len(st.Members))
 }
 
 // scrapeSome returns the named unlabelled samples of GET /metrics at addr,
