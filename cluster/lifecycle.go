@@ -149,6 +149,7 @@ func (n *Node) Start(ctx context.Context) error {
 	mc.Delegate = n.deleg
 	mc.Events = n.deleg
 	mc.Ping = n.deleg
+	mc.Alive = n.deleg
 	mc.Label = n.cfg.ClusterName
 	mc.Conflict = n.deleg
 	if mc.DeadNodeReclaimTime == 0 {

@@ -488,6 +488,20 @@ func (d *delegate) NotifyUpdate(n *memberlist.Node) {
 	d.signal()
 }
 
+// NotifyAlive: memberlist received an alive message about n (memberlist's
+// AliveDelegate), under its node lock. A suspect member that refutes the
+// suspicion says so in such a message, which memberlist takes without
+// telling the event delegate (its metadata did not change), and this
+// node's next probe of it may be a whole probe round away (about N probe
+// intervals: 100 s at 100 members). So any alive message about a suspect
+// member marks it alive again; gossip that still carries an older alive
+// message can clear it before memberlist does, which only shortens what
+// status shows. It refuses nothing.
+func (d *delegate) NotifyAlive(n *memberlist.Node) error {
+	d.roster.answered(n.Name)
+	return nil
+}
+
 // AckPayload sends nothing with this node's acks.
 func (d *delegate) AckPayload() []byte { return nil }
 
