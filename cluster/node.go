@@ -263,6 +263,7 @@ func (n *Node) rebuild() {
 	defer n.rebuildMu.Unlock()
 	nodes := n.roster.all()
 	ms := make([]ring.Member, 0, len(nodes))
+	own := placementOf(n.cfg.Ring)
 	for _, m := range nodes {
 		if m.state != StateAlive && m.state != StateSuspect {
 			// A suspect member is still a member, as in memberlist: only
@@ -273,7 +274,7 @@ func (n *Node) rebuild() {
 			n.log.Warn("member left out of the ring: bad metadata", "member", m.name, "gossip_addr", m.gossip, "err", m.metaErr)
 			continue
 		}
-		if own := placementOf(n.cfg.Ring); m.meta.place != own {
+		if m.meta.place != own {
 			// Its ring would give partitions to other owners than this
 			// one's: both deciding would count one key in two places.
 			n.log.Warn("member left out of the ring: its ring places partitions otherwise (--ring-partitions, --ring-load)",
