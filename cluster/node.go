@@ -53,6 +53,10 @@ type Node struct {
 	shutErr  error
 
 	rebuildMu sync.Mutex
+	// leftOut maps each member rebuild leaves out of the ring for its
+	// metadata to why, so that each is warned of once per reason rather
+	// than at every rebuild. rebuildMu guards it.
+	leftOut map[string]string
 	// inRing: this node takes partitions in its own ring (it announced
 	// metaReady, or has no seeds). A fact beside the phase, set once: see
 	// phase.
@@ -264,6 +268,7 @@ func (n *Node) rebuild() {
 	nodes := n.roster.all()
 	ms := make([]ring.Member, 0, len(nodes))
 	own := placementOf(n.cfg.Ring)
+	leftOut := make(map[string]string)
 	for _, m := range nodes {
 		if m.state != StateAlive && m.state != StateSuspect {
 			// A suspect member is still a member, as in memberlist: only
@@ -271,14 +276,22 @@ func (n *Node) rebuild() {
 			continue
 		}
 		if m.metaErr != nil {
-			n.log.Warn("member left out of the ring: bad metadata", "member", m.name, "gossip_addr", m.gossip, "err", m.metaErr)
+			why := "metadata: " + m.metaErr.Error()
+			if n.leftOut[m.name] != why {
+				n.log.Warn("member left out of the ring: bad metadata", "member", m.name, "gossip_addr", m.gossip, "err", m.metaErr)
+			}
+			leftOut[m.name] = why
 			continue
 		}
 		if m.meta.place != own {
 			// Its ring would give partitions to other owners than this
 			// one's: both deciding would count one key in two places.
-			n.log.Warn("member left out of the ring: its ring places partitions otherwise (--ring-partitions, --ring-load)",
-				"member", m.name, "gossip_addr", m.gossip, "theirs", m.meta.place.String(), "ours", own.String())
+			why := "placement: " + m.meta.place.String()
+			if n.leftOut[m.name] != why {
+				n.log.Warn("member left out of the ring: its ring places partitions otherwise (--ring-partitions, --ring-load)",
+					"member", m.name, "gossip_addr", m.gossip, "theirs", m.meta.place.String(), "ours", own.String())
+			}
+			leftOut[m.name] = why
 			continue
 		}
 		// A leaving member is routed around at once; this node routes
@@ -292,6 +305,7 @@ func (n *Node) rebuild() {
 		}
 		ms = append(ms, ring.Member{Name: m.name, Addr: m.meta.grpcAddr})
 	}
+	n.leftOut = leftOut // a member that comes back and is left out again is warned of again
 	if len(ms) == 0 {
 		return // a draining node alone: nothing to route to
 	}

@@ -105,6 +105,20 @@ func TestNodesOfAnotherPlacementStayOutOfTheRing(t *testing.T) {
 	if names := memberNames(on.Ring().Table()); !slices.Equal(names, []string{"odd"}) {
 		t.Errorf("odd's ring holds %v, want [odd]", names)
 	}
+	// The warning is said once per member and reason, not at every
+	// rebuild: a rolling deploy rebuilds the ring hundreds of times.
+	for range 3 {
+		nodes[0].rebuild()
+	}
+	warned := 0
+	for _, a := range logs.attrs(slog.LevelWarn) {
+		if a["member"].String() == "odd" && a["theirs"].String() == other {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("n0 warned %d times that odd is left out, want once", warned)
+	}
 }
 
 func memberNames(t *ring.Table) []string {
