@@ -429,3 +429,44 @@ func (s *State) checkExt(vals []int64) error {
 	}
 	return nil
 }
+
+// AlgorithmConflict is the refusal of a check whose limit counts a key by
+// another algorithm than the key's live state. Deciding it would start the
+// count afresh and forget the hits the state holds, so the check is
+// refused and nothing changes; once the state expires (ExpiresInMS), the
+// key counts under whichever algorithm checks it next.
+type AlgorithmConflict struct {
+	Stored, Asked Algorithm
+	ExpiresInMS   int64 // until the stored state is as good as fresh; -1: never
+}
+
+func (e *AlgorithmConflict) Error() string {
+	left := fmt.Sprintf("for %d ms more", e.ExpiresInMS)
+	if e.ExpiresInMS < 0 {
+		left = "with no expiry"
+	}
+	return fmt.Sprintf("the key is counted by %s %s and this check asks %s: "+
+		"a key counts under one algorithm at a time (give the new limit another name, or check again once the count expires)",
+		e.Stored, left, e.Asked)
+}
+
+// Conflict returns an *AlgorithmConflict when s holds, at now, a count of
+// another algorithm than lim's (AlgorithmUnspecified is SlidingWindow),
+// and nil otherwise: a state fresh at now holds nothing to forget.
+func Conflict(s *State, lim *Limit, now int64) error {
+	stored, asked := s.Algorithm, lim.Algorithm
+	if stored == asked || stored == AlgorithmUnspecified || s.Fresh(now) {
+		return nil
+	}
+	if asked == AlgorithmUnspecified {
+		asked = SlidingWindow
+	}
+	if stored == asked {
+		return nil
+	}
+	left := int64(-1)
+	if s.Expires != math.MaxInt64 {
+		left = ceilMS(s.Expires - max(now, 0))
+	}
+	return &AlgorithmConflict{Stored: stored, Asked: asked, ExpiresInMS: left}
+}

@@ -226,3 +226,35 @@ func FuzzDecide(f *testing.F) {
 		}
 	})
 }
+
+// Conflict: only a live state of another algorithm conflicts; an omitted
+// algorithm is the sliding window; a state that never expires says so.
+func TestConflict(t *testing.T) {
+	t.Parallel()
+	const now = int64(1_000_000_000_000)
+	live := func(a Algorithm, expires int64) State { return State{Algorithm: a, Count: 1, Expires: expires} }
+	for _, c := range []struct {
+		s      State
+		asked  Algorithm
+		want   bool
+		leftMS int64
+	}{
+		{live(SlidingWindow, now+1), SlidingWindow, false, 0},
+		{live(SlidingWindow, now+1), AlgorithmUnspecified, false, 0},
+		{live(SlidingWindow, now), TokenBucket, false, 0}, // expired at now: fresh
+		{State{}, GCRA, false, 0},                          // never used
+		{live(TokenBucket, now+1), AlgorithmUnspecified, true, 1},
+		{live(FixedWindow, now+1500*1000*1000+1), LeakyBucket, true, 1501},
+		{live(GCRA, math.MaxInt64), LeakyBucket, true, -1},
+	} {
+		err := Conflict(&c.s, &Limit{Algorithm: c.asked, Limit: 1, WindowMS: 1000}, now)
+		var ce *AlgorithmConflict
+		if got := errors.As(err, &ce); got != c.want {
+			t.Errorf("state %+v, asked %v: conflict %v (%v), want %v", c.s, c.asked, got, err, c.want)
+			continue
+		}
+		if c.want && (ce.ExpiresInMS != c.leftMS || ce.Stored != c.s.Algorithm) {
+			t.Errorf("state %+v, asked %v: %+v, want stored %v, %d ms left", c.s, c.asked, *ce, c.s.Algorithm, c.leftMS)
+		}
+	}
+}

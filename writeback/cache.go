@@ -183,7 +183,9 @@ func (c *Cache) DecideLoad(hash uint64, k Key, lim *bucket.Limit, hits, now int6
 }
 
 // DecideTo is DecideLoad writing the decision to *out (see bucket.DecideTo
-// for why), for the path of every check. On error *out is not written.
+// for why), for the path of every check. On error *out is not written. A
+// limit whose algorithm differs from the live state's is refused with a
+// *bucket.AlgorithmConflict and changes nothing (bucket.Conflict).
 func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.Limit, hits, now int64, load float64) error {
 	s := c.shardFor(hash)
 	sl, err := c.find(s, hash, k, now, true)
@@ -196,6 +198,12 @@ func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.L
 	}
 	var st bucket.State
 	sl.loadState(&st)
+	if st.Algorithm != lim.Algorithm {
+		if err := bucket.Conflict(&st, lim, now); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
 	bucket.DecideTo(out, &st, lim, hits, now, load)
 	if sl.differs(&st) {
 		sl.setState(st)

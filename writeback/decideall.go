@@ -65,7 +65,8 @@ func (r Record) Counter() bucket.Counter {
 // admits and all consume, or none does (bucket.DecideAllLoad). Limit i's
 // state is kept under SubKey(k, i), in the same shard, so one lock covers
 // them all. It returns the combined decision (bucket.Combine). ErrFenced when
-// any of the keys is fenced.
+// any of the keys is fenced; a *bucket.AlgorithmConflict, changing nothing,
+// when a limit's algorithm differs from its live state's.
 func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int64, load float64) (bucket.Decision, error) {
 	s := c.shardFor(hash)
 	keys := make([]Key, len(lims))
@@ -111,6 +112,9 @@ func (c *Cache) DecideAll(hash uint64, k Key, lims []bucket.Limit, hits, now int
 	for i, e := range es {
 		vals[i] = e.state()
 		states[i], before[i] = &vals[i], vals[i]
+		if err := bucket.Conflict(&vals[i], &lims[i], now); err != nil {
+			return bucket.Decision{}, fmt.Errorf("limit %d: %w", i, err)
+		}
 	}
 	out := make([]bucket.Decision, len(lims))
 	bucket.DecideAllLoad(states, lims, hits, now, load, out)
