@@ -268,3 +268,34 @@ func TestParseRegionJoin(t *testing.T) {
 		t.Errorf("empty: %v, %v", m, err)
 	}
 }
+
+// A node with neither TLS nor a gossip key trusts every caller that
+// reaches it, so the addresses nobody set listen on loopback only; set
+// ones are kept, and a secured node keeps the every-interface defaults.
+func TestInsecureNodeListensOnLoopbackByDefault(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		what               string
+		args               []string
+		env, files         map[string]string
+		grpc, http, gossip string
+		moved              string
+	}{
+		{"nothing set", nil, nil, nil, "127.0.0.1:8081", "127.0.0.1:8080", "127.0.0.1:7946", "grpc-addr,http-addr,gossip-addr"},
+		{"gRPC on the command line", []string{"--grpc-addr", ":9081"}, nil, nil, ":9081", "127.0.0.1:8080", "127.0.0.1:7946", "http-addr,gossip-addr"},
+		{"HTTP off in the environment", nil, map[string]string{"SLUICE_HTTP_ADDR": ""}, nil, "127.0.0.1:8081", "", "127.0.0.1:7946", "grpc-addr,gossip-addr"},
+		{"gossip in the file", []string{"--config", "s.yaml"}, nil, map[string]string{"s.yaml": "gossip-addr: 0.0.0.0:7946\n"}, "127.0.0.1:8081", "127.0.0.1:8080", "0.0.0.0:7946", "grpc-addr,http-addr"},
+		{"gossip key", []string{"--gossip-key-file", "k"}, nil, nil, ":8081", ":8080", ":7946", ""},
+		{"TLS", []string{"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "ca"}, nil, nil, ":8081", ":8080", ":7946", ""},
+	} {
+		f, src, err := layers(c.args, c.env, c.files)
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		moved := strings.Join(f.loopbackUnlessSecured(src), ",")
+		if f.grpcAddr != c.grpc || f.httpAddr != c.http || f.gossipAddr != c.gossip || moved != c.moved {
+			t.Errorf("%s: grpc %q http %q gossip %q, moved %q; want %q %q %q, moved %q",
+				c.what, f.grpcAddr, f.httpAddr, f.gossipAddr, moved, c.grpc, c.http, c.gossip, c.moved)
+		}
+	}
+}

@@ -40,6 +40,79 @@ func TestAlertRules(t *testing.T) {
 	if !strings.Contains(string(out), "SUCCESS") {
 		t.Fatalf("promtool says:\n%s", out)
 	}
+	// The unit tests: the alerts fire on series as the chart's
+	// ServiceMonitor and other scrape jobs label them.
+	cmd := exec.Command(promtool, "test", "rules", "alerts_test.yaml")
+	cmd.Dir = filepath.Dir(alertsFile)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
+// TestAlertsHaveRunbooks: every alert links a section of
+// docs/operations.md that exists, and every alert but the one on `up`
+// works under any job name.
+func TestAlertsHaveRunbooks(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(alertsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var alerts struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(raw, &alerts); err != nil {
+		t.Fatalf("%s: %v", alertsFile, err)
+	}
+	ops, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for line := range strings.Lines(string(ops)) {
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			anchors[githubAnchor(strings.TrimSpace(h))] = true
+		}
+	}
+	const prefix = "https://github.com/sluicehq/sluice/blob/main/docs/operations.md#"
+	n := 0
+	for _, g := range alerts.Groups {
+		for _, r := range g.Rules {
+			n++
+			u := r.Annotations["runbook_url"]
+			anchor, ok := strings.CutPrefix(u, prefix)
+			if !ok || !anchors[anchor] {
+				t.Errorf("alert %s: runbook_url %q is not a section of docs/operations.md (### %s)", r.Alert, u, r.Alert)
+			}
+			if strings.Contains(r.Expr, "job=") && !strings.HasPrefix(strings.TrimSpace(r.Expr), "up{") {
+				t.Errorf("alert %s matches a job name: %s", r.Alert, r.Expr)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("only %d alerts", n)
+	}
+}
+
+// githubAnchor is the fragment GitHub gives a heading: lower case, spaces
+// to hyphens, punctuation other than hyphens and underscores dropped.
+func githubAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(h) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // metricName finds the metric names of our own, the Go and the process
@@ -84,6 +157,13 @@ func TestDashboardAndAlertsUseExposedNames(t *testing.T) {
 	}
 	for _, v := range dash.Templating.List {
 		exprs = append(exprs, v.Definition)
+	}
+	// The operator's questions the dashboard must answer: are hot keys
+	// served from leases, and do nodes pause?
+	for _, metric := range []string{"sluice_lease_decisions_total", "sluice_pause_causes_total"} {
+		if !strings.Contains(strings.Join(exprs, "\n"), metric) {
+			t.Errorf("no dashboard panel shows %s", metric)
+		}
 	}
 	if len(exprs) < 20 {
 		t.Fatalf("only %d expressions in the dashboard", len(exprs))

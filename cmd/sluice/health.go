@@ -48,25 +48,87 @@ func health(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "sluice health: %v\n", err)
-		return exitError
-	}
-	resp, err := client.Do(req)
+	msg, err := probe(ctx, client, url)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice health: %v\n", err)
 		return exitUnhealthy
+	}
+	fmt.Fprintf(stdout, "%s: %s\n", url, msg)
+	return exitHealthy
+}
+
+// probe GETs url once and returns its body when the answer is 200; any
+// other answer, or none, is the error.
+func probe(ctx context.Context, client *http.Client, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
 	msg := strings.TrimSpace(string(body))
 	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "sluice health: %s: %s %s\n", url, resp.Status, msg)
-		return exitUnhealthy
+		return "", fmt.Errorf("%s: %s %s", url, resp.Status, msg)
 	}
-	fmt.Fprintf(stdout, "%s: %s\n", url, msg)
-	return exitHealthy
+	return msg, nil
+}
+
+// waitReady asks a node's /readyz until it answers 200 or the timeout
+// passes: what a script runs between starting nodes and using them
+// (`sluice wait --http-addr 127.0.0.1:8080 --timeout 30s`). Exit 0 ready, 1
+// not ready in time (the last answer is printed), 2 bad flags.
+func waitReady(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sluice wait", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("http-addr", ":8080", "the node's HTTP address, as given to serve (an empty or unspecified host means 127.0.0.1)")
+	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the node to be ready")
+	every := fs.Duration("interval", 100*time.Millisecond, "time between two probes")
+	var tf clientFlags
+	tf.register(fs, false)
+	if err := parseWithEnv(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitHealthy
+		}
+		fmt.Fprintf(stderr, "sluice wait: %v\n", err)
+		return exitError
+	}
+	if *timeout <= 0 || *every <= 0 {
+		fmt.Fprintf(stderr, "sluice wait: --timeout and --interval must be positive (got %v, %v)\n", *timeout, *every)
+		return exitError
+	}
+	url, client, err := healthRequest(*addr, true, tf)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice wait: %v\n", err)
+		return exitError
+	}
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	tick := time.NewTicker(*every)
+	defer tick.Stop()
+	var last error // the last answer, or failure, before the deadline cut one short
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, min(*every*10, 2*time.Second))
+		msg, err := probe(pctx, client, url)
+		pcancel()
+		if err == nil {
+			fmt.Fprintf(stdout, "%s: %s\n", url, msg)
+			return exitHealthy
+		}
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(stderr, "sluice wait: not ready after %v: %v\n", *timeout, last)
+			return exitUnhealthy
+		case <-tick.C:
+		}
+	}
 }
 
 // healthRequest returns the URL to probe and a client for it: HTTPS when

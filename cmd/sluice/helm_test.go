@@ -29,7 +29,13 @@ func helmBinary(t *testing.T) string {
 // values.
 func helmTemplate(t *testing.T, helm string, sets ...string) []object {
 	t.Helper()
-	args := []string{"template", "sluice", chartDir, "--namespace", "rate"}
+	return helmTemplateRelease(t, helm, "sluice", sets...)
+}
+
+// helmTemplateRelease renders the chart as the release named.
+func helmTemplateRelease(t *testing.T, helm, release string, sets ...string) []object {
+	t.Helper()
+	args := []string{"template", release, chartDir, "--namespace", "rate"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
@@ -122,4 +128,52 @@ func checkSluiceObjectsExceptProbes(t *testing.T, objs []object) {
 		}
 	}
 	checkSluiceObjects(t, objs, "sluice", "sluice-headless")
+}
+
+// TestHelmChartSafeDefaults: under a release of any name the
+// ServiceMonitor's job is "sluice", the name the alert rules match; the
+// nodes spread over zones by default; the NetworkPolicy, when enabled, lets
+// the nodes reach each other and the listed clients only the API ports.
+func TestHelmChartSafeDefaults(t *testing.T) {
+	t.Parallel()
+	helm := helmBinary(t)
+	objs := helmTemplateRelease(t, helm, "rl", "serviceMonitor.enabled=true", "networkPolicy.enabled=true",
+		"networkPolicy.clients[0].podSelector.matchLabels.app=checkout")
+	kinds := map[string]object{}
+	for _, o := range objs {
+		kinds[o.str("kind")] = o
+	}
+	sm, svc := kinds["ServiceMonitor"], kinds["Service"]
+	if sm == nil || svc == nil {
+		t.Fatalf("no ServiceMonitor or Service in %v", kinds)
+	}
+	jobLabel := sm.str("spec", "jobLabel")
+	if job := svc.str("metadata", "labels", jobLabel); job != "sluice" {
+		t.Errorf("release rl: the ServiceMonitor's job is the Service's label %q = %q, want \"sluice\" (deploy/prometheus/alerts.yaml)", jobLabel, job)
+	}
+	sts := kinds["StatefulSet"]
+	spread := sts.list("spec", "template", "spec", "topologySpreadConstraints")
+	if len(spread) != 1 || spread[0].str("topologyKey") != "topology.kubernetes.io/zone" ||
+		spread[0].str("labelSelector", "matchLabels", "app.kubernetes.io/instance") != "rl" {
+		t.Errorf("topologySpreadConstraints %v, want one over topology.kubernetes.io/zone selecting this release's pods", spread)
+	}
+	np := kinds["NetworkPolicy"]
+	if np == nil {
+		t.Fatal("networkPolicy.enabled=true rendered no NetworkPolicy")
+	}
+	in := np.list("spec", "ingress")
+	if len(in) != 2 {
+		t.Fatalf("NetworkPolicy ingress %v, want the nodes and the clients", in)
+	}
+	if in[0].list("from")[0].str("podSelector", "matchLabels", "app.kubernetes.io/instance") != "rl" || in[0].at("ports") != nil {
+		t.Errorf("first rule %v: want every port from this release's pods", in[0])
+	}
+	if in[1].list("from")[0].str("podSelector", "matchLabels", "app") != "checkout" || len(in[1].list("ports")) != 2 {
+		t.Errorf("second rule %v: want the gRPC and HTTP ports from the checkout pods", in[1])
+	}
+	for _, o := range helmTemplate(t, helm) {
+		if o.str("kind") == "NetworkPolicy" {
+			t.Error("the default rendering has a NetworkPolicy")
+		}
+	}
 }

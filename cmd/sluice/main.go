@@ -20,6 +20,7 @@ Usage:
   sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
   sluice status  [flags]   show the cluster as one node sees it
   sluice health  [flags]   probe a node's /healthz (or /readyz); exit 0 healthy, 1 not
+  sluice wait    [flags]   wait until a node is ready (/readyz); exit 0 ready, 1 not in --timeout
   sluice bench   [flags]   generate load against a node and summarise it
   sluice keygen            print a new gossip key (for --gossip-key-file)
   sluice certs   [flags]   make a development CA, node and client certificates
@@ -47,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return check(ctx, args[1:], stdout, stderr)
 	case "health":
 		return health(ctx, args[1:], stdout, stderr)
+	case "wait":
+		return waitReady(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
 	case "bench":

@@ -75,9 +75,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.configPath, configFlag, "", "YAML file of settings keyed by flag name (grpc-addr: :8081); flags and SLUICE_* variables win over it")
 	fs.StringVar(&f.nodeName, "node-name", host, "unique name of this node in the cluster")
 	fs.StringVar(&f.clusterName, "cluster-name", cluster.DefaultClusterName, "name of the cluster; nodes with another name are refused (gossip and peer calls)")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (public API and peer traffic)")
-	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, health, status page); empty disables")
-	fs.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address, TCP and UDP")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (public API and peer traffic); without TLS or a gossip key, the default is 127.0.0.1:8081")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen address (JSON API, health, status page); empty disables; without TLS or a gossip key, the default is 127.0.0.1:8080")
+	fs.StringVar(&f.gossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address, TCP and UDP; without TLS or a gossip key, the default is 127.0.0.1:7946")
 	fs.StringVar(&f.advertiseAddr, "advertise-addr", "", "host other nodes use to reach this one (default: the listen host, or this machine's first private address)")
 	fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses (host:port) of nodes to join")
 	fs.DurationVar(&f.joinRetry, "join-retry", time.Second, "how often a node that has not joined yet tries its seeds again")
@@ -215,6 +215,30 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tra
 	return stopServing(ctx, f, lg, node, srv)
 }
 
+// loopbackUnlessSecured moves the listen addresses that nobody set (on the
+// command line, in the environment or in the config file) to loopback when
+// the node has neither TLS nor a gossip key: such a node trusts every caller
+// that reaches its ports, so by default only this machine does. Addresses
+// set explicitly are kept, whatever they are. It returns the flags it
+// moved.
+func (f *serveFlags) loopbackUnlessSecured(src sources) []string {
+	if f.tlsCert != "" || f.gossipKeyFile != "" {
+		return nil
+	}
+	var moved []string
+	for _, a := range []struct {
+		name string
+		v    *string
+	}{{"grpc-addr", &f.grpcAddr}, {"http-addr", &f.httpAddr}, {"gossip-addr", &f.gossipAddr}} {
+		if src[a.name] != "" || !strings.HasPrefix(*a.v, ":") {
+			continue
+		}
+		*a.v = "127.0.0.1" + *a.v
+		moved = append(moved, a.name)
+	}
+	return moved
+}
+
 // serveConfig parses serve's flags (over the environment and the config
 // file) and returns them with the logger and the node's config they give.
 func serveConfig(args []string, stderr io.Writer) (*serveFlags, cluster.Config, *slog.Logger, error) {
@@ -225,12 +249,17 @@ func serveConfig(args []string, stderr io.Writer) (*serveFlags, cluster.Config, 
 	if err != nil {
 		return nil, cluster.Config{}, nil, err
 	}
+	loopback := f.loopbackUnlessSecured(src)
 	if name, err := f.validate(); err != nil {
 		return nil, cluster.Config{}, nil, fmt.Errorf("%s: %w", src.describe(name), err)
 	}
 	lg, err := newLogger(stderr, f.logLevel, f.logFormat)
 	if err != nil {
 		return nil, cluster.Config{}, nil, err
+	}
+	if len(loopback) > 0 {
+		lg.Warn("no --tls-cert and no --gossip-key-file: listening on loopback only; "+
+			"set the addresses to listen elsewhere (docs/security.md)", "defaults_moved_to_loopback", strings.Join(loopback, ","))
 	}
 	cfg, err := f.clusterConfig(lg)
 	if err != nil {
