@@ -56,8 +56,9 @@ type pyDecision struct {
 // examples/python/check.py against a real node: three checks under a limit
 // of 3 exit 0, the fourth exits 1, each printing the node's decision as
 // JSON; a peek (hits 0, a proto3 optional field) consumes nothing; bad
-// input and an unreachable node exit 2 with the reason. It skips where
-// the Debian packages are missing (.ci/run installs them).
+// input and an unreachable node exit 2 with the reason. status.py prints
+// the node's Admin.Status. It skips where the Debian packages are missing
+// (.ci/run installs them).
 func TestPythonClient(t *testing.T) {
 	t.Parallel()
 	python := pythonWithGRPC(t)
@@ -82,12 +83,13 @@ func TestPythonClient(t *testing.T) {
 
 	node := startCluster(t, 1)[0]
 
-	// run runs check.py and returns its stdout, stderr and exit code.
-	run := func(args ...string) (string, string, int) {
+	// script runs examples/python/<name> and returns its stdout, stderr and
+	// exit code.
+	script := func(name string, args ...string) (string, string, int) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, python, append([]string{"../examples/python/check.py", "--stubs", stubs}, args...)...)
+		cmd := exec.CommandContext(ctx, python, append([]string{"../examples/python/" + name, "--stubs", stubs}, args...)...)
 		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -99,8 +101,12 @@ func TestPythonClient(t *testing.T) {
 		case errors.As(err, &ee) && ctx.Err() == nil:
 			return stdout.String(), stderr.String(), ee.ExitCode()
 		}
-		t.Fatalf("check.py %v: %v\nstdout: %s\nstderr: %s", args, err, stdout.String(), stderr.String())
+		t.Fatalf("%s %v: %v\nstdout: %s\nstderr: %s", name, args, err, stdout.String(), stderr.String())
 		return "", "", -1
+	}
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return script("check.py", args...)
 	}
 	decision := func(what, stdout string) pyDecision {
 		t.Helper()
@@ -180,5 +186,32 @@ func TestPythonClient(t *testing.T) {
 		"--limit", "3", "--timeout", "2")
 	if code != 2 || stdout != "" || !strings.Contains(stderr, "UNAVAILABLE") {
 		t.Errorf("unreachable node: exit %d, stdout %q, stderr %q; want exit 2 and UNAVAILABLE", code, stdout, stderr)
+	}
+
+	// status.py prints the node's Admin.Status as protobuf JSON.
+	stdout, stderr, code = script("status.py", "--addr", node.grpc)
+	if code != 0 {
+		t.Fatalf("status.py: exit %d, want 0\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	var st struct {
+		Node    string `json:"node"`
+		Members []struct {
+			Name     string  `json:"name"`
+			GRPCAddr string  `json:"grpc_addr"`
+			State    string  `json:"state"`
+			Share    float64 `json:"share"`
+		} `json:"members"`
+		Keys string `json:"keys"` // int64: a string in protobuf JSON
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("status.py: stdout is not JSON: %v\n%s", err, stdout)
+	}
+	if st.Node != node.name || len(st.Members) != 1 || st.Members[0].Name != node.name ||
+		st.Members[0].GRPCAddr != node.grpc || st.Members[0].State != "alive" || st.Members[0].Share != 1 || st.Keys == "" {
+		t.Errorf("status.py: %+v, want node %s alone, alive at %s with the whole ring, and keys present", st, node.name, node.grpc)
+	}
+	stdout, stderr, code = script("status.py", "--addr", freePort(t, "127.0.0.1", false), "--timeout", "2")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "UNAVAILABLE") {
+		t.Errorf("status.py, unreachable node: exit %d, stdout %q, stderr %q; want exit 2 and UNAVAILABLE", code, stdout, stderr)
 	}
 }

@@ -22,12 +22,13 @@ plugin=${GRPC_PYTHON_PLUGIN:-$(command -v grpc_python_plugin || true)}
 
 # sluice.proto has a proto3 optional field (optional int64 hits): protoc
 # 3.15 and later take it, 3.12 to 3.14 only with a flag, older ones not at
-# all. Since 3.21 protoc numbers itself 21.x, 22.x, ...: those are newer.
+# all. After 3.21, protoc numbers itself 22.x, 23.x, ...: those are newer.
 version=$(protoc --version | awk '{print $2}')
-major=${version%%.*}
-minor=${version#*.}; minor=${minor%%.*}
+major=${version%%.*}; major=${major%%[!0-9]*}
+minor=${version#*.}; minor=${minor%%.*}; minor=${minor%%[!0-9]*}
 flags=()
-if [ "$major" = 3 ] && [ "$minor" -lt 12 ]; then
+case $major$minor in *[!0-9]*|'') fail "cannot read protoc's version from: $(protoc --version)" ;; esac
+if [ "$major" -lt 3 ] || { [ "$major" = 3 ] && [ "$minor" -lt 12 ]; }; then
   fail "protoc $version is too old for proto3 optional fields: need 3.15 or later (3.12 to 3.14 with a flag)"
 elif [ "$major" = 3 ] && [ "$minor" -lt 15 ]; then
   flags+=(--experimental_allow_proto3_optional)
