@@ -49,8 +49,18 @@ func decodeCheckRequest(body []byte, req *sluicev1.CheckRequest) error {
 	return nil
 }
 
+// malformedJSON words protojson's error for a client: without its
+// "proto:" prefix (whose space protojson varies on purpose, so that no
+// program depends on its text), with the place first.
 func malformedJSON(err error) error {
-	return fmt.Errorf("malformed CheckRequest JSON: %v", err)
+	msg := strings.TrimPrefix(err.Error(), "proto:")
+	msg = strings.TrimLeft(msg, " \u00a0")
+	if rest, ok := strings.CutPrefix(msg, "("); ok {
+		if at, after, ok := strings.Cut(rest, "): "); ok && strings.HasPrefix(at, "line ") {
+			return fmt.Errorf("malformed CheckRequest JSON at %s: %s", at, after)
+		}
+	}
+	return fmt.Errorf("malformed CheckRequest JSON: %s", msg)
 }
 
 // enumField is one enum field of RateLimitRequest or Limit: how its
