@@ -339,11 +339,11 @@ func (r *Request) Validate() error {
 	if r.Limit.Limit == 0 && r.WindowMS == 0 && r.Burst == 0 {
 		switch {
 		case r.Algorithm > GCRA:
-			return fmt.Errorf("unknown algorithm %d", r.Algorithm)
+			return unknownAlgorithm(r.Algorithm)
 		case r.Mode > ModeElastic:
-			return fmt.Errorf("unknown mode %d", r.Mode)
+			return unknownMode(r.Mode)
 		case r.Calendar > CalendarMonth:
-			return fmt.Errorf("unknown calendar %d", r.Calendar)
+			return unknownCalendar(r.Calendar)
 		}
 		return nil
 	}
@@ -387,7 +387,7 @@ func (r *Request) validateMore() error {
 func (l Limit) Validate() error {
 	switch {
 	case l.Algorithm > GCRA:
-		return fmt.Errorf("unknown algorithm %d", l.Algorithm)
+		return unknownAlgorithm(l.Algorithm)
 	case l.Limit < 0:
 		return fmt.Errorf("limit is %d, must be >= 0", l.Limit)
 	case l.Limit > MaxLimit:
@@ -409,7 +409,7 @@ func (l Limit) Validate() error {
 	case l.Shaping && l.Algorithm != LeakyBucket:
 		return fmt.Errorf("shaping applies only to leaky_bucket, not %s", l.Algorithm)
 	case l.Calendar > CalendarMonth:
-		return fmt.Errorf("unknown calendar %d", l.Calendar)
+		return unknownCalendar(l.Calendar)
 	case l.Calendar != CalendarNone && l.Algorithm != FixedWindow:
 		return fmt.Errorf("calendar windows apply only to fixed_window, not %s", l.Algorithm)
 	}
@@ -437,7 +437,7 @@ func (l Limit) Validate() error {
 func (l Limit) validateMode() error {
 	switch {
 	case l.Mode > ModeElastic:
-		return fmt.Errorf("unknown mode %d", l.Mode)
+		return unknownMode(l.Mode)
 	case l.SoftPercent != 0 && l.Mode != ModeSoft:
 		return fmt.Errorf("soft_percent applies only to mode soft, not %s", l.Mode)
 	case l.Mode == ModeSoft && (l.SoftPercent < 1 || l.SoftPercent > MaxSoftPercent):
@@ -450,4 +450,33 @@ func (l Limit) validateMode() error {
 		return fmt.Errorf("mode elastic needs elastic_load_percent in 1..100, not %d", l.ElasticLoadPercent)
 	}
 	return nil
+}
+
+// unknownAlgorithm, unknownMode and unknownCalendar are the errors of an
+// enum number outside its values; they list the values by number and name.
+func unknownAlgorithm(a Algorithm) error {
+	return fmt.Errorf("unknown algorithm %d (want 0 or %s)", a, numbered(int(SlidingWindow), algorithmNames[SlidingWindow:]))
+}
+
+func unknownMode(m Mode) error {
+	return fmt.Errorf("unknown mode %d (want %s)", m, numbered(0, modeNames[:]))
+}
+
+func unknownCalendar(c Calendar) error {
+	return fmt.Errorf("unknown calendar %d (want %s)", c, numbered(0, calendarNames[:]))
+}
+
+// numbered lists names as "first name, first+1 name or first+2 name".
+func numbered(first int, names []string) string {
+	var b []byte
+	for i, n := range names {
+		switch {
+		case i > 0 && i == len(names)-1:
+			b = append(b, " or "...)
+		case i > 0:
+			b = append(b, ", "...)
+		}
+		b = fmt.Appendf(b, "%d %s", first+i, n)
+	}
+	return string(b)
 }

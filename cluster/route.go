@@ -18,6 +18,20 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
+// ValidateCheck reports the error Check would answer r with before
+// deciding anything: r is invalid (bucket.Request.Validate), or gives no
+// limit and the rules in force have none for its name. nil means Check
+// would decide r (or fail to reach a decision: that is not r's fault). It
+// changes nothing and does not block; the HTTP API asks it about every item
+// of a batch before deciding any.
+func (n *Node) ValidateCheck(r *bucket.Request) error {
+	var o bucket.Outcome
+	if _, ok := n.prepare(r, false, &o); !ok {
+		return errors.New(o.Err)
+	}
+	return nil
+}
+
 // Check decides reqs and fills out (len(out) == len(reqs)): each request is
 // validated, then decided here when this node owns its key, or forwarded to
 // its owner, one call per owner. Invalid requests get their own Err and do

@@ -29,9 +29,13 @@
 // line.
 //
 // HTTP: POST /v1/check (CheckRequest as protojson in, proto or lowerCamel
-// field names, unknown fields refused; CheckResponse out with proto field
-// names and every field present; 200, or 429 when any item is over its limit,
-// with Retry-After; every answer carries the IETF RateLimit-Policy and
+// field names, unknown fields refused, enum fields also by their
+// command-line names (jsonenum.go); CheckResponse out with proto field
+// names and every field present; the status fails closed: 200 only when
+// every item is allowed, 429 when any is over its limit (with Retry-After),
+// 400 when any is invalid (then none is decided: a Handler that is a
+// CheckValidator says which are), 503 when some item could not be decided;
+// allowed and over-limit answers carry the IETF RateLimit-Policy and
 // RateLimit headers of the first over-limit item or the allowed item with
 // the fewest remaining, with w= the window of the limit named, from the
 // request or, for rules-based limits, from ServerConfig.Rules), GET|POST /v1/forward-auth (one check for a reverse

@@ -36,6 +36,16 @@ type Handler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
 }
 
+// CheckValidator is a Handler that can tell whether a client's check is
+// one it would decide, before deciding anything: valid, and with limits of
+// its own or a rule's. POST /v1/check asks it about every item of a batch
+// and decides none when one is invalid; without it the server asks
+// bucket.Request.Validate alone. cluster.Node implements it. Called
+// concurrently; it must not block, and changes nothing.
+type CheckValidator interface {
+	ValidateCheck(r *bucket.Request) error
+}
+
 // PeerHandler answers the node-to-node replication RPCs. cluster.Node
 // implements it. Called concurrently. The slices belong to the transport: a
 // PeerHandler must not keep them after returning (the Counter values it

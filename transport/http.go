@@ -85,12 +85,23 @@ func httpError(w http.ResponseWriter, code int, msg string) {
 	w.Write(append(body, '\n'))
 }
 
-// serveCheck is POST /v1/check: a CheckRequest as JSON in, a CheckResponse as
-// JSON out; 200 when every item is allowed or invalid, 429 when any is over
-// its limit, 400 for bad JSON or too many items, 413 for a body over the
-// message limit. A 429 carries Retry-After and the RateLimit headers of the
-// first over-limit item; a 200 the RateLimit headers of the allowed item
-// with the fewest remaining (none when no item was allowed).
+// serveCheck is POST /v1/check: a CheckRequest as JSON in (enum fields
+// also by their command-line names: decodeCheckRequest), a CheckResponse as
+// JSON out, one answer per item. The status is the batch's verdict, so
+// that a client that reads only it fails closed:
+//
+//   - 400 when the body is malformed or too many items (the body is
+//     {"error": ...}), or when any item is invalid: then no item is decided
+//     (bad input changes nothing), the invalid ones carry their error and
+//     the others say they were not checked;
+//   - 429 when any item is over its limit, with Retry-After and the
+//     RateLimit headers of the first such item;
+//   - 503 when none is over but some item could not be decided (the node
+//     is joining, the key's owner did not answer in time); the items that
+//     were decided have been counted;
+//   - 200 only when every item was allowed, with the RateLimit headers of
+//     the allowed item with the fewest remaining;
+//   - 413 for a body over the message limit.
 func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	defer func() {
@@ -120,8 +131,8 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req sluicev1.CheckRequest
-	if err := jsonIn.Unmarshal(buf.Bytes(), &req); err != nil {
-		httpError(w, http.StatusBadRequest, "malformed CheckRequest JSON: "+err.Error())
+	if err := decodeCheckRequest(buf.Bytes(), &req); err != nil {
+		httpError(w, http.StatusBadRequest, err.Error())
 		s.observeRefused(APIHTTP, start)
 		return
 	}
@@ -130,7 +141,11 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 		s.observeRefused(APIHTTP, start)
 		return
 	}
-	resp := s.decide(r.Context(), req.Requests, false, "")
+	resp := s.refuseInvalid(req.Requests)
+	refused := resp != nil
+	if !refused {
+		resp = s.decide(r.Context(), req.Requests, false, "")
+	}
 	out, err := jsonOut.Marshal(resp)
 	s.observeNative(APIHTTP, start, req.Requests, resp.Responses)
 	if err != nil { // cannot happen for these messages
@@ -141,22 +156,78 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	code := http.StatusOK
-	nearest := -1 // an allowed answer's headers are those of the item with the fewest remaining
+	over, nearest := -1, -1 // an allowed answer's headers are those of the item with the fewest remaining
 	for i, o := range resp.Responses {
-		if o.Status == sluicev1.Status_STATUS_OVER_LIMIT {
-			code = http.StatusTooManyRequests
-			s.writeRateLimitHeaders(h, req.Requests[i], o)
-			break
-		}
-		if o.Status == sluicev1.Status_STATUS_UNDER_LIMIT && (nearest < 0 || o.Remaining < resp.Responses[nearest].Remaining) {
-			nearest = i
+		switch {
+		case o.Error != "":
+			if refused || s.validateCheck(req.Requests[i]) != nil {
+				code = http.StatusBadRequest // invalid only now: the rules changed meanwhile
+			} else if code == http.StatusOK {
+				code = http.StatusServiceUnavailable
+			}
+		case o.Status == sluicev1.Status_STATUS_OVER_LIMIT:
+			if over < 0 {
+				over = i
+			}
+		case o.Status == sluicev1.Status_STATUS_UNDER_LIMIT:
+			if nearest < 0 || o.Remaining < resp.Responses[nearest].Remaining {
+				nearest = i
+			}
+		default: // no status and no error: cannot happen; not an admission
+			if code == http.StatusOK {
+				code = http.StatusServiceUnavailable
+			}
 		}
 	}
-	if code == http.StatusOK && nearest >= 0 {
+	switch {
+	case code == http.StatusBadRequest:
+	case over >= 0:
+		code = http.StatusTooManyRequests
+		s.writeRateLimitHeaders(h, req.Requests[over], resp.Responses[over])
+	case code == http.StatusOK && nearest >= 0:
 		s.setRateLimitHeaders(h, req.Requests[nearest], resp.Responses[nearest])
 	}
 	w.WriteHeader(code)
 	w.Write(append(out, '\n'))
+}
+
+// validateCheck says whether the Handler would decide r (CheckValidator),
+// or, for a Handler that cannot say, whether r is valid at all.
+func (s *Server) validateCheck(r *sluicev1.RateLimitRequest) error {
+	b := RequestFromProto(r)
+	if v, ok := s.cfg.Handler.(CheckValidator); ok {
+		return v.ValidateCheck(&b)
+	}
+	return b.Validate()
+}
+
+// refuseInvalid returns nil when every item of reqs is valid; otherwise the
+// answer of a batch with an invalid item, which decides nothing: each
+// invalid item carries its error, every other one says it was not checked.
+func (s *Server) refuseInvalid(reqs []*sluicev1.RateLimitRequest) *sluicev1.CheckResponse {
+	var resp *sluicev1.CheckResponse
+	first := -1
+	for i, r := range reqs {
+		err := s.validateCheck(r)
+		if err == nil {
+			continue
+		}
+		if resp == nil {
+			resp = &sluicev1.CheckResponse{Responses: make([]*sluicev1.RateLimitResponse, len(reqs))}
+			first = i
+		}
+		resp.Responses[i] = &sluicev1.RateLimitResponse{Error: err.Error()}
+	}
+	if resp == nil {
+		return nil
+	}
+	notChecked := fmt.Sprintf("not checked: item %d of the batch is invalid, and a batch with an invalid item decides nothing", first)
+	for i, o := range resp.Responses {
+		if o == nil {
+			resp.Responses[i] = &sluicev1.RateLimitResponse{Error: notChecked}
+		}
+	}
+	return resp
 }
 
 func (s *Server) getBody() *bytes.Buffer {

@@ -104,9 +104,10 @@ func TestHTTPCheck(t *testing.T) {
 		t.Fatalf("empty check: %d %s", r.code, r.body)
 	}
 
-	// An invalid item answers with its own error and does not fail the call.
+	// An invalid item answers 400 with its own error, and nothing is decided.
+	calls := h.calls.Load()
 	r = do(t, "POST", url, `{"requests":[{"name":"","key":"x","limit":10,"window_ms":1000},{"name":"api","key":"c","hits":1,"limit":10,"window_ms":1000}]}`)
-	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte(`"error":"name is empty"`)) {
+	if r.code != http.StatusBadRequest || !bytes.Contains(r.body, []byte(`"error":"name is empty"`)) || h.calls.Load() != calls {
 		t.Fatalf("invalid item: %d %s", r.code, r.body)
 	}
 }
@@ -191,7 +192,7 @@ func TestHTTPOverLimitSeveralLimits(t *testing.T) {
 	}
 	// Ambiguous inline fields beside limits: the item's own error.
 	r = do(t, "POST", url, `{"requests":[{"name":"q","key":"a","hits":1,"window_ms":1000,"limits":[{"limit":5,"window_ms":1000}]}]}`)
-	if r.code != http.StatusOK || !bytes.Contains(r.body, []byte("the inline limit is 0 but its other fields are set")) {
+	if r.code != http.StatusBadRequest || !bytes.Contains(r.body, []byte("the inline limit is 0 but its other fields are set")) {
 		t.Errorf("ambiguous request: %d %s", r.code, r.body)
 	}
 }
@@ -366,7 +367,9 @@ func TestHTTPProbesAndPages(t *testing.T) {
 }
 
 // FuzzCheckJSON feeds arbitrary bodies to POST /v1/check: it never panics,
-// JSON protojson refuses answers 400, anything else 200 or 429.
+// a body decodeCheckRequest refuses answers 400, anything else 200, 429 or
+// 400 (an invalid item), and a handler is asked to decide only a batch of
+// valid items.
 func FuzzCheckJSON(f *testing.F) {
 	for _, seed := range []string{
 		`{"requests":[{"name":"api","key":"a","hits":1,"limit":10,"window_ms":60000}]}`,
@@ -375,6 +378,8 @@ func FuzzCheckJSON(f *testing.F) {
 		`{"requests":[{"name":"api","key":"a","hits":6,"limit":10,"window_ms":1000,"mode":"MODE_SOFT","soft_percent":10,"limits":[{"limit":5,"window_ms":1000,"calendar":"CALENDAR_DAY","algorithm":"ALGORITHM_FIXED_WINDOW"},{"limit":5,"windowMs":2000}]}]}`,
 		`{"requests":[{"name":"api","key":"a","hits":1,"mode":-7,"calendar":99,"limits":[null,{},{"mode":"MODE_ELASTIC","elastic_ceiling":"9","elasticLoadPercent":50,"shaping":true,"count_refused":true,"sub_windows":1001}]}]}`,
 		`{}`, `[]`, `null`, `{"requests":[null]}`, `{"requests":[{"name":"\u0000"}]}`, "\xff",
+		`{"requests":[{"name":"a","key":"k","limit":5,"window_ms":1000,"algorithm":"gcra","mode":"soft","soft_percent":5}]}`,
+		`{"requests":[{"name":"a","key":"k","limits":[{"limit":5,"window_ms":1,"algorithm":"fixed_window","calendar":"week"}]}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -387,11 +392,11 @@ func FuzzCheckJSON(f *testing.F) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check", bytes.NewReader(body)))
 		code := rec.Code
-		parseErr := jsonIn.Unmarshal(body, new(sluicev1.CheckRequest))
+		parseErr := decodeCheckRequest(body, new(sluicev1.CheckRequest))
 		switch {
 		case parseErr != nil:
 			if code != http.StatusBadRequest {
-				t.Fatalf("body %q refused by protojson (%v) answered %d", body, parseErr, code)
+				t.Fatalf("body %q refused (%v) answered %d", body, parseErr, code)
 			}
 		case code != http.StatusOK && code != http.StatusTooManyRequests && code != http.StatusBadRequest:
 			t.Fatalf("body %q answered %d", body, code)

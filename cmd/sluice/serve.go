@@ -547,7 +547,8 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 }
 
 var (
-	_ transport.Handler     = (*cluster.Node)(nil)
-	_ transport.PeerHandler = (*cluster.Node)(nil)
-	_ cluster.Peers         = (*transport.PeerClient)(nil)
+	_ transport.Handler        = (*cluster.Node)(nil)
+	_ transport.CheckValidator = (*cluster.Node)(nil)
+	_ transport.PeerHandler    = (*cluster.Node)(nil)
+	_ cluster.Peers            = (*transport.PeerClient)(nil)
 )
