@@ -440,12 +440,17 @@ type AlgorithmConflict struct {
 	ExpiresInMS   int64 // until the stored state is as good as fresh; -1: never
 }
 
+// AlgorithmConflictPrefix starts the message of every AlgorithmConflict,
+// so that the item's error, which travels between nodes and to clients as
+// text, still says what it is (the HTTP API answers it 409).
+const AlgorithmConflictPrefix = "algorithm conflict: "
+
 func (e *AlgorithmConflict) Error() string {
 	left := fmt.Sprintf("for %d ms more", e.ExpiresInMS)
 	if e.ExpiresInMS < 0 {
 		left = "with no expiry"
 	}
-	return fmt.Sprintf("the key is counted by %s %s and this check asks %s: "+
+	return fmt.Sprintf(AlgorithmConflictPrefix+"the key is counted by %s %s and this check asks %s: "+
 		"a key counts under one algorithm at a time (give the new limit another name, or check again once the count expires)",
 		e.Stored, left, e.Asked)
 }

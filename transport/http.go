@@ -96,9 +96,12 @@ func httpError(w http.ResponseWriter, code int, msg string) {
 //     the others say they were not checked;
 //   - 429 when any item is over its limit, with Retry-After and the
 //     RateLimit headers of the first such item;
-//   - 503 when none is over but some item could not be decided (the node
-//     is joining, the key's owner did not answer in time); the items that
-//     were decided have been counted;
+//   - 409 when none is over but some item asks another algorithm than its
+//     key's live count (bucket.AlgorithmConflict); the other items were
+//     decided and counted;
+//   - 503 when none is over or in conflict but some item could not be
+//     decided (the node is joining, the key's owner did not answer in
+//     time); the items that were decided have been counted;
 //   - 200 only when every item was allowed, with the RateLimit headers of
 //     the allowed item with the fewest remaining;
 //   - 413 for a body over the message limit.
@@ -160,9 +163,14 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	for i, o := range resp.Responses {
 		switch {
 		case o.Error != "":
-			if refused || s.validateCheck(req.Requests[i]) != nil {
+			switch {
+			case refused || s.validateCheck(req.Requests[i]) != nil:
 				code = http.StatusBadRequest // invalid only now: the rules changed meanwhile
-			} else if code == http.StatusOK {
+			case strings.HasPrefix(o.Error, bucket.AlgorithmConflictPrefix):
+				if code == http.StatusOK || code == http.StatusServiceUnavailable {
+					code = http.StatusConflict
+				}
+			case code == http.StatusOK:
 				code = http.StatusServiceUnavailable
 			}
 		case o.Status == sluicev1.Status_STATUS_OVER_LIMIT:
