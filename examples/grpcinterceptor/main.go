@@ -22,8 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/client"
 )
 
 func main() {
@@ -34,7 +33,7 @@ func main() {
 	name := flag.String("name", "example.grpc", "the limit's name")
 	flag.Parse()
 
-	c, err := transport.NewClient(strings.Split(*nodes, ","), transport.WithCallTimeout(200*time.Millisecond))
+	c, err := client.New(strings.Split(*nodes, ","), client.WithCallTimeout(200*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -46,9 +45,9 @@ func main() {
 		}
 		return "" // not limited
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(transport.UnaryServerInterceptor(c, *name, key,
-		transport.WithLimit(*limit, *window, bucket.TokenBucket, 0),
-		transport.WithErrorHandler(func(err error) { log.Printf("sluice: %v", err) }))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(client.UnaryServerInterceptor(c, *name, key,
+		client.WithLimit(*limit, *window, client.TokenBucket, 0),
+		client.WithErrorHandler(func(err error) { log.Printf("sluice: %v", err) }))))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 
 	l, err := net.Listen("tcp", *listen)
