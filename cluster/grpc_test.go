@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
@@ -69,9 +70,9 @@ func grpcCluster(t testing.TB, k int) ([]*cluster.Node, []*transport.Server) {
 func TestThreeNodesOverGRPCAdmitExactlyTheLimit(t *testing.T) {
 	t.Parallel()
 	nodes, srvs := grpcCluster(t, 3)
-	clients := make([]*transport.Client, len(srvs))
+	clients := make([]*client.Node, len(srvs))
 	for i, s := range srvs {
-		c, err := transport.Dial(s.GRPCAddr())
+		c, err := client.Dial(s.GRPCAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +119,7 @@ func TestGRPCBatchAcrossOwnersKeepsOrderAndErrors(t *testing.T) {
 			logPaths(t, nodes)
 		}
 	}()
-	c, err := transport.Dial(srvs[0].GRPCAddr())
+	c, err := client.Dial(srvs[0].GRPCAddr())
 	if err != nil {
 		t.Fatal(err)
 	}

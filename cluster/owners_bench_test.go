@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // testOwners serves a node's owner table as `sluice serve` does
@@ -24,7 +24,7 @@ type testOwners struct{ n *cluster.Node }
 func (o testOwners) Owners(context.Context) (*sluicev1.OwnersResponse, error) {
 	tbl := o.n.Ring().Table()
 	ms := tbl.Members()
-	resp := &sluicev1.OwnersResponse{Node: o.n.Name(), Ready: o.n.Ready() && tbl.Len() > 0, Hash: transport.OwnerHash, Partitions: int64(tbl.Partitions())}
+	resp := &sluicev1.OwnersResponse{Node: o.n.Name(), Ready: o.n.Ready() && tbl.Len() > 0, Hash: client.OwnerHash, Partitions: int64(tbl.Partitions())}
 	index := map[string]uint32{}
 	h := fnv.New64a()
 	for i, m := range ms {
@@ -54,7 +54,7 @@ func processCPU() time.Duration {
 
 // BenchmarkThreeNodesSingleCheck is a microbenchmark: three nodes and the
 // client in this process over loopback gRPC, 50 callers of single checks
-// on 10k keys, through a ClusterClient that spreads calls over the nodes
+// on 10k keys, through a client.Client that spreads calls over the nodes
 // (any) or sends each to its owner (owner). cpu-ns/op is the whole
 // process's CPU (client and three nodes) per check; forwards/op the
 // checks the nodes forwarded per check.
@@ -63,11 +63,11 @@ func BenchmarkThreeNodesSingleCheck(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			nodes, srvs := grpcCluster(b, 3)
 			addrs := []string{srvs[0].GRPCAddr(), srvs[1].GRPCAddr(), srvs[2].GRPCAddr()}
-			var opts []transport.ClientOption
+			var opts []client.Option
 			if mode == "owner" {
-				opts = append(opts, transport.WithOwnerRouting(0))
+				opts = append(opts, client.WithOwnerRouting(0))
 			}
-			c, err := transport.NewClient(addrs, opts...)
+			c, err := client.New(addrs, opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -90,7 +90,7 @@ func BenchmarkThreeNodesSingleCheck(b *testing.B) {
 				i := 0
 				for pb.Next() {
 					i = (i + 7919) % len(keys)
-					res, err := c.Check(ctx, transport.CheckRequest{Name: "bench", Key: keys[i], Limit: 1 << 40, Window: time.Minute})
+					res, err := c.Check(ctx, client.Request{Name: "bench", Key: keys[i], Limit: 1 << 40, Window: time.Minute})
 					if err != nil || !res.Allowed {
 						b.Errorf("check: %+v, %v", res, err)
 						return

@@ -22,8 +22,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Rolling deploy at scale (make deploy-scale): SLUICE_DEPLOY_NODES real
@@ -179,7 +179,7 @@ func TestRollingDeployAtScale(t *testing.T) {
 
 	// --- the load: every running node is a target; latencies by call.
 	rec := &callRecorder{inflight: make([]atomic.Int64, n)}
-	clients := make([]*transport.Client, n)
+	clients := make([]*client.Node, n)
 	for i, p := range ps {
 		clients[i] = dial(t, p.grpc, grpc.WithUnaryInterceptor(rec.intercept(i)))
 	}
@@ -189,7 +189,7 @@ func TestRollingDeployAtScale(t *testing.T) {
 	}
 	l := newLoad(max(100, 10*n))
 	retarget := func() {
-		var cs []*transport.Client
+		var cs []*client.Node
 		for i, c := range clients {
 			if up[i] {
 				cs = append(cs, c)
@@ -531,7 +531,7 @@ func awaitAllAlive(t *testing.T, ps []*proc, d time.Duration, what string) (time
 func notAlive(p *proc) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := transport.Dial(p.grpc)
+	c, err := client.Dial(p.grpc)
 	if err != nil {
 		return err.Error()
 	}
@@ -648,10 +648,10 @@ func (r *callRecorder) stats(from, to time.Time) latencyStats {
 // lost; differing owners are views that disagree. A minute at most: on a
 // cluster whose members keep being declared dead, every peek may take its
 // whole deadline.
-func diagnoseLost(t *testing.T, l *load, ps []*proc, verifier *transport.Client) {
+func diagnoseLost(t *testing.T, l *load, ps []*proc, verifier *client.Node) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	peek := func(c *transport.Client, k string) (owner string, counted int64, err error) {
+	peek := func(c *client.Node, k string) (owner string, counted int64, err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		resp, err := c.Check(ctx, checkReq("load", k, 0, l.looseLimit, longWindow))

@@ -15,9 +15,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/test/testsupport"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // mountTmpfs is testsupport.MountTmpfs.
@@ -51,7 +51,7 @@ func readyz(t *testing.T, p *proc) (int, string) {
 
 // checkKeys sends one check per key (hits each, limit 10 in a long window)
 // in one call and fails the test unless every answer has remaining.
-func checkKeys(t *testing.T, c *transport.Client, keys []string, hits, remaining int64) {
+func checkKeys(t *testing.T, c *client.Node, keys []string, hits, remaining int64) {
 	t.Helper()
 	req := &sluicev1.CheckRequest{}
 	for _, k := range keys {

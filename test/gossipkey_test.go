@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -33,7 +34,7 @@ func TestGossipKeyProofs(t *testing.T) {
 	ps := startNodes(t, k, base, func(int) []string { return []string{"--gossip-key-file", key} })
 	waitMembersProof(t, ps, key)
 
-	var clients []*transport.Client
+	var clients []*client.Node
 	for _, pr := range ps {
 		clients = append(clients, dial(t, pr.grpc))
 	}

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/test/testsupport"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // TestMain runs the tests, then removes the binary sluiceBinary built,
@@ -162,9 +162,9 @@ func (p *proc) wait(t *testing.T, sig syscall.Signal, within time.Duration) erro
 // to read while it is written.
 type logBuf = testsupport.LogBuffer
 
-func dial(t *testing.T, addr string, opts ...grpc.DialOption) *transport.Client {
+func dial(t *testing.T, addr string, opts ...grpc.DialOption) *client.Node {
 	t.Helper()
-	c, err := transport.Dial(addr, opts...)
+	c, err := client.Dial(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 // alive and in the ring (a joining node owns nothing until it has joined).
 func waitMembers(t *testing.T, ps []*proc, opts ...grpc.DialOption) {
 	t.Helper()
-	clients := make([]*transport.Client, len(ps))
+	clients := make([]*client.Node, len(ps))
 	for i, p := range ps {
 		clients[i] = dial(t, p.grpc, opts...)
 	}

@@ -23,7 +23,7 @@ type hotAnswer struct {
 	resetMS      int64
 }
 
-// checker is what the hot-key tests call: a transport.Client.
+// checker is what the hot-key tests call: a client.Node.
 type checker interface {
 	Check(context.Context, *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error)
 }

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // load drives checks at a set of nodes while the cluster changes, and keeps
@@ -23,7 +23,7 @@ type load struct {
 	admitted     map[string]*atomic.Int64
 
 	mu      sync.Mutex
-	targets []*transport.Client
+	targets []*client.Node
 
 	calls, callErrors, slow atomic.Int64
 	looseErrors             atomic.Int64 // failed calls on loose keys: counted or not, never seen admitted
@@ -61,13 +61,13 @@ func newLoad(k int) *load {
 	return l
 }
 
-func (l *load) setTargets(cs ...*transport.Client) {
+func (l *load) setTargets(cs ...*client.Node) {
 	l.mu.Lock()
 	l.targets = cs
 	l.mu.Unlock()
 }
 
-func (l *load) target(rng *rand.Rand) *transport.Client {
+func (l *load) target(rng *rand.Rand) *client.Node {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.targets[rng.IntN(len(l.targets))]
@@ -172,7 +172,7 @@ func (l *load) doubleBound(t *testing.T, live []*proc) int64 {
 // documented failover case counts twice (doubleBound over live, the
 // processes running now). It returns the total over-admission: admitted
 // hits the cluster no longer counts.
-func (l *load) verify(t *testing.T, c *transport.Client, live []*proc, b bound) (lost int64) {
+func (l *load) verify(t *testing.T, c *client.Node, live []*proc, b bound) (lost int64) {
 	t.Helper()
 	over, doubled := int64(0), int64(0)
 	for _, k := range l.tight {
@@ -264,8 +264,8 @@ func (l *load) noCallErrors(t *testing.T, what string) {
 	}
 }
 
-func clientsOf(t *testing.T, ps []*proc) []*transport.Client {
-	cs := make([]*transport.Client, len(ps))
+func clientsOf(t *testing.T, ps []*proc) []*client.Node {
+	cs := make([]*client.Node, len(ps))
 	for i, p := range ps {
 		cs[i] = dial(t, p.grpc)
 	}
@@ -395,7 +395,7 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 }
 
 // waitSettled waits until every change is replicated and on disk.
-func waitSettled(t *testing.T, clients []*transport.Client) {
+func waitSettled(t *testing.T, clients []*client.Node) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "every change replicated and flushed", func() bool {
 		for _, c := range clients {
@@ -412,7 +412,7 @@ func waitSettled(t *testing.T, clients []*transport.Client) {
 
 // killOneOfThreeSettled starts three nodes, loads them, waits until every
 // change is replicated and on disk, then SIGKILLs ps[1].
-func killOneOfThreeSettled(t *testing.T) ([]*proc, *load, []*transport.Client) {
+func killOneOfThreeSettled(t *testing.T) ([]*proc, *load, []*client.Node) {
 	t.Helper()
 	ps := startCluster(t, 3)
 	l := newLoad(50)

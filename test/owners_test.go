@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // ownerLoad drives single checks through an owner-routing client and keeps
 // what it saw admitted per tight key (limit ownerTightLimit).
 type ownerLoad struct {
-	c        *transport.ClusterClient
+	c        *client.Client
 	tight    []string
 	admitted map[string]*atomic.Int64
 	calls    atomic.Int64
@@ -27,7 +27,7 @@ type ownerLoad struct {
 
 const ownerTightLimit = 20
 
-func newOwnerLoad(c *transport.ClusterClient) *ownerLoad {
+func newOwnerLoad(c *client.Client) *ownerLoad {
 	l := &ownerLoad{c: c, admitted: map[string]*atomic.Int64{}}
 	for i := range 50 {
 		k := fmt.Sprint("tight:", i)
@@ -98,7 +98,7 @@ func forwards(t *testing.T, ps []*proc) (n float64) {
 
 // steadyForwards sends n single checks on fresh keys through c and returns
 // how many the nodes forwarded meanwhile.
-func steadyForwards(t *testing.T, c *transport.ClusterClient, ps []*proc, prefix string, n int) float64 {
+func steadyForwards(t *testing.T, c *client.Client, ps []*proc, prefix string, n int) float64 {
 	t.Helper()
 	before := forwards(t, ps)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -122,7 +122,7 @@ func TestOwnerAwareClient(t *testing.T) {
 	// Not parallel: 3–4 processes under load on a 2-core machine.
 	ps := startCluster(t, 3)
 	addrs := []string{ps[0].grpc, ps[1].grpc, ps[2].grpc}
-	c, err := transport.NewClient(addrs, transport.WithOwnerRouting(500*time.Millisecond))
+	c, err := client.New(addrs, client.WithOwnerRouting(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -30,7 +30,7 @@ type pauseHistory struct {
 	owners          map[string]int // decider of each answer
 }
 
-func (h *pauseHistory) check(t *testing.T, c *transport.Client, key string, hits, limit int64) *sluicev1.RateLimitResponse {
+func (h *pauseHistory) check(t *testing.T, c *client.Node, key string, hits, limit int64) *sluicev1.RateLimitResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -68,7 +68,7 @@ func procState(pid int) byte {
 }
 
 // memberStates returns each member's state as the node behind c sees it.
-func memberStates(c *transport.Client) (map[string]string, error) {
+func memberStates(c *client.Node) (map[string]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	st, err := c.Status(ctx)

@@ -23,14 +23,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/client"
 )
 
 // servedSerial is the serial number of the certificate a new TLS
 // connection to addr is shown.
 func servedSerial(t *testing.T, addr, ca string) string {
 	t.Helper()
-	tc, err := transport.ClientTLSFiles{CA: ca}.ClientConfig()
+	tc, err := client.TLSFiles{CA: ca}.TLSConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +116,9 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 	go func() {
 		var r result
 		deadline := time.Now().Add(60 * time.Second)
-		var clients []*transport.Client
+		var clients []*client.Node
 		for _, pr := range ps {
-			c, err := transport.Dial(pr.grpc, api)
+			c, err := client.Dial(pr.grpc, api)
 			if err != nil {
 				r.errs, r.first = 1, err
 				done <- r
@@ -136,7 +136,7 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 			}
 			c := clients[i%len(clients)]
 			if i%10 == 0 {
-				fresh, err := transport.Dial(ps[0].grpc, api)
+				fresh, err := client.Dial(ps[0].grpc, api)
 				if err != nil {
 					r.errs++
 					continue

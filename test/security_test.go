@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -65,7 +66,7 @@ func gossipKey(t *testing.T) string {
 // tlsDial is the dial option of a TLS client with the given files.
 func tlsDial(t *testing.T, ca, cert, key string) grpc.DialOption {
 	t.Helper()
-	tc, err := transport.ClientTLSFiles{CA: ca, Cert: cert, Key: key}.ClientConfig()
+	tc, err := client.TLSFiles{CA: ca, Cert: cert, Key: key}.TLSConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func exactReq(key string, hits, limit int64) *sluicev1.CheckRequest {
 
 // spend sends n checks of key round-robin through clients and returns how
 // many were admitted; any error fails the test.
-func spend(t *testing.T, clients []*transport.Client, key string, n int, limit int64) int {
+func spend(t *testing.T, clients []*client.Node, key string, n int, limit int64) int {
 	t.Helper()
 	admitted := 0
 	for i := range n {
@@ -136,7 +137,7 @@ func spend(t *testing.T, clients []*transport.Client, key string, n int, limit i
 }
 
 // remaining peeks (hits 0) at key through c.
-func remaining(t *testing.T, c *transport.Client, key string, limit int64) int64 {
+func remaining(t *testing.T, c *client.Node, key string, limit int64) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -181,7 +182,7 @@ func TestOpenNodeAcceptsCounterReset(t *testing.T) {
 	waitMembers(t, ps)
 	c := dial(t, ps[0].grpc)
 	const limit = 10
-	if got := spend(t, []*transport.Client{c}, "victim", 12, limit); got != limit {
+	if got := spend(t, []*client.Node{c}, "victim", 12, limit); got != limit {
 		t.Fatalf("admitted %d of 12, want %d", got, limit)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -226,7 +227,7 @@ func TestMTLSCluster(t *testing.T) {
 	}
 
 	api := tlsDial(t, p.f("node-ca.pem"), p.f("client.pem"), p.f("client-key.pem"))
-	var clients []*transport.Client
+	var clients []*client.Node
 	for _, pr := range ps {
 		clients = append(clients, dial(t, pr.grpc, api))
 	}
@@ -238,7 +239,7 @@ func TestMTLSCluster(t *testing.T) {
 	// Ways in that must fail. Each is tried against node 0.
 	target := ps[0].grpc
 	call := func(opts ...grpc.DialOption) error {
-		c, err := transport.Dial(target, opts...)
+		c, err := client.Dial(target, opts...)
 		if err != nil {
 			return err
 		}
@@ -313,7 +314,7 @@ func TestMTLSCluster(t *testing.T) {
 
 func httpsClient(t *testing.T, ca, cert, key string) *http.Client {
 	t.Helper()
-	tc, err := transport.ClientTLSFiles{CA: ca, Cert: cert, Key: key}.ClientConfig()
+	tc, err := client.TLSFiles{CA: ca, Cert: cert, Key: key}.TLSConfig()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/client"
 )
 
 // TestStatusPageInChromium renders GET / of a 3-node cluster of real
@@ -80,7 +80,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		defer close(loaded)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		cs := []*transport.Client{c, dial(t, ps[1].grpc), dial(t, ps[2].grpc)}
+		cs := []*client.Node{c, dial(t, ps[1].grpc), dial(t, ps[2].grpc)}
 		for i := 0; ; i++ {
 			select {
 			case <-ctx.Done():

@@ -1,9 +1,9 @@
 // Package transport is everything of Sluice on the wire: the gRPC server
 // (sluice.v1.RateLimiter, Admin and the internal Peer service, with
-// grpc.health.v1 and server reflection), the HTTP/JSON API, the PeerClient
-// that forwards checks to the node owning their keys, and the Go clients:
-// Client (Dial: one node, protobuf messages) and ClusterClient (NewClient:
-// typed, over several nodes), with HTTPMiddleware and UnaryServerInterceptor.
+// grpc.health.v1 and server reflection), the HTTP/JSON API, and the
+// PeerClient that forwards checks to the node owning their keys. The Go
+// client of applications is package client, which imports none of this
+// package.
 //
 // It imports the generated sluicev1 package, bucket's value types and the
 // peer protocol's routing words of ring/route (Holder, PullAnswer), never
@@ -139,8 +139,7 @@
 // Handler, PeerHandler, StatusSource and Observer methods are called concurrently. The
 // slices given to a Handler or PeerHandler belong to the call: a Handler
 // must fill every out element before returning, and neither may keep a
-// slice. Server, PeerClient, Client and ClusterClient are safe for
-// concurrent use.
+// slice. Server and PeerClient are safe for concurrent use.
 //
 // # Forwarding
 //
@@ -163,17 +162,4 @@
 // forward timeouts) is dropped and redialled (TCP_USER_TIMEOUT, through
 // gRPC's keepalive), so a link that lost packets for a while is usable
 // again as soon as it is back, not after TCP's retransmission backoff.
-//
-// # Clients
-//
-// ClusterClient sends each call to the next node of its list and, when one
-// answers UNAVAILABLE, to the following one, each node at most once per
-// call and never past the context's deadline (plus WithCallTimeout); any
-// other error ends the call. With WithOwnerRouting it sends each check
-// straight to its key's owner by the table the nodes serve on
-// RateLimiter.Owners (OwnerSource on the server side; owners.go), splits
-// batches per owner, and falls back to the list in turn while it has no
-// usable table or an owner fails. HTTPMiddleware and UnaryServerInterceptor make
-// one Check per request and, when it fails, apply a FailurePolicy: FailOpen
-// (default) lets the request through, FailClosed refuses it.
 package transport

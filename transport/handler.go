@@ -90,7 +90,8 @@ type StatusSource interface {
 
 // OwnerSource answers RateLimiter.Owners: the node's current owner table
 // (OwnersResponse), for clients that send each check straight to its key's
-// owner (WithOwnerRouting). cmd/sluice implements it over the node's ring.
+// owner (client.WithOwnerRouting). cmd/sluice implements it over the
+// node's ring.
 // Called concurrently; it must not block. The server only reads the
 // response, so an implementation may return the same one to every caller
 // while its table does not change.

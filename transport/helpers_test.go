@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 )
 
 // fakeHandler decides like a limiter with no memory: a valid request is over
@@ -157,9 +158,9 @@ func startServer(t testing.TB, h Handler, edit ...func(*ServerConfig)) *Server {
 	return s
 }
 
-func dial(t testing.TB, addr string) *Client {
+func dial(t testing.TB, addr string) *client.Node {
 	t.Helper()
-	c, err := Dial(addr)
+	c, err := client.Dial(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -161,12 +162,12 @@ func TestTLSServerAuthorizesByCA(t *testing.T) {
 	}
 	s := startServer(t, &fakeHandler{}, func(c *ServerConfig) { c.TLS = m; c.Status = fakeStatus{} })
 	apiCert, apiKey := clientCA.issue(t, "api", x509.ExtKeyUsageClientAuth)
-	conn := func(cert, key string) *Client {
-		tc, err := ClientTLSFiles{CA: filepath.Join(dir, "node-ca.pem"), Cert: cert, Key: key}.ClientConfig()
+	conn := func(cert, key string) *client.Node {
+		tc, err := client.TLSFiles{CA: filepath.Join(dir, "node-ca.pem"), Cert: cert, Key: key}.TLSConfig()
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := Dial(s.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		c, err := client.Dial(s.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 		if err != nil {
 			t.Fatal(err)
 		}

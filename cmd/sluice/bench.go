@@ -21,8 +21,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // benchResult is the summary `sluice bench --json` prints.
@@ -142,7 +142,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchOptions, error) {
 	fs.DurationVar(&o.callTimeout, "timeout", 5*time.Second, "deadline of each call")
 	fs.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
 	fs.IntVar(&o.conns, "conns", 2, "gRPC connections per address (callers spread over them); with --owner-aware, one per member")
-	fs.BoolVar(&o.ownerAware, "owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (transport.WithOwnerRouting) instead of to any node")
+	fs.BoolVar(&o.ownerAware, "owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (client.WithOwnerRouting) instead of to any node")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
 	o.sec.register(fs, false)
 	fs.Var(&o.gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
@@ -179,8 +179,8 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchOptions, error) {
 // benchConns are the connections a bench run loads: an owner-routing
 // client with --owner-aware, else --conns clients per address.
 type benchConns struct {
-	clients []*transport.Client
-	owned   *transport.ClusterClient
+	clients []*client.Node
+	owned   *client.Client
 }
 
 func (c *benchConns) close() {
@@ -203,7 +203,7 @@ func dialBench(ctx context.Context, o *benchOptions) (*benchConns, error) {
 	if !o.ownerAware {
 		for range o.conns {
 			for _, a := range o.addrs {
-				cl, err := transport.Dial(strings.TrimSpace(a), opts...)
+				cl, err := client.Dial(strings.TrimSpace(a), opts...)
 				if err != nil {
 					return c, fmt.Errorf("%s: %w", a, err)
 				}
@@ -216,7 +216,7 @@ func dialBench(ctx context.Context, o *benchOptions) (*benchConns, error) {
 	for i, a := range o.addrs {
 		trimmed[i] = strings.TrimSpace(a)
 	}
-	owned, err := transport.NewClient(trimmed, transport.WithDialOptions(opts...), transport.WithOwnerRouting(0))
+	owned, err := client.New(trimmed, client.WithDialOptions(opts...), client.WithOwnerRouting(0))
 	if err != nil {
 		return c, err
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -122,7 +123,7 @@ func TestBenchSpreadsCallersOverConnections(t *testing.T) {
 type oneOwner struct{ addr string }
 
 func (o oneOwner) Owners(context.Context) (*sluicev1.OwnersResponse, error) {
-	return &sluicev1.OwnersResponse{Node: "n1", Ready: true, Version: 1, Hash: transport.OwnerHash, Partitions: 7,
+	return &sluicev1.OwnersResponse{Node: "n1", Ready: true, Version: 1, Hash: client.OwnerHash, Partitions: 7,
 		Members: []*sluicev1.OwnerMember{{Name: "n1", GrpcAddr: o.addr}}, Owners: make([]uint32, 7)}, nil
 }
 

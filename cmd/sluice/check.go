@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -62,7 +63,7 @@ func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	c, err := transport.Dial(*addr, opts...)
+	c, err := client.Dial(*addr, opts...)
 	if err != nil {
 		return fail("%s: %v", *addr, err)
 	}

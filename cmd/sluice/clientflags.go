@@ -6,13 +6,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/transport"
 )
 
 // clientFlags are the security flags of the commands that call a node
 // (check, status, bench).
 type clientFlags struct {
-	tls           transport.ClientTLSFiles
+	tls           client.TLSFiles
 	gossipKeyFile string // status only: sign Admin calls for a node without TLS
 }
 
@@ -26,12 +27,12 @@ func (c *clientFlags) register(fs *flag.FlagSet, withGossipKey bool) {
 	}
 }
 
-// dialOptions returns the options that make a transport.Client speak TLS
+// dialOptions returns the options that make a client.Node speak TLS
 // and sign internal calls as the flags ask.
 func (c *clientFlags) dialOptions() ([]grpc.DialOption, error) {
 	var opts []grpc.DialOption
-	if c.tls != (transport.ClientTLSFiles{}) {
-		tc, err := c.tls.ClientConfig()
+	if c.tls != (client.TLSFiles{}) {
+		tc, err := c.tls.TLSConfig()
 		if err != nil {
 			return nil, err
 		}

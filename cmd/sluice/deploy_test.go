@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
@@ -220,7 +221,7 @@ func exposedNames(t *testing.T) map[string]bool {
 	}
 
 	n := startServe(t, "--rules", writeRules(t))
-	c, err := transport.Dial(n.grpc)
+	c, err := client.Dial(n.grpc)
 	if err != nil {
 		t.Fatal(err)
 	}

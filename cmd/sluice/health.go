@@ -151,7 +151,7 @@ func healthRequest(addr string, ready bool, tf clientFlags) (string, *http.Clien
 	scheme := "http"
 	if tf.tls.CA != "" || tf.tls.Cert != "" {
 		scheme = "https"
-		tc, err := tf.tls.ClientConfig()
+		tc, err := tf.tls.TLSConfig()
 		if err != nil {
 			return "", nil, err
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
@@ -267,7 +268,7 @@ func samples(t *testing.T, url string) map[string]float64 {
 func TestMetricsOfEveryAPI(t *testing.T) {
 	t.Parallel()
 	n := startServe(t, "--rules", writeRules(t))
-	c, err := transport.Dial(n.grpc)
+	c, err := client.Dial(n.grpc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestMetricsOfEveryAPI(t *testing.T) {
 	})
 }
 
-func mustHash(t *testing.T, c *transport.Client) string {
+func mustHash(t *testing.T, c *client.Node) string {
 	t.Helper()
 	st, err := c.Status(context.Background())
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
@@ -15,8 +16,8 @@ import (
 
 // ownerSource answers RateLimiter.Owners from the node's ring: the
 // partition → owner table the node routes by, which the owner-routing
-// client (transport.WithOwnerRouting) hashes keys against with
-// transport.OwnerKeyHash, the same function as ring.Hash
+// client (client.WithOwnerRouting) hashes keys against with
+// client.OwnerKeyHash, the same function as ring.Hash
 // (TestOwnerKeyHashIsRingHash). The answer is built once per ring table
 // and readiness and shared by every caller.
 type ownerSource struct {
@@ -54,7 +55,7 @@ func ownersResponse(node string, tbl *ring.Table) *sluicev1.OwnersResponse {
 	ms := tbl.Members() // sorted by name
 	resp := &sluicev1.OwnersResponse{
 		Node:       node,
-		Hash:       transport.OwnerHash,
+		Hash:       client.OwnerHash,
 		Partitions: int64(tbl.Partitions()),
 		Members:    make([]*sluicev1.OwnerMember, len(ms)),
 	}

@@ -4,12 +4,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // TestOwnerKeyHashIsRingHash keeps the client's key hash (what
-// transport.OwnerHash names) equal to the one the nodes place keys with,
+// client.OwnerHash names) equal to the one the nodes place keys with,
 // for names and keys of every length on both sides of ring.Hash's
 // short-key and stack-buffer paths.
 func TestOwnerKeyHashIsRingHash(t *testing.T) {
@@ -21,7 +21,7 @@ func TestOwnerKeyHashIsRingHash(t *testing.T) {
 		if i < 300 {
 			key = randBytes(rng, 1+i%140) // dense over the short lengths
 		}
-		if got, want := transport.OwnerKeyHash(name, key), ring.Hash(name, key); got != want {
+		if got, want := client.OwnerKeyHash(name, key), ring.Hash(name, key); got != want {
 			t.Fatalf("name %q (%d B), key of %d B: client hash %x, ring %x", name, len(name), len(key), got, want)
 		}
 	}
@@ -47,7 +47,7 @@ func TestOwnersResponseDescribesTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp := ownersResponse("a", tbl)
-	if resp.Hash != transport.OwnerHash || resp.Partitions != int64(cfg.Partitions) || len(resp.Owners) != cfg.Partitions || len(resp.Members) != 3 {
+	if resp.Hash != client.OwnerHash || resp.Partitions != int64(cfg.Partitions) || len(resp.Owners) != cfg.Partitions || len(resp.Members) != 3 {
 		t.Fatalf("answer: hash %q, %d partitions, %d owners, %d members", resp.Hash, resp.Partitions, len(resp.Owners), len(resp.Members))
 	}
 	for p, o := range resp.Owners {

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -33,7 +34,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	c, err := transport.Dial(*addr, opts...)
+	c, err := client.Dial(*addr, opts...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *addr, err)
 	}
@@ -108,7 +109,7 @@ func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := transport.Dial(m.GrpcAddr, opts...)
+			c, err := client.Dial(m.GrpcAddr, opts...)
 			if err != nil {
 				return
 			}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -81,9 +82,9 @@ func TestTracingAcrossThreeNodes(t *testing.T) {
 	n2 := startServeWith(t, tracing, "--node-name", "n2", "--join", n1.gossip)
 	n3 := startServeWith(t, tracing, "--node-name", "n3", "--join", n1.gossip)
 	nodes := []*servedNode{n1, n2, n3}
-	clients := make([]*transport.Client, len(nodes))
+	clients := make([]*client.Node, len(nodes))
 	for i, n := range nodes {
-		c, err := transport.Dial(n.grpc)
+		c, err := client.Dial(n.grpc)
 		if err != nil {
 			t.Fatal(err)
 		}

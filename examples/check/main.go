@@ -17,8 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/client"
 )
 
 func main() {
@@ -47,15 +46,15 @@ func (errOver) Error() string { return "over the limit" }
 func run(nodes []string, name, key string, limit int64, window time.Duration, n int) error {
 	// One client per program, shared by every goroutine: it spreads calls
 	// over the nodes and retries on another when one is unavailable.
-	c, err := transport.NewClient(nodes, transport.WithCallTimeout(time.Second))
+	c, err := client.New(nodes, client.WithCallTimeout(time.Second))
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	var last transport.CheckResult
+	var last client.Result
 	for i := range n {
-		last, err = c.Check(context.Background(), transport.CheckRequest{
-			Name: name, Key: key, Limit: limit, Window: window, Algorithm: bucket.SlidingWindow,
+		last, err = c.Check(context.Background(), client.Request{
+			Name: name, Key: key, Limit: limit, Window: window, Algorithm: client.SlidingWindow,
 		})
 		if err != nil {
 			return fmt.Errorf("check %d of %d: %w", i+1, n, err)

@@ -16,8 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/client"
 )
 
 func main() {
@@ -28,20 +27,20 @@ func main() {
 	name := flag.String("name", "example.http", "the limit's name")
 	flag.Parse()
 
-	c, err := transport.NewClient(strings.Split(*nodes, ","), transport.WithCallTimeout(200*time.Millisecond))
+	c, err := client.New(strings.Split(*nodes, ","), client.WithCallTimeout(200*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	opts := []transport.MiddlewareOption{
+	opts := []client.MiddlewareOption{
 		// If Sluice cannot answer, let requests through (the default,
-		// FailOpen) and log why; transport.FailClosed answers 503 instead.
-		transport.WithErrorHandler(func(err error) { log.Printf("sluice: %v", err) }),
+		// FailOpen) and log why; client.FailClosed answers 503 instead.
+		client.WithErrorHandler(func(err error) { log.Printf("sluice: %v", err) }),
 	}
 	if *limit > 0 {
-		opts = append(opts, transport.WithLimit(*limit, *window, bucket.SlidingWindow, 0))
+		opts = append(opts, client.WithLimit(*limit, *window, client.SlidingWindow, 0))
 	}
-	limited := transport.HTTPMiddleware(c, *name,
+	limited := client.HTTPMiddleware(c, *name,
 		func(r *http.Request) string { return r.Header.Get("X-Api-Key") }, opts...)
 
 	mux := http.NewServeMux()

@@ -27,8 +27,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/test/testsupport"
-	"github.com/sluicehq/sluice/transport"
 )
 
 // Ports every node listens on: each node has an address of its own.
@@ -80,7 +80,7 @@ type Host struct {
 	// throttled: Throttle put tbf on this host's link (tests change it from
 	// the test goroutine only).
 	throttled bool
-	client    *transport.Client
+	client    *client.Node
 	disk      *disk // its data dir's own filesystem (disk_test.go), nil when none
 
 	mu     sync.Mutex
@@ -250,11 +250,11 @@ func (c *Cluster) dialContext(ctx context.Context, network, addr string) (net.Co
 
 // Client is the gRPC client of h, dialled from the bridge's namespace; it
 // reconnects across restarts.
-func (h *Host) Client() *transport.Client {
+func (h *Host) Client() *client.Node {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.client == nil {
-		cl, err := transport.Dial(h.GRPCAddr(), grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		cl, err := client.Dial(h.GRPCAddr(), grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return h.c.dialContext(ctx, "tcp", addr)
 		}))
 		if err != nil {

@@ -1,21 +1,20 @@
-package transport
+package client
 
 import (
 	"context"
 	"crypto/x509"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -40,55 +39,19 @@ func (f *fakeRing) ownerOf(name, key string) string {
 	return r.Members[r.Owners[OwnerKeyHash(name, key)%uint64(r.Partitions)]].Name
 }
 
-// ownerNode is a fake node: it decides with fakeDecide and answers as the
-// fake ring's owner of each key, counting the items it would forward.
-type ownerNode struct {
-	fakeHandler
-	name     string
-	ring     *fakeRing
-	notReady atomic.Bool
-	slow     atomic.Bool  // Check answers only when the call's context ends
-	checks   atomic.Int64 // items received
-	forwards atomic.Int64 // items whose owner is another node
-}
-
-func (n *ownerNode) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
-	n.calls.Add(1)
-	if n.slow.Load() {
-		<-ctx.Done()
-	}
-	decide(reqs, out, "")
-	for i := range reqs {
-		n.checks.Add(1)
-		owner := n.ring.ownerOf(reqs[i].Name, reqs[i].Key)
-		if owner != n.name {
-			n.forwards.Add(1)
-		}
-		out[i].Owner = owner
-	}
-}
-
-func (n *ownerNode) Owners(context.Context) (*sluicev1.OwnersResponse, error) {
-	r := proto.CloneOf(n.ring.resp.Load())
-	r.Node, r.Ready = n.name, !n.notReady.Load()
-	return r, nil
-}
-
 // fakeCluster starts k fake nodes sharing one ring of 31 partitions,
 // placed at random.
-func fakeCluster(t *testing.T, k int, seed uint64, edit ...func(*ServerConfig)) ([]*ownerNode, []*Server, *fakeRing) {
+func fakeCluster(t *testing.T, k int, seed uint64, opts ...grpc.ServerOption) ([]*fakeNode, *fakeRing) {
 	t.Helper()
 	fr := &fakeRing{}
-	nodes := make([]*ownerNode, k)
-	srvs := make([]*Server, k)
+	nodes := make([]*fakeNode, k)
 	names, addrs := make([]string, k), make([]string, k)
 	for i := range nodes {
-		nodes[i] = &ownerNode{name: fmt.Sprintf("n%d", i), ring: fr}
-		srvs[i] = startServer(t, nodes[i], append([]func(*ServerConfig){func(c *ServerConfig) { c.Owners = nodes[i] }}, edit...)...)
-		names[i], addrs[i] = nodes[i].name, srvs[i].GRPCAddr()
+		nodes[i] = startNode(t, &fakeNode{name: fmt.Sprintf("n%d", i), ring: fr}, opts...)
+		names[i], addrs[i] = nodes[i].name, nodes[i].addr
 	}
 	fr.set(names, addrs, randomOwners(31, k, seed), seed)
-	return nodes, srvs, fr
+	return nodes, fr
 }
 
 func randomOwners(partitions, members int, seed uint64) []uint32 {
@@ -100,7 +63,7 @@ func randomOwners(partitions, members int, seed uint64) []uint32 {
 	return owners
 }
 
-func forwardsOf(nodes []*ownerNode) (n int64) {
+func forwardsOf(nodes []*fakeNode) (n int64) {
 	for _, nd := range nodes {
 		n += nd.forwards.Load()
 	}
@@ -109,8 +72,8 @@ func forwardsOf(nodes []*ownerNode) (n int64) {
 
 func TestOwnerRoutingSendsEachCheckToItsOwner(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 3, 1)
-	c := newClusterClient(t, []string{srvs[0].GRPCAddr()}, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 3, 1)
+	c := newClient(t, []string{nodes[0].addr}, WithOwnerRouting(time.Hour))
 	ctx := testCtx(t)
 	if err := c.RefreshOwners(ctx); err != nil {
 		t.Fatal(err)
@@ -118,7 +81,7 @@ func TestOwnerRoutingSendsEachCheckToItsOwner(t *testing.T) {
 	const checks = 300
 	for i := range checks {
 		key := fmt.Sprint("user:", i)
-		res, err := c.Check(ctx, CheckRequest{Name: "api", Key: key, Limit: 10, Window: time.Minute})
+		res, err := c.Check(ctx, Request{Name: "api", Key: key, Limit: 10, Window: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,19 +110,19 @@ func TestOwnerRoutingSendsEachCheckToItsOwner(t *testing.T) {
 
 func TestOwnerRoutingSplitsABatchPerOwnerInOrder(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 3, 2)
-	c := newClusterClient(t, []string{srvs[1].GRPCAddr()}, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 3, 2)
+	c := newClient(t, []string{nodes[1].addr}, WithOwnerRouting(time.Hour))
 	ctx := testCtx(t)
 	if err := c.RefreshOwners(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const n = 60
-	rs := make([]CheckRequest, n)
+	rs := make([]Request, n)
 	owners := map[string]bool{}
 	for i := range rs {
 		// Hits differ per item, so each answer's Remaining (1000 - hits)
 		// says which item it answers.
-		rs[i] = CheckRequest{Name: "api", Key: fmt.Sprint("k", i), Hits: int64(i + 1), Limit: 1000, Window: time.Minute}
+		rs[i] = Request{Name: "api", Key: fmt.Sprint("k", i), Hits: int64(i + 1), Limit: 1000, Window: time.Minute}
 		owners[fr.ownerOf("api", rs[i].Key)] = true
 	}
 	rs[7].Key = "" // an invalid item keeps its own error and place
@@ -192,8 +155,8 @@ func TestOwnerRoutingSplitsABatchPerOwnerInOrder(t *testing.T) {
 
 func TestOwnerRoutingRefreshesWhenAnotherNodeDecides(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 3, 3)
-	c := newClusterClient(t, []string{srvs[2].GRPCAddr()}, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 3, 3)
+	c := newClient(t, []string{nodes[2].addr}, WithOwnerRouting(time.Hour))
 	ctx := testCtx(t)
 	if err := c.RefreshOwners(ctx); err != nil {
 		t.Fatal(err)
@@ -202,13 +165,13 @@ func TestOwnerRoutingRefreshesWhenAnotherNodeDecides(t *testing.T) {
 	// client's table is stale, answers name other deciders, and the client
 	// fetches the new table by itself (at most every ownerMinRefresh).
 	old := fr.resp.Load()
-	addrs := []string{srvs[0].GRPCAddr(), srvs[1].GRPCAddr(), srvs[2].GRPCAddr()}
+	addrs := []string{nodes[0].addr, nodes[1].addr, nodes[2].addr}
 	fr.set([]string{"n0", "n1", "n2"}, addrs, randomOwners(31, 3, 99), old.Version+1)
 	i := 0
 	waitFor(t, 10*time.Second, "the client to take the new table", func() bool {
 		i++
 		key := fmt.Sprint("u", i%50)
-		if _, err := c.Check(ctx, CheckRequest{Name: "api", Key: key, Limit: 10, Window: time.Minute}); err != nil {
+		if _, err := c.Check(ctx, Request{Name: "api", Key: key, Limit: 10, Window: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		return c.OwnerStats().Version == old.Version+1
@@ -219,7 +182,7 @@ func TestOwnerRoutingRefreshesWhenAnotherNodeDecides(t *testing.T) {
 	}
 	before := forwardsOf(nodes)
 	for j := range 100 {
-		if _, err := c.Check(ctx, CheckRequest{Name: "api", Key: fmt.Sprint("v", j), Limit: 10, Window: time.Minute}); err != nil {
+		if _, err := c.Check(ctx, Request{Name: "api", Key: fmt.Sprint("v", j), Limit: 10, Window: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -230,18 +193,14 @@ func TestOwnerRoutingRefreshesWhenAnotherNodeDecides(t *testing.T) {
 
 func TestOwnerRoutingFallsBackWhenTheOwnerIsDown(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 3, 4)
-	addrs := []string{srvs[0].GRPCAddr(), srvs[1].GRPCAddr(), srvs[2].GRPCAddr()}
-	c := newClusterClient(t, addrs, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 3, 4)
+	addrs := []string{nodes[0].addr, nodes[1].addr, nodes[2].addr}
+	c := newClient(t, addrs, WithOwnerRouting(time.Hour))
 	ctx := testCtx(t)
 	if err := c.RefreshOwners(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := srvs[0].Shutdown(sctx); err != nil {
-		t.Fatal(err)
-	}
+	nodes[0].stop()
 	// Every check gets a decision: those whose owner (in the table) is
 	// the stopped node go to a live one, which the fake cluster counts as
 	// a forward.
@@ -251,15 +210,15 @@ func TestOwnerRoutingFallsBackWhenTheOwnerIsDown(t *testing.T) {
 		if fr.ownerOf("api", key) == "n0" {
 			down++
 		}
-		if _, err := c.Check(ctx, CheckRequest{Name: "api", Key: key, Limit: 10, Window: time.Minute}); err != nil {
+		if _, err := c.Check(ctx, Request{Name: "api", Key: key, Limit: 10, Window: time.Minute}); err != nil {
 			t.Fatalf("check %d (%s, owner %s): %v", i, key, fr.ownerOf("api", key), err)
 		}
 	}
 	// A batch over every owner, the stopped one included, is answered
 	// whole.
-	rs := make([]CheckRequest, 30)
+	rs := make([]Request, 30)
 	for i := range rs {
-		rs[i] = CheckRequest{Name: "api", Key: fmt.Sprint("b", i), Limit: 10, Window: time.Minute}
+		rs[i] = Request{Name: "api", Key: fmt.Sprint("b", i), Limit: 10, Window: time.Minute}
 	}
 	res, err := c.CheckBatch(ctx, rs)
 	if err != nil {
@@ -281,8 +240,8 @@ func TestOwnerRoutingFallsBackWhenTheOwnerIsDown(t *testing.T) {
 
 func TestOwnerRoutingRefusesTablesItCannotUse(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 1, 5)
-	c := newClusterClient(t, []string{srvs[0].GRPCAddr()}, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 1, 5)
+	c := newClient(t, []string{nodes[0].addr}, WithOwnerRouting(time.Hour))
 	ctx := testCtx(t)
 	nodes[0].notReady.Store(true)
 	if err := c.RefreshOwners(ctx); err == nil || !strings.Contains(err.Error(), "not ready") {
@@ -303,19 +262,12 @@ func TestOwnerRoutingRefusesTablesItCannotUse(t *testing.T) {
 	}
 	// Without a table every check still goes to a node.
 	fr.resp.Store(good)
-	res, err := c.Check(ctx, CheckRequest{Name: "api", Key: "k", Limit: 10, Window: time.Minute})
+	res, err := c.Check(ctx, Request{Name: "api", Key: "k", Limit: 10, Window: time.Minute})
 	if err != nil || !res.Allowed {
 		t.Fatalf("check without a table: %+v, %v", res, err)
 	}
 	if st := c.OwnerStats(); st.Routed != 0 || st.Fallback != 1 || st.Version != 0 {
 		t.Errorf("stats %+v, want the one check sent to any node and no table", st)
-	}
-}
-
-func TestOwnerKeyHashAllocatesNothing(t *testing.T) {
-	long := strings.Repeat("k", 300)
-	if a := testing.AllocsPerRun(100, func() { OwnerKeyHash("api", long); OwnerKeyHash("api", "user:42") }); a != 0 {
-		t.Errorf("OwnerKeyHash allocates %v times", a)
 	}
 }
 
@@ -328,22 +280,17 @@ func TestOwnerRoutingConnectsToOwnersWithTheClientsTLS(t *testing.T) {
 	dir := t.TempDir()
 	nodeCA := newTestCA(t, dir, "node-ca")
 	clientCA := newTestCA(t, dir, "client-ca")
-	cert, key := nodeCA.issue(t, "node", both...)
-	m, err := LoadTLS(TLSFiles{Cert: cert, Key: key, CA: filepath.Join(dir, "node-ca.pem"), ClientCA: filepath.Join(dir, "client-ca.pem")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, srvs, _ := fakeCluster(t, 3, 6, func(c *ServerConfig) { c.TLS = m })
+	nodes, _ := fakeCluster(t, 3, 6, mtlsServer(t, nodeCA, clientCA))
 	apiCert, apiKey := clientCA.issue(t, "api", x509.ExtKeyUsageClientAuth)
-	c := newClusterClient(t, []string{srvs[0].GRPCAddr()}, WithOwnerRouting(time.Hour),
-		WithClientTLS(ClientTLSFiles{CA: filepath.Join(dir, "node-ca.pem"), Cert: apiCert, Key: apiKey}))
+	c := newClient(t, []string{nodes[0].addr}, WithOwnerRouting(time.Hour),
+		WithTLS(TLSFiles{CA: nodeCA.path, Cert: apiCert, Key: apiKey}))
 	ctx := testCtx(t)
 	if err := c.RefreshOwners(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const n = 100
 	for i := range n {
-		if _, err := c.Check(ctx, CheckRequest{Name: "api", Key: fmt.Sprint("user:", i), Limit: 10, Window: time.Minute}); err != nil {
+		if _, err := c.Check(ctx, Request{Name: "api", Key: fmt.Sprint("user:", i), Limit: 10, Window: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -365,8 +312,8 @@ func TestOwnerRoutingConnectsToOwnersWithTheClientsTLS(t *testing.T) {
 // owner's keys go to another node instead of waiting on it again.
 func TestOwnerRoutingSkipsAnOwnerThatRanOutOfTime(t *testing.T) {
 	t.Parallel()
-	nodes, srvs, fr := fakeCluster(t, 3, 7)
-	c := newClusterClient(t, []string{srvs[1].GRPCAddr()}, WithOwnerRouting(time.Hour))
+	nodes, fr := fakeCluster(t, 3, 7)
+	c := newClient(t, []string{nodes[1].addr}, WithOwnerRouting(time.Hour))
 	// The client's clock stands still: the owner stays skipped however
 	// long the calls take on a busy machine.
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -383,12 +330,12 @@ func TestOwnerRoutingSkipsAnOwnerThatRanOutOfTime(t *testing.T) {
 	}
 	nodes[0].slow.Store(true)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err := c.Check(short, CheckRequest{Name: "api", Key: key, Limit: 10, Window: time.Minute})
+	_, err := c.Check(short, Request{Name: "api", Key: key, Limit: 10, Window: time.Minute})
 	cancel()
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("check at the slow owner: %v, want DeadlineExceeded", err)
 	}
-	res, err := c.Check(ctx, CheckRequest{Name: "api", Key: key, Limit: 10, Window: time.Minute})
+	res, err := c.Check(ctx, Request{Name: "api", Key: key, Limit: 10, Window: time.Minute})
 	if err != nil || !res.Allowed {
 		t.Fatalf("next check of the slow owner's key: %+v, %v", res, err)
 	}

@@ -1,6 +1,6 @@
-package transport
+package client
 
-// Owner-aware routing of ClusterClient: the client learns the owner table
+// Owner-aware routing of Client: the client learns the owner table
 // from any node (RateLimiter.Owners) and sends each check straight to its
 // key's owner, skipping the forward hop. Nodes still answer any key, so a
 // stale table costs a forward, never a wrong answer.
@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -43,21 +42,11 @@ const (
 // OwnerKeyHash is the hash that OwnerHash names, the one the nodes place
 // keys with: XXH64 (seed 0) of name + "\x00" + key. It allocates nothing.
 func OwnerKeyHash(name, key string) uint64 {
-	const bufLen = 128
-	n := len(name) + 1 + len(key)
-	if n <= bufLen {
-		var buf [bufLen]byte
-		copy(buf[:], name)
-		buf[len(name)] = 0
-		copy(buf[len(name)+1:], key)
-		return xxhash.Sum64(buf[:n])
-	}
-	var d xxhash.Digest
-	d.Reset()
-	_, _ = d.WriteString(name)
-	_, _ = d.WriteString("\x00")
-	_, _ = d.WriteString(key)
-	return d.Sum64()
+	d := newXXH64()
+	d.writeString(name)
+	d.writeString("\x00")
+	d.writeString(key)
+	return d.sum()
 }
 
 // WithOwnerRouting makes the client send each check straight to the node
@@ -78,8 +67,8 @@ func OwnerKeyHash(name, key string) uint64 {
 // reused when the addresses match), dialled with the client's options
 // (TLS included); one that has left the table is closed when the next
 // different table comes, or by Close.
-func WithOwnerRouting(refresh time.Duration) ClientOption {
-	return func(o *clientOptions) {
+func WithOwnerRouting(refresh time.Duration) Option {
+	return func(o *options) {
 		o.owners = true
 		o.ownerRefresh = refresh
 	}
@@ -108,14 +97,14 @@ type ownerTable struct {
 // ownerConn is the connection to one member.
 type ownerConn struct {
 	addr      string
-	c         *Client
+	c         *Node
 	seed      bool         // one of the client's own nodes: closed by Close only
 	downUntil atomic.Int64 // unix ns: skipped until then after a failure
 }
 
-// ownerRouter is the state of owner routing of one ClusterClient.
+// ownerRouter is the state of owner routing of one Client.
 type ownerRouter struct {
-	cc      *ClusterClient
+	cc      *Client
 	refresh time.Duration
 	now     func() time.Time
 
@@ -136,7 +125,7 @@ type ownerRouter struct {
 	cancel  context.CancelFunc
 }
 
-func newOwnerRouter(cc *ClusterClient, refresh time.Duration) *ownerRouter {
+func newOwnerRouter(cc *Client, refresh time.Duration) *ownerRouter {
 	if refresh <= 0 {
 		refresh = DefaultOwnerRefresh
 	}
@@ -151,7 +140,7 @@ func newOwnerRouter(cc *ClusterClient, refresh time.Duration) *ownerRouter {
 }
 
 // close stops background fetches and closes the members' connections
-// (not the client's own nodes'; ClusterClient.Close does those).
+// (not the client's own nodes'; Client.Close does those).
 func (r *ownerRouter) close() error {
 	r.mu.Lock()
 	r.closed = true
@@ -231,7 +220,7 @@ func (r *ownerRouter) fetch(ctx context.Context) error {
 	for i := range cands {
 		oc := cands[(start+i)%len(cands)]
 		fctx, cancel := context.WithTimeout(ctx, ownerFetchTimeout)
-		resp, err := oc.c.rl.Owners(fctx, &sluicev1.OwnersRequest{})
+		resp, err := oc.c.Owners(fctx)
 		cancel()
 		if err == nil {
 			err = r.install(resp)
@@ -247,7 +236,7 @@ func (r *ownerRouter) fetch(ctx context.Context) error {
 	// Try again soon: the nodes are most likely joining, leaving or
 	// restarting.
 	r.stale.Store(true)
-	return fmt.Errorf("transport: no node gave a usable owner table: %w", errors.Join(errs...))
+	return fmt.Errorf("sluice client: no node gave a usable owner table: %w", errors.Join(errs...))
 }
 
 // candidates are the nodes to ask for a table: the client's own, then the

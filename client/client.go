@@ -1,4 +1,4 @@
-package transport
+package client
 
 import (
 	"context"
@@ -13,15 +13,18 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// CheckRequest is one typed check of a ClusterClient: Hits against the limit
-// for (Name, Key).
-type CheckRequest struct {
+// MaxBatch is the most items one call may carry; a node refuses a larger
+// call whole with InvalidArgument.
+const MaxBatch = 1000
+
+// Request is one check: Hits against the limit for (Name, Key).
+type Request struct {
 	// Name is the limit's namespace ("api.create_url"); Key the entity
-	// ("user:42"). Both are required (bucket.ValidateKey).
+	// ("user:42"). Both are required: name 1–128 bytes without NUL, key
+	// 1–1024 bytes.
 	Name, Key string
 	// Hits is the cost of the request; 0 means 1. Set Peek to ask without
 	// consuming.
@@ -36,14 +39,14 @@ type CheckRequest struct {
 	// milliseconds (at least 1 ms when Limit is set).
 	Window time.Duration
 	// Algorithm counts the limit; AlgorithmUnspecified is SlidingWindow.
-	Algorithm bucket.Algorithm
+	Algorithm Algorithm
 	// Burst is the capacity of the bucket algorithms and GCRA; 0 means
 	// Limit.
 	Burst int64
 }
 
-// CheckResult is the typed answer to one CheckRequest.
-type CheckResult struct {
+// Result is the answer to one Request.
+type Result struct {
 	// Allowed reports whether the hits were admitted.
 	Allowed bool
 	// Limit is the limit in force (for a rules-based request, the rule's);
@@ -73,52 +76,61 @@ func (e *ItemError) Error() string {
 	return fmt.Sprintf("sluice: check %q/%q refused: %s", e.Name, e.Key, e.Msg)
 }
 
-// ClientOption configures NewClient.
-type ClientOption func(*clientOptions)
+// Option configures New.
+type Option func(*options)
 
-type clientOptions struct {
-	tls          *ClientTLSFiles
+type options struct {
+	// tls makes the TLS dial option. It is a function so that a program
+	// that never calls WithTLS links none of crypto/tls's handshake code.
+	tls          func() (grpc.DialOption, error)
 	dial         []grpc.DialOption
 	timeout      time.Duration
 	owners       bool
 	ownerRefresh time.Duration
 }
 
-// WithClientTLS connects with TLS, verifying the nodes and presenting a
-// certificate as f says (see ClientTLSFiles). Without it the connections
-// are plaintext.
-func WithClientTLS(f ClientTLSFiles) ClientOption {
-	return func(o *clientOptions) { o.tls = &f }
+// WithTLS connects with TLS, verifying the nodes and presenting a
+// certificate as f says. Without it the connections are plaintext.
+func WithTLS(f TLSFiles) Option {
+	return func(o *options) {
+		o.tls = func() (grpc.DialOption, error) {
+			cfg, err := f.TLSConfig()
+			if err != nil {
+				return nil, err
+			}
+			return grpc.WithTransportCredentials(credentials.NewTLS(cfg)), nil
+		}
+	}
 }
 
 // WithDialOptions adds gRPC dial options, applied after the defaults of
-// Dial and the TLS credentials of WithClientTLS (so they can override
-// them). The same options dial every node.
-func WithDialOptions(opts ...grpc.DialOption) ClientOption {
-	return func(o *clientOptions) { o.dial = append(o.dial, opts...) }
+// Dial and the TLS credentials of WithTLS (so they can override them).
+// The same options dial every node.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dial = append(o.dial, opts...) }
 }
 
 // WithCallTimeout bounds every call (all its attempts together) by d, in
 // addition to the caller's context. 0, the default, leaves the context
 // alone.
-func WithCallTimeout(d time.Duration) ClientOption {
-	return func(o *clientOptions) { o.timeout = d }
+func WithCallTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
 }
 
-// ClusterClient is the typed Go client of the public API over several
-// nodes: it spreads calls over them round robin and, when a node answers
-// UNAVAILABLE (down, draining, unreachable), retries the call on the next
-// one, each node at most once per call and never past the context's
-// deadline. Other errors (InvalidArgument, DeadlineExceeded,
-// ResourceExhausted...) are returned as they are. Any node can answer any
-// key: the cluster forwards to the owner. With WithOwnerRouting it sends
-// each check straight to its owner instead (owners.go).
+// Client is the Go client of a Sluice cluster: it spreads calls over its
+// nodes round robin and, when a node answers UNAVAILABLE (down, draining,
+// unreachable), retries the call on the next one, each node at most once
+// per call and never past the context's deadline. Other errors
+// (InvalidArgument, DeadlineExceeded, ResourceExhausted...) are returned
+// as they are. Any node can answer any key: the cluster forwards to the
+// owner. With WithOwnerRouting it sends each check straight to its owner
+// instead.
 //
 // It is safe for concurrent use; make one per application and share it.
-// NewClient connects lazily, on the first call to each node; Close closes
-// every connection and waits for the background fetches of owner tables.
-type ClusterClient struct {
-	nodes   []*Client
+// New connects lazily, on the first call to each node; Close closes every
+// connection and waits for the background fetches of owner tables.
+type Client struct {
+	nodes   []*Node
 	addrs   []string
 	dial    []grpc.DialOption
 	next    atomic.Uint32
@@ -126,27 +138,27 @@ type ClusterClient struct {
 	owners  *ownerRouter // nil without WithOwnerRouting
 }
 
-// NewClient returns a ClusterClient for the nodes at addrs ("host:port",
-// at least one). It starts nothing and sends nothing; an error means an
-// address or option is unusable (TLS files that cannot be read).
-func NewClient(addrs []string, opts ...ClientOption) (*ClusterClient, error) {
+// New returns a Client for the nodes at addrs ("host:port", at least
+// one). It starts nothing and sends nothing; an error means an address or
+// option is unusable (TLS files that cannot be read).
+func New(addrs []string, opts ...Option) (*Client, error) {
 	if len(addrs) == 0 {
-		return nil, errors.New("transport: NewClient needs at least one node address")
+		return nil, errors.New("sluice client: New needs at least one node address")
 	}
-	var o clientOptions
+	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
 	var dial []grpc.DialOption
 	if o.tls != nil {
-		cfg, err := o.tls.ClientConfig()
+		creds, err := o.tls()
 		if err != nil {
-			return nil, fmt.Errorf("transport: NewClient: %w", err)
+			return nil, fmt.Errorf("sluice client: %w", err)
 		}
-		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		dial = append(dial, creds)
 	}
 	dial = append(dial, o.dial...)
-	c := &ClusterClient{addrs: append([]string(nil), addrs...), dial: dial, timeout: o.timeout}
+	c := &Client{addrs: append([]string(nil), addrs...), dial: dial, timeout: o.timeout}
 	for _, a := range addrs {
 		n, err := Dial(a, dial...)
 		if err != nil {
@@ -166,7 +178,7 @@ func NewClient(addrs []string, opts ...ClientOption) (*ClusterClient, error) {
 // and returns why none did. Without WithOwnerRouting it does nothing.
 // Calls fetch tables by themselves; this is for a client that wants its
 // first calls routed, and for tests.
-func (c *ClusterClient) RefreshOwners(ctx context.Context) error {
+func (c *Client) RefreshOwners(ctx context.Context) error {
 	if c.owners == nil {
 		return nil
 	}
@@ -175,7 +187,7 @@ func (c *ClusterClient) RefreshOwners(ctx context.Context) error {
 
 // OwnerStats reports what owner routing did so far (zero without
 // WithOwnerRouting).
-func (c *ClusterClient) OwnerStats() OwnerStats {
+func (c *Client) OwnerStats() OwnerStats {
 	if c.owners == nil {
 		return OwnerStats{}
 	}
@@ -183,10 +195,10 @@ func (c *ClusterClient) OwnerStats() OwnerStats {
 }
 
 // Addrs returns the node addresses c was made with.
-func (c *ClusterClient) Addrs() []string { return append([]string(nil), c.addrs...) }
+func (c *Client) Addrs() []string { return append([]string(nil), c.addrs...) }
 
 // Close closes the connections to every node; calls in progress fail.
-func (c *ClusterClient) Close() error {
+func (c *Client) Close() error {
 	var errs []error
 	if c.owners != nil {
 		errs = append(errs, c.owners.close())
@@ -200,19 +212,19 @@ func (c *ClusterClient) Close() error {
 // Check decides one request. The error is an *ItemError when the node
 // refused the request as invalid, or the gRPC status error of the last
 // attempt (status.Code tells Unavailable, DeadlineExceeded...).
-func (c *ClusterClient) Check(ctx context.Context, r CheckRequest) (CheckResult, error) {
-	res, err := c.CheckBatch(ctx, []CheckRequest{r})
+func (c *Client) Check(ctx context.Context, r Request) (Result, error) {
+	res, err := c.CheckBatch(ctx, []Request{r})
 	if err != nil {
-		return CheckResult{}, err
+		return Result{}, err
 	}
 	return res[0], res[0].Err
 }
 
-// CheckBatch decides rs in one call (at most bucket.MaxBatchSize items:
-// more is refused whole with InvalidArgument); the results come in request
-// order, an item the node refused carrying its *ItemError in Err. The
-// error is that of the whole call, as for Check.
-func (c *ClusterClient) CheckBatch(ctx context.Context, rs []CheckRequest) ([]CheckResult, error) {
+// CheckBatch decides rs in one call (at most MaxBatch items: more is
+// refused whole with InvalidArgument); the results come in request order,
+// an item the node refused carrying its *ItemError in Err. The error is
+// that of the whole call, as for Check.
+func (c *Client) CheckBatch(ctx context.Context, rs []Request) ([]Result, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -227,7 +239,7 @@ func (c *ClusterClient) CheckBatch(ctx context.Context, rs []CheckRequest) ([]Ch
 	if len(resp.Responses) != len(rs) {
 		return nil, status.Errorf(codes.Internal, "sluice: %d answers to %d checks", len(resp.Responses), len(rs))
 	}
-	out := make([]CheckResult, len(rs))
+	out := make([]Result, len(rs))
 	for i, m := range resp.Responses {
 		out[i] = resultFromProto(rs[i], m)
 	}
@@ -239,13 +251,13 @@ func (c *ClusterClient) CheckBatch(ctx context.Context, rs []CheckRequest) ([]Ch
 // owners with WithOwnerRouting, else to the next node in turn) and returns
 // the answers in request order, or the error of the whole call. The
 // client does not modify req.
-func (c *ClusterClient) CheckProto(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+func (c *Client) CheckProto(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	if c.owners != nil && len(req.GetRequests()) > 0 && len(req.GetRequests()) <= bucket.MaxBatchSize {
+	if c.owners != nil && len(req.GetRequests()) > 0 && len(req.GetRequests()) <= MaxBatch {
 		if resp, ok, err := c.owners.route(ctx, req); ok {
 			return resp, err
 		}
@@ -255,7 +267,7 @@ func (c *ClusterClient) CheckProto(ctx context.Context, req *sluicev1.CheckReque
 
 // call sends req to the nodes in turn from the next in the rotation until
 // one answers with anything but UNAVAILABLE, each node at most once.
-func (c *ClusterClient) call(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
+func (c *Client) call(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
 	n := len(c.nodes)
 	start := int((c.next.Add(1) - 1) % uint32(n)) // in uint32: no negative index on 32-bit platforms
 	var err error
@@ -269,7 +281,7 @@ func (c *ClusterClient) call(ctx context.Context, req *sluicev1.CheckRequest) (*
 	return nil, err
 }
 
-func (r *CheckRequest) toProto() *sluicev1.RateLimitRequest {
+func (r *Request) toProto() *sluicev1.RateLimitRequest {
 	hits := r.Hits
 	switch {
 	case r.Peek:
@@ -288,27 +300,38 @@ func (r *CheckRequest) toProto() *sluicev1.RateLimitRequest {
 	}
 }
 
-func resultFromProto(r CheckRequest, m *sluicev1.RateLimitResponse) CheckResult {
-	o := OutcomeFromProto(m)
-	if o.Err != "" || o.Status == bucket.StatusUnspecified {
-		msg := o.Err
-		if msg == "" {
-			msg = "no verdict"
-		}
-		return CheckResult{Err: &ItemError{Name: r.Name, Key: r.Key, Msg: msg}}
+// resultFromProto reads one answer. An error, no verdict or a status this
+// release does not know is the item's *ItemError, never a verdict.
+func resultFromProto(r Request, m *sluicev1.RateLimitResponse) Result {
+	var allowed bool
+	msg := m.GetError()
+	switch st := m.GetStatus(); {
+	case msg != "":
+	case m == nil:
+		msg = "missing response"
+	case st == sluicev1.Status_STATUS_UNDER_LIMIT:
+		allowed = true
+	case st == sluicev1.Status_STATUS_OVER_LIMIT:
+	case st == sluicev1.Status_STATUS_UNSPECIFIED:
+		msg = "no verdict"
+	default:
+		msg = "unknown status " + st.String()
 	}
-	return CheckResult{
-		Allowed:    o.Allowed(),
-		Limit:      o.Decision.Limit,
-		Remaining:  o.Remaining,
-		ResetAfter: time.Duration(o.ResetAfterMS) * time.Millisecond,
-		RetryAfter: time.Duration(o.RetryAfterMS) * time.Millisecond,
-		Owner:      o.Owner,
+	if msg != "" {
+		return Result{Err: &ItemError{Name: r.Name, Key: r.Key, Msg: msg}}
+	}
+	return Result{
+		Allowed:    allowed,
+		Limit:      m.GetLimit(),
+		Remaining:  m.GetRemaining(),
+		ResetAfter: time.Duration(m.GetResetAfterMs()) * time.Millisecond,
+		RetryAfter: time.Duration(m.GetRetryAfterMs()) * time.Millisecond,
+		Owner:      m.GetOwner(),
 	}
 }
 
 // String describes a result as the CLI does, for logs.
-func (r CheckResult) String() string {
+func (r Result) String() string {
 	if r.Err != nil {
 		return r.Err.Error()
 	}
