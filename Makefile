@@ -10,8 +10,18 @@ export PATH := $(GOBIN):$(PATH)
 
 all: build lint test
 
+# The commit the binary records (`sluice version`, sluice_build_info):
+# `git rev-parse --short HEAD`, "-dirty" with uncommitted changes; empty
+# without git, and the binary falls back on Go's VCS stamp or "unknown".
+# VERSION, when given, overrides the release version of cmd/sluice/version.go.
+REVISION ?= $(shell r=$$(git rev-parse --short HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
+VERSION ?=
+LDFLAGS := $(if $(REVISION),-X main.revision=$(REVISION)) $(if $(VERSION),-X main.version=$(VERSION))
+
+# Every package, and the sluice binary into ./sluice.
 build:
 	go build ./...
+	go build -ldflags '$(LDFLAGS)' -o sluice ./cmd/sluice
 
 test:
 	go test ./...
