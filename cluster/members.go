@@ -181,7 +181,7 @@ func decodeMeta(b []byte) (meta, error) {
 	case len(b) < 3+tail:
 		return meta{}, fmt.Errorf("metadata is %d bytes, want at least %d", len(b), 3+tail)
 	case b[0] != metaVersion:
-		return meta{}, fmt.Errorf("metadata version %d, want %d (nodes of one cluster run one release)", b[0], metaVersion)
+		return meta{}, fmt.Errorf("metadata version %d, want %d (a release more than one apart: docs/upgrading.md)", b[0], metaVersion)
 	case b[1]&^metaFlags != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
 	case int(b[2]) > len(b)-3-tail:
