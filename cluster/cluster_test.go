@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -247,14 +248,62 @@ func TestMetadataRoundTripAndRefusal(t *testing.T) {
 	}
 }
 
+// TestMetadataExtensionsAreSkipped: extension records a later release may
+// append after the boot id (and placement) are skipped, whatever their
+// tags; a record cut short is refused, saying where.
+func TestMetadataExtensionsAreSkipped(t *testing.T) {
+	t.Parallel()
+	for _, m := range []meta{{grpcAddr: "h:1", boot: 7, ready: true},
+		{grpcAddr: "h:2", boot: 8, place: placement{partitions: 65521, load: 1.25, vnodes: 100}}} {
+		for _, ext := range [][]byte{{}, {1, 0}, {9, 3, 'a', 'b', 'c'}, {1, 2, 0, 0, 255, 1, 'z', 200, 0}} {
+			b := append(encodeMeta(m), ext...)
+			got, err := decodeMeta(b)
+			if err != nil || got != m {
+				t.Errorf("%+v with extensions %v: decoded %+v, %v; want it unchanged", m, ext, got, err)
+			}
+		}
+		for _, c := range []struct {
+			ext  []byte
+			want string
+		}{
+			{[]byte{1}, "extension at byte 0: 1 byte(s) left"},
+			{[]byte{1, 3, 'a', 'b'}, "extension 1 at byte 0: 3 bytes long, only 2 left"},
+			{[]byte{1, 0, 4, 1}, "extension 4 at byte 2: 1 bytes long, only 0 left"},
+		} {
+			if _, err := decodeMeta(append(encodeMeta(m), c.ext...)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%+v with extensions %v: err %v, want one saying %q", m, c.ext, err, c.want)
+			}
+		}
+	}
+	// What this release sends has no extension area: the previous
+	// release, which refuses one, reads it.
+	if b := encodeMeta(meta{grpcAddr: "h:1", boot: 1}); len(b) != 3+3+8 {
+		t.Errorf("metadata without placement is %d bytes, want %d (no extension area)", len(b), 3+3+8)
+	}
+}
+
+// FuzzDecodeMeta: whatever is accepted is this release's metadata followed
+// by whole extension records, and re-encodes to that metadata.
 func FuzzDecodeMeta(f *testing.F) {
 	f.Add(encodeMeta(meta{grpcAddr: "127.0.0.1:8081"}))
 	f.Add(encodeMeta(meta{grpcAddr: "h:1", boot: 9, place: placement{partitions: 65521, load: 1.25, vnodes: 100}}))
+	f.Add(append(encodeMeta(meta{grpcAddr: "h:1", boot: 9, ready: true}), 1, 2, 'x', 'y', 7, 0))
+	f.Add(append(encodeMeta(meta{grpcAddr: "h:1", place: placement{partitions: 65521, load: 1.25, vnodes: 100}}), 3, 1))
 	f.Add([]byte{1, 1, 3, 'a'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)
-		if err == nil && string(encodeMeta(m)) != string(b) {
-			t.Fatalf("accepted %v does not re-encode", b)
+		if err != nil {
+			return
+		}
+		enc := encodeMeta(m)
+		if !bytes.HasPrefix(b, enc) {
+			t.Fatalf("accepted %v does not start with its re-encoding %v", b, enc)
+		}
+		if err := skipMetaExtensions(b[len(enc):]); err != nil {
+			t.Fatalf("accepted %v, whose bytes after the metadata are not whole records: %v", b, err)
+		}
+		if again, err := decodeMeta(enc); err != nil || again != m {
+			t.Fatalf("re-encoding of %v decodes to %+v, %v; want %+v", b, again, err, m)
 		}
 	})
 }

@@ -130,6 +130,8 @@ type meta struct {
 // encodeMeta returns the metadata a node gossips: version, flags, its
 // gRPC address as a length-prefixed string, then its boot id (8 bytes,
 // big-endian), and with metaPlacement its placement (placementLen bytes).
+// This release sends no extension records (see decodeMeta): nodes of the
+// release before it refuse metadata with bytes past the placement.
 func encodeMeta(m meta) []byte {
 	b := make([]byte, 0, 3+len(m.grpcAddr)+8+placementLen)
 	var flags byte
@@ -163,6 +165,13 @@ func encodeMeta(m meta) []byte {
 }
 
 // decodeMeta decodes a peer's metadata, refusing anything else.
+//
+// After the boot id (and the placement, when flagged) may come an
+// extension area: records of a tag byte, a length byte and that many
+// bytes, up to the end. This release knows no tag and skips every record,
+// so a later release can announce more about itself in records without
+// this one leaving it out of its ring; a record that runs past the end is
+// refused. New flags cannot be added that way: unknown flags are refused.
 func decodeMeta(b []byte) (meta, error) {
 	tail := 8 // the boot id, and the placement when flagged
 	if len(b) > 1 && b[1]&metaPlacement != 0 {
@@ -172,15 +181,18 @@ func decodeMeta(b []byte) (meta, error) {
 	case len(b) < 3+tail:
 		return meta{}, fmt.Errorf("metadata is %d bytes, want at least %d", len(b), 3+tail)
 	case b[0] != metaVersion:
-		return meta{}, fmt.Errorf("metadata version %d, want %d (nodes of one cluster run one release)", b[0], metaVersion)
+		return meta{}, fmt.Errorf("metadata version %d, want %d (a release more than one apart: docs/upgrading.md)", b[0], metaVersion)
 	case b[1]&^metaFlags != 0:
 		return meta{}, fmt.Errorf("metadata has unknown flags %#x", b[1])
-	case int(b[2]) != len(b)-3-tail:
-		return meta{}, fmt.Errorf("metadata address length %d, but %d bytes follow before the boot id", b[2], len(b)-3-tail)
+	case int(b[2]) > len(b)-3-tail:
+		return meta{}, fmt.Errorf("metadata address length %d, but only %d bytes follow before the boot id", b[2], len(b)-3-tail)
 	case b[2] == 0:
 		return meta{}, errors.New("metadata has an empty gRPC address")
 	}
 	f, end := b[1], 3+int(b[2])
+	if err := skipMetaExtensions(b[end+tail:]); err != nil {
+		return meta{}, err
+	}
 	m := meta{grpcAddr: string(b[3:end]), leaving: f&metaLeaving != 0, ready: f&metaReady != 0,
 		sec:  Security{TLS: f&metaTLS != 0, ClientAuth: f&metaClientAuth != 0, GossipEncrypted: f&metaGossipEncrypted != 0},
 		boot: binary.BigEndian.Uint64(b[end:])}
@@ -198,6 +210,22 @@ func decodeMeta(b []byte) (meta, error) {
 		m.place = p
 	}
 	return m, nil
+}
+
+// skipMetaExtensions checks the extension area of metadata (decodeMeta):
+// whole records of tag, length and value. None is known to this release.
+func skipMetaExtensions(ext []byte) error {
+	for at := 0; at < len(ext); {
+		if len(ext)-at < 2 {
+			return fmt.Errorf("metadata extension at byte %d: %d byte(s) left, a record needs a tag and a length", at, len(ext)-at)
+		}
+		tag, n := ext[at], int(ext[at+1])
+		if at+2+n > len(ext) {
+			return fmt.Errorf("metadata extension %d at byte %d: %d bytes long, only %d left", tag, at, n, len(ext)-at-2)
+		}
+		at += 2 + n
+	}
+	return nil
 }
 
 // MemberStatus is one member as this node sees it.

@@ -48,6 +48,7 @@ type proc struct {
 	err                error
 	join               []string
 	extra              []string
+	bin                string // the sluice binary to run; sluiceBinary's when empty
 }
 
 // freePort returns a port free for TCP (and UDP when udp) on ip.
@@ -106,7 +107,11 @@ func (p *proc) start(t *testing.T) {
 		args = append(args, "--join", j)
 	}
 	args = append(args, p.extra...)
-	p.cmd = exec.Command(sluiceBinary(t), args...)
+	bin := p.bin
+	if bin == "" {
+		bin = sluiceBinary(t)
+	}
+	p.cmd = exec.Command(bin, args...)
 	if p.log == nil {
 		p.log = &logBuf{}
 	}

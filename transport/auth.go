@@ -200,3 +200,20 @@ func SecuritySummary(m interface {
 	}
 	return s + ", gossip in clear"
 }
+
+// MemberVersion is a member's release for status output: its version as
+// it said it; "unknown" when it answered without one (a release from
+// before versions were reported); "-" when it was not asked or did not
+// answer (keys < 0).
+func MemberVersion(m interface {
+	GetKeys() int64
+	GetVersion() string
+}) string {
+	switch {
+	case m.GetKeys() < 0:
+		return "-"
+	case m.GetVersion() == "":
+		return "unknown"
+	}
+	return m.GetVersion()
+}

@@ -105,8 +105,8 @@ func (s *Server) pageStatus(ctx context.Context) (*sluicev1.StatusResponse, erro
 }
 
 // fillMembers asks every alive member other than st.Node whose keys are
-// unknown for its own keys, rules hash, rate and lag; members that do not
-// answer within statusPageMemberTimeout keep what st says.
+// unknown for its own keys, rules hash, rate, lag and version; members
+// that do not answer within statusPageMemberTimeout keep what st says.
 func fillMembers(ctx context.Context, ms MemberStatus, st *sluicev1.StatusResponse) {
 	ctx, cancel := context.WithTimeout(ctx, statusPageMemberTimeout)
 	defer cancel()
@@ -124,6 +124,7 @@ func fillMembers(ctx context.Context, ms MemberStatus, st *sluicev1.StatusRespon
 			}
 			m.Keys, m.RulesHash = own.Keys, own.RulesHash
 			m.ChecksPerSecond, m.Unreplicated = own.ChecksPerSecond, own.Unreplicated
+			m.Version = own.Version
 		})
 	}
 	wg.Wait()
@@ -140,8 +141,8 @@ func (s *Server) statusText(st *sluicev1.StatusResponse, err error) string {
 	case st == nil:
 		b.WriteString("status:   not available\n")
 	default:
-		fmt.Fprintf(&b, "node:     %s\nkeys:     %d\nchecks/s: %.1f\nunreplicated: %d\nreplication factor: %d\npartitions: %d\nrules:    %d (hash %s)\n\nmembers:\n",
-			st.Node, st.Keys, st.ChecksPerSecond, st.Unreplicated, st.ReplicationFactor, st.Partitions, st.Rules, orDash(st.RulesHash))
+		fmt.Fprintf(&b, "node:     %s\nversion:  %s\nkeys:     %d\nchecks/s: %.1f\nunreplicated: %d\nreplication factor: %d\npartitions: %d\nrules:    %d (hash %s)\n\nmembers:\n",
+			st.Node, orUnknown(st.Version), st.Keys, st.ChecksPerSecond, st.Unreplicated, st.ReplicationFactor, st.Partitions, st.Rules, orDash(st.RulesHash))
 		mismatch := rulesMismatch(st)
 		for _, m := range st.Members {
 			keys, rate, lag, hash := "-", "-", "-", "-"
@@ -152,8 +153,8 @@ func (s *Server) statusText(st *sluicev1.StatusResponse, err error) string {
 					hash += " (differs)"
 				}
 			}
-			fmt.Fprintf(&b, "  %-24s %-22s %-8s share %5.1f%%  keys %s  checks/s %s  unreplicated %s  rules %s  %s\n",
-				m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, rate, lag, hash, SecuritySummary(m))
+			fmt.Fprintf(&b, "  %-24s %-22s %-8s share %5.1f%%  keys %s  checks/s %s  unreplicated %s  rules %s  version %s  %s\n",
+				m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, rate, lag, hash, MemberVersion(m), SecuritySummary(m))
 		}
 		if len(st.Events) > 0 {
 			b.WriteString("\nrecent membership events:\n")
@@ -182,6 +183,13 @@ func (s *Server) endpoints() string {
 		e += ", /debug/pprof/"
 	}
 	return e
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 func orDash(s string) string {
@@ -238,9 +246,9 @@ type (
 		Rendered      string
 	}
 	pageMember struct {
-		Name, Addr, State, Share, Keys, Checks, Lag, RulesHash, Security string
-		Color                                                            string
-		Self, Mismatch, Known                                            bool
+		Name, Addr, State, Share, Keys, Checks, Lag, RulesHash, Version, Security string
+		Color                                                                     string
+		Self, Mismatch, Known                                                     bool
 	}
 	pageArc   struct{ Member, Color, D, Share string }
 	pageEvent struct{ Time, Ago, Member, Kind string }
@@ -290,7 +298,7 @@ func (s *Server) pageData(st *sluicev1.StatusResponse, err error, ot *sluicev1.O
 	for i, m := range st.Members {
 		pm := pageMember{
 			Name: m.Name, Addr: orDash(m.GrpcAddr), State: m.State, Share: fmt.Sprintf("%.1f%%", 100*m.Share),
-			Keys: "-", Checks: "-", Lag: "-", RulesHash: "-", Security: SecuritySummary(m),
+			Keys: "-", Checks: "-", Lag: "-", RulesHash: "-", Version: MemberVersion(m), Security: SecuritySummary(m),
 			Color: memberColors[i%len(memberColors)], Self: m.Name == st.Node, Mismatch: mismatch[m.Name], Known: m.Keys >= 0,
 		}
 		if pm.Known {

@@ -16,15 +16,16 @@ import (
 const hostile = `<script>alert("x")</script>`
 
 // pageStatus is a three-member view from node-a: the hostile member and
-// node-a are alive, node-c is dead; only node-a's own figures are known.
+// node-a are alive, node-c is dead; only node-a's own figures (and
+// version) are known.
 type pageStatus struct{}
 
 func (pageStatus) Status(context.Context) (*sluicev1.StatusResponse, error) {
 	return &sluicev1.StatusResponse{
-		Node: "node-a", Keys: 7, ChecksPerSecond: 12.5, Unreplicated: 3, RulesHash: "aaaa", Rules: 2, Partitions: 271, ReplicationFactor: 2,
+		Node: "node-a", Version: "0.9.0-test", Keys: 7, ChecksPerSecond: 12.5, Unreplicated: 3, RulesHash: "aaaa", Rules: 2, Partitions: 271, ReplicationFactor: 2,
 		Members: []*sluicev1.Member{
 			{Name: hostile, GrpcAddr: "127.0.0.1:2", State: "alive", Share: 0.5, Keys: -1},
-			{Name: "node-a", GrpcAddr: "127.0.0.1:1", State: "alive", Share: 0.5, Keys: 7, RulesHash: "aaaa", ChecksPerSecond: 12.5, Unreplicated: 3},
+			{Name: "node-a", GrpcAddr: "127.0.0.1:1", State: "alive", Share: 0.5, Keys: 7, RulesHash: "aaaa", ChecksPerSecond: 12.5, Unreplicated: 3, Version: "0.9.0-test"},
 			{Name: "node-c", GrpcAddr: "127.0.0.1:3", State: "dead", Keys: -1},
 		},
 		Events: []*sluicev1.MemberEvent{
@@ -34,11 +35,13 @@ func (pageStatus) Status(context.Context) (*sluicev1.StatusResponse, error) {
 	}, nil
 }
 
-// pageMembers answers for the hostile member with other rules; anything
-// else (node-c, dead, must not be asked) fails the test.
+// pageMembers answers for the hostile member with other rules and no
+// version (a release from before versions were reported); anything else
+// (node-c, dead, must not be asked) fails the test.
 type pageMembers struct {
-	t     *testing.T
-	block bool // wait for the deadline instead of answering
+	t       *testing.T
+	block   bool   // wait for the deadline instead of answering
+	version string // the version the member says it runs
 }
 
 func (m pageMembers) Status(ctx context.Context, addr string) (*sluicev1.StatusResponse, error) {
@@ -50,7 +53,7 @@ func (m pageMembers) Status(ctx context.Context, addr string) (*sluicev1.StatusR
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	return &sluicev1.StatusResponse{Node: hostile, Keys: 40, ChecksPerSecond: 99, Unreplicated: 5, RulesHash: "bbbb"}, nil
+	return &sluicev1.StatusResponse{Node: hostile, Keys: 40, ChecksPerSecond: 99, Unreplicated: 5, RulesHash: "bbbb", Version: m.version}, nil
 }
 
 func getPage(t *testing.T, h http.Handler, target, accept string) *httptest.ResponseRecorder {
@@ -112,10 +115,20 @@ func TestStatusPageHTML(t *testing.T) {
 	if !strings.Contains(body, `id="rules-mismatch"`) {
 		t.Error("no mismatch warning")
 	}
-	// node-c (dead, unknown) shows "-" for its own figures.
+	// node-c (dead, unknown) shows "-" for its own figures and version.
 	row := regexp.MustCompile(`(?s)<tr class="member" data-member="node-c">.*?</tr>`).FindString(body)
-	if strings.Count(row, `<td class="num">-</td>`) != 3 || !strings.Contains(row, `<td class="mono">-</td>`) {
-		t.Errorf("node-c's row should show - for keys, rate, lag and hash: %s", row)
+	if strings.Count(row, `<td class="num">-</td>`) != 3 || strings.Count(row, `<td class="mono">-</td>`) != 2 {
+		t.Errorf("node-c's row should show - for keys, rate, lag, hash and version: %s", row)
+	}
+	// Versions: this node's, and "unknown" for a member that answered
+	// without one.
+	if !strings.Contains(body, `id="version">0.9.0-test<`) {
+		t.Error("the page does not say this node's version")
+	}
+	rowA := regexp.MustCompile(`(?s)<tr class="member self" data-member="node-a">.*?</tr>`).FindString(body)
+	rowH := regexp.MustCompile(`(?s)<tr class="member" data-member="&lt;script.*?</tr>`).FindString(body)
+	if !strings.Contains(rowA, `<td class="mono">0.9.0-test</td>`) || !strings.Contains(rowH, `<td class="mono">unknown</td>`) {
+		t.Errorf("versions: node-a's row should say 0.9.0-test, the old member's unknown:\n%s\n%s", rowA, rowH)
 	}
 	// Two members with half the ring each: two arcs, each a half sector.
 	arcs := regexp.MustCompile(`<path class="arc" data-member="([^"]*)" d="([^"]*)" fill="(#[0-9a-f]{6})"`).FindAllStringSubmatch(body, -1)
@@ -138,7 +151,7 @@ func TestStatusPageText(t *testing.T) {
 		if ct := rec.Header().Get("Content-Type"); ct != "text/plain; charset=utf-8" {
 			t.Errorf("%s (Accept %q): Content-Type %q", c.target, c.accept, ct)
 		}
-		for _, want := range []string{"node:     node-a", hostile, "keys 40", "rules bbbb (differs)", "rules aaaa  ", "node-c", "failed"} {
+		for _, want := range []string{"node:     node-a", "version:  0.9.0-test", hostile, "keys 40", "rules bbbb (differs)  version unknown", "rules aaaa  version 0.9.0-test", "node-c", "failed"} {
 			if !strings.Contains(body, want) {
 				t.Errorf("%s (Accept %q): text lacks %q:\n%s", c.target, c.accept, want, body)
 			}
@@ -146,6 +159,16 @@ func TestStatusPageText(t *testing.T) {
 	}
 	if ct := getPage(t, h, "/?format=html", "text/plain").Header().Get("Content-Type"); ct != "text/html; charset=utf-8" {
 		t.Errorf("?format=html: Content-Type %q", ct)
+	}
+}
+
+// TestStatusPageMemberVersion: a member's version is what it says of
+// itself.
+func TestStatusPageMemberVersion(t *testing.T) {
+	t.Parallel()
+	body := getPage(t, pageServer(t, pageMembers{t: t, version: "0.10.0"}), "/", "text/plain").Body.String()
+	if !strings.Contains(body, "rules bbbb (differs)  version 0.10.0") {
+		t.Errorf("the member's own version is not shown:\n%s", body)
 	}
 }
 
@@ -158,7 +181,7 @@ func TestStatusPageSlowMember(t *testing.T) {
 	if d := time.Since(start); d > statusPageTimeout {
 		t.Errorf("page took %v", d)
 	}
-	if !strings.Contains(body, "keys -  checks/s -") || strings.Contains(body, "differs") {
+	if !strings.Contains(body, "keys -  checks/s -") || !strings.Contains(body, "rules -  version -") || strings.Contains(body, "differs") {
 		t.Errorf("a silent member should show -:\n%s", body)
 	}
 }

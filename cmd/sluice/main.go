@@ -25,6 +25,7 @@ Usage:
   sluice keygen            print a new gossip key (for --gossip-key-file)
   sluice certs   [flags]   make a development CA, node and client certificates
   sluice rules check PATH  validate rules files or directories offline (both formats)
+  sluice version           print the version, revision and Go version (also --version)
 `
 
 func main() {
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = certs(args[1:], stdout, stderr)
 	case "rules":
 		err = rulesCmd(args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		return printVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -105,7 +105,14 @@ func newNodeMetrics(w *rules.Watcher) *nodeMetrics {
 	m.peers = newPeerMetrics()
 	m.rules = newRuleMetrics(w)
 	m.envoyRules = newEnvoyRuleMetrics()
-	m.reg.MustRegister(checks, durations, flushDuration, flushRecords,
+	b := currentBuild()
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sluice_build_info",
+		Help:        "Always 1; its labels say which build this node runs: version, revision (commit, \"unknown\" when the build did not record it) and Go version.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	buildInfo.Set(1)
+	m.reg.MustRegister(checks, durations, flushDuration, flushRecords, buildInfo,
 		m.peers.dur, m.peers.errs, m.rules.vec, m.envoyRules.vec,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -517,6 +517,7 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		Region:               st.Region,
 		RegionLentHits:       int64(st.RegionLent),
 		RegionFallbackChecks: int64(st.RegionFallback),
+		Version:              version,
 	}
 	if s.rules != nil {
 		resp.Rules = int64(s.rules.Len())
@@ -537,6 +538,7 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 		if m.Name == st.Node {
 			mm.Keys, mm.RulesHash, mm.LeasedKeys = int64(st.Keys), st.RulesHash, int64(st.LeasedKeys)
 			mm.ChecksPerSecond, mm.Unreplicated = st.ChecksPerSecond, int64(st.Unreplicated)
+			mm.Version = version
 		}
 		resp.Members = append(resp.Members, mm)
 	}

@@ -57,7 +57,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "node %s: %d keys in cache, %.0f checks/s, %d partitions, %d copies of each key\n\n",
 		st.Node, st.Keys, st.ChecksPerSecond, st.Partitions, st.ReplicationFactor)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tLEASED\tRULES\tSECURITY")
+	fmt.Fprintln(tw, "MEMBER\tGRPC ADDRESS\tSTATE\tRING SHARE\tKEYS\tLEASED\tRULES\tVERSION\tSECURITY")
 	hashes := map[string]bool{}
 	for _, m := range st.Members {
 		keys, leased := "-", "-"
@@ -71,7 +71,8 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if hash == "" {
 			hash = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, leased, hash, transport.SecuritySummary(m))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f%%\t%s\t%s\t%s\t%s\t%s\n", m.Name, m.GrpcAddr, m.State, 100*m.Share, keys, leased, hash,
+			transport.MemberVersion(m), transport.SecuritySummary(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -99,7 +100,8 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 // fillFromMembers asks every alive member for its own key count, rules
-// hash, rate and replication lag, which only it knows; members that do not answer keep -1 and "".
+// hash, rate, replication lag and version, which only it knows; members
+// that do not answer keep -1 and "".
 func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout time.Duration, opts []grpc.DialOption) {
 	var wg sync.WaitGroup
 	for _, m := range st.Members {
@@ -119,6 +121,7 @@ func fillFromMembers(ctx context.Context, st *sluicev1.StatusResponse, timeout t
 			if own, err := c.Status(cctx); err == nil {
 				m.Keys, m.RulesHash, m.LeasedKeys = own.Keys, own.RulesHash, own.LeasedKeys
 				m.ChecksPerSecond, m.Unreplicated = own.ChecksPerSecond, own.Unreplicated
+				m.Version = own.Version
 			}
 		}()
 	}

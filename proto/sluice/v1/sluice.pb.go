@@ -1094,8 +1094,11 @@ type StatusResponse struct {
 	RegionLentHits       int64         `protobuf:"varint,24,opt,name=region_lent_hits,json=regionLentHits,proto3" json:"region_lent_hits,omitempty"`
 	RegionFallbackChecks int64         `protobuf:"varint,25,opt,name=region_fallback_checks,json=regionFallbackChecks,proto3" json:"region_fallback_checks,omitempty"`
 	RegionLinks          []*RegionLink `protobuf:"bytes,26,rep,name=region_links,json=regionLinks,proto3" json:"region_links,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The answering node's release, as `sluice version` prints it (e.g.
+	// "0.9.0"); empty from releases before it was reported.
+	Version       string `protobuf:"bytes,27,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1310,6 +1313,13 @@ func (x *StatusResponse) GetRegionLinks() []*RegionLink {
 	return nil
 }
 
+func (x *StatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 type MemberEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UnixMs        int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"` // when this node saw it, Unix milliseconds
@@ -1392,7 +1402,11 @@ type Member struct {
 	Unreplicated    int64   `protobuf:"varint,11,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"`
 	// leased_keys: keys it holds a quota lease for now (docs/leases.md),
 	// when known (keys >= 0).
-	LeasedKeys    int64 `protobuf:"varint,12,opt,name=leased_keys,json=leasedKeys,proto3" json:"leased_keys,omitempty"`
+	LeasedKeys int64 `protobuf:"varint,12,opt,name=leased_keys,json=leasedKeys,proto3" json:"leased_keys,omitempty"`
+	// The member's release, as its own StatusResponse says, when known
+	// (keys >= 0); empty when it was not asked, did not answer, or runs a
+	// release from before versions were reported (shown as "unknown").
+	Version       string `protobuf:"bytes,13,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1509,6 +1523,13 @@ func (x *Member) GetLeasedKeys() int64 {
 		return x.LeasedKeys
 	}
 	return 0
+}
+
+func (x *Member) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
 }
 
 type ForwardRequest struct {
@@ -2917,7 +2938,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
 	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
-	"\rStatusRequest\"\xdf\a\n" +
+	"\rStatusRequest\"\xf9\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
 	"\amembers\x18\x02 \x03(\v2\x11.sluice.v1.MemberR\amembers\x12\x12\n" +
@@ -2949,11 +2970,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06region\x18\x17 \x01(\tR\x06region\x12(\n" +
 	"\x10region_lent_hits\x18\x18 \x01(\x03R\x0eregionLentHits\x124\n" +
 	"\x16region_fallback_checks\x18\x19 \x01(\x03R\x14regionFallbackChecks\x128\n" +
-	"\fregion_links\x18\x1a \x03(\v2\x15.sluice.v1.RegionLinkR\vregionLinks\"R\n" +
+	"\fregion_links\x18\x1a \x03(\v2\x15.sluice.v1.RegionLinkR\vregionLinks\x12\x18\n" +
+	"\aversion\x18\x1b \x01(\tR\aversion\"R\n" +
 	"\vMemberEvent\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x16\n" +
 	"\x06member\x18\x02 \x01(\tR\x06member\x12\x12\n" +
-	"\x04kind\x18\x03 \x01(\tR\x04kind\"\xe7\x02\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\"\x81\x03\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x14\n" +
@@ -2970,7 +2992,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	" \x01(\x01R\x0fchecksPerSecond\x12\"\n" +
 	"\funreplicated\x18\v \x01(\x03R\funreplicated\x12\x1f\n" +
 	"\vleased_keys\x18\f \x01(\x03R\n" +
-	"leasedKeys\"\xd2\x01\n" +
+	"leasedKeys\x12\x18\n" +
+	"\aversion\x18\r \x01(\tR\aversion\"\xd2\x01\n" +
 	"\x0eForwardRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x19\n" +

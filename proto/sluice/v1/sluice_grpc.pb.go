@@ -299,8 +299,9 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Peer is the node-to-node service. It is internal: its messages may change
-// between releases, and nodes of one cluster run the same release.
+// Peer is the node-to-node service. It is internal: its messages change
+// only compatibly between adjacent releases, which may run together during
+// a rolling upgrade; releases further apart may not (docs/upgrading.md).
 type PeerClient interface {
 	// Forward decides requests on the receiving node, which owns their keys.
 	// A forwarded request is never forwarded again (hop limit 1): an item
@@ -409,8 +410,9 @@ func (c *peerClient) RegionGrant(ctx context.Context, in *RegionGrantRequest, op
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
 //
-// Peer is the node-to-node service. It is internal: its messages may change
-// between releases, and nodes of one cluster run the same release.
+// Peer is the node-to-node service. It is internal: its messages change
+// only compatibly between adjacent releases, which may run together during
+// a rolling upgrade; releases further apart may not (docs/upgrading.md).
 type PeerServer interface {
 	// Forward decides requests on the receiving node, which owns their keys.
 	// A forwarded request is never forwarded again (hop limit 1): an item
