@@ -242,7 +242,7 @@ func TestConflict(t *testing.T) {
 		{live(SlidingWindow, now+1), SlidingWindow, false, 0},
 		{live(SlidingWindow, now+1), AlgorithmUnspecified, false, 0},
 		{live(SlidingWindow, now), TokenBucket, false, 0}, // expired at now: fresh
-		{State{}, GCRA, false, 0},                          // never used
+		{State{}, GCRA, false, 0},                         // never used
 		{live(TokenBucket, now+1), AlgorithmUnspecified, true, 1},
 		{live(FixedWindow, now+1500*1000*1000+1), LeakyBucket, true, 1501},
 		{live(GCRA, math.MaxInt64), LeakyBucket, true, -1},
