@@ -59,8 +59,11 @@ func TestContainersFormAClusterAndEnforceALimit(t *testing.T) {
 
 	names := []string{"n1-" + id, "n2-" + id, "n3-" + id}
 	for i, n := range names {
+		// A node with neither TLS nor a gossip key listens on loopback
+		// unless its addresses are given: on the container's network,
+		// as compose and the Kubernetes manifests give them.
 		args := []string{"run", "-d", "--name", n, "--hostname", n, "--network", network,
-			"-e", "SLUICE_NODE_NAME=" + n}
+			"-e", "SLUICE_NODE_NAME=" + n, "-e", "SLUICE_GRPC_ADDR=:8081", "-e", "SLUICE_HTTP_ADDR=:8080", "-e", "SLUICE_GOSSIP_ADDR=:7946"}
 		if i > 0 {
 			args = append(args, "-e", "SLUICE_JOIN="+names[0]+":7946")
 		}
