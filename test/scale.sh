@@ -339,7 +339,10 @@ slice() {
   while read -r a b; do
     i=$((i + 1))
     [ "$b" -gt "$a" ] || continue
-    tail -c +$((a + 1)) "$tmp/log-$i" | head -c $((b - a)) >>"$3"
+    # head reads the file up to b and ends; tail reads all it is given.
+    # (tail | head killed tail with SIGPIPE, and with pipefail the script,
+    # when a node went on logging more than a pipe holds past b.)
+    head -c "$b" "$tmp/log-$i" | tail -c +$((a + 1)) >>"$3"
   done < <(if [ "$1" = - ]; then awk '{ print 0, $1 }' "$2"; else paste -d ' ' "$1" "$2"; fi)
 }
 
