@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -54,13 +55,27 @@ type proc struct {
 // freePort returns a port free for TCP (and UDP when udp) on ip.
 func freePort(t *testing.T, ip string, udp bool) string {
 	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	return pickPort(t, ip, udp, 50, func() int { return 0 })
+}
+
+// lowPort returns a port below 32768 (outside Linux's ephemeral range, so
+// that the nodes' own outgoing connections never take it), free on TCP and
+// UDP when udp, on ip.
+func lowPort(t *testing.T, ip string, udp bool) string {
+	t.Helper()
+	return pickPort(t, ip, udp, 200, func() int { return 20000 + rand.IntN(12000) })
+}
+
+// pickPort listens on ip at port() (0: any), up to tries times, and
+// returns the first address that was free on TCP and, when udp, on UDP.
+func pickPort(t *testing.T, ip string, udp bool, tries int, port func() int) string {
+	t.Helper()
+	for range tries {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port())))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		addr := net.JoinHostPort(ip, strconv.Itoa(port))
+		addr := net.JoinHostPort(ip, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
 		if udp {
 			u, err := net.ListenPacket("udp", addr)
 			if err != nil {
@@ -72,17 +87,26 @@ func freePort(t *testing.T, ip string, udp bool) string {
 		l.Close()
 		return addr
 	}
-	t.Fatal("no free port")
+	t.Fatalf("no free port on %s in %d tries", ip, tries)
 	return ""
 }
 
 // newProc prepares (does not start) a node on its own loopback address.
 func newProc(t *testing.T, i int, ip string) *proc {
+	return newProcOn(t, i, ip, freePort)
+}
+
+// newLowProc is newProc on ports below 32768.
+func newLowProc(t *testing.T, i int, ip string) *proc {
+	return newProcOn(t, i, ip, lowPort)
+}
+
+func newProcOn(t *testing.T, i int, ip string, port func(*testing.T, string, bool) string) *proc {
 	return &proc{
 		name:    fmt.Sprintf("node-%d", i),
-		grpc:    freePort(t, ip, false),
-		http:    freePort(t, ip, false),
-		gossip:  freePort(t, ip, true),
+		grpc:    port(t, ip, false),
+		http:    port(t, ip, false),
+		gossip:  port(t, ip, true),
 		dataDir: t.TempDir(),
 	}
 }

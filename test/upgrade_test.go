@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,41 +50,6 @@ func buildPrevious(t *testing.T, rev string) string {
 	}
 	t.Logf("built the previous release %s in %v", rev[:12], time.Since(start).Round(100*time.Millisecond))
 	return bin
-}
-
-// lowPort returns a port below 32768 (outside Linux's ephemeral range,
-// which the test's own outgoing connections draw from) free for TCP, and
-// UDP when udp, on ip.
-func lowPort(t *testing.T, ip string, udp bool) string {
-	t.Helper()
-	for range 200 {
-		addr := net.JoinHostPort(ip, strconv.Itoa(20000+rand.IntN(12000)))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		if udp {
-			u, err := net.ListenPacket("udp", addr)
-			if err != nil {
-				l.Close()
-				continue
-			}
-			u.Close()
-		}
-		l.Close()
-		return addr
-	}
-	t.Fatal("no free port below 32768")
-	return ""
-}
-
-// newLowProc is newProc on ports below 32768.
-func newLowProc(t *testing.T, i int, ip string) *proc {
-	return &proc{
-		name: fmt.Sprintf("node-%d", i),
-		grpc: lowPort(t, ip, false), http: lowPort(t, ip, false), gossip: lowPort(t, ip, true),
-		dataDir: t.TempDir(),
-	}
 }
 
 // statusVersions runs `sluice status --json` (this tree's binary) against
