@@ -67,6 +67,7 @@ type Node struct {
 	// and where released keys went (package ownership).
 	book      *ownership.Book
 	handoffs  chan handoffJob                   // ring changes that moved partitions away
+	pushing   pushing                           // keys released by a handoff whose push is still out
 	gate      sync.RWMutex                      // held shared by every local decision; drain takes it
 	published atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
 

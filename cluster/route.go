@@ -328,6 +328,13 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 		case eff.Redirect != "":
 			return eff.Redirect
 		}
+		if eff.Reclaim {
+			// A key released by a handoff whose push is still out: taken
+			// back once the push has landed, so that a pull from where it
+			// went finds it there (pushing). The wait ends with ctx, and
+			// the check is then abandoned below.
+			_ = n.pushing.wait(ctx, h)
+		}
 		if eff.PullFrom != "" {
 			n.pullKey(ctx, h, k, lims, eff.PullFrom)
 		}

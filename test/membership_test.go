@@ -203,7 +203,12 @@ func (l *load) verify(t *testing.T, c *client.Node, live []*proc, b bound) (lost
 		admitted := l.admitted[k].Load()
 		if counted < admitted {
 			lost += admitted - counted
-			t.Logf("key %s: %d admitted, %d counted", k, admitted, counted)
+			t.Logf("key %s: %d admitted, %d counted; its answers (load started %s):", k, admitted, counted, l.start.UTC().Format("15:04:05.000"))
+			l.histMu.Lock()
+			for _, a := range l.hist[k] {
+				t.Logf("  sent at %v, took %v: %s, admitted %v, count then %d", a.at.Round(time.Millisecond), a.took.Round(time.Microsecond), a.owner, a.admitted, l.looseLimit-a.remaining)
+			}
+			l.histMu.Unlock()
 		}
 		if counted > admitted {
 			doubled += counted - admitted
