@@ -135,7 +135,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 				calls = append(calls, c)
 			}
 			c.its = append(c.its, it)
-			c.keys = append(c.keys, it.k.Counter())
+			c.keys = append(c.keys, writeback.CounterOf(it.k))
 		}
 	}
 	pull := func(c *call) {

@@ -24,13 +24,16 @@ var layers = []layer{
 	// The peer protocol's routing words, shared by cluster and transport,
 	// which may not import each other: a leaf.
 	{pkg: "ring/route", mustNot: []string{"bucket", "ring", "writeback", "cluster", "transport", "proto/sluice/v1"}},
-	{pkg: "writeback", may: []string{"bucket", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
+	{pkg: "writeback", may: []string{"bucket", "writeback/key", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
+	// The name of a counter, shared by the store and the ownership
+	// records: a leaf.
+	{pkg: "writeback/key", mustNot: []string{"bucket", "ring", "writeback$", "cluster", "transport", "proto/sluice/v1"}},
 	{pkg: "cluster", may: []string{"cluster/ownership", "cluster/lease", "ring", "ring/route", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	// The key-ownership protocol: records and a pure step function, no
 	// I/O — no memberlist, no gRPC, nothing of the node.
-	{pkg: "cluster/ownership", may: []string{"ring", "ring/route", "writeback"},
-		mustNot: []string{"cluster", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
+	{pkg: "cluster/ownership", may: []string{"ring", "ring/route", "writeback/key"},
+		mustNot: []string{"cluster", "transport", "writeback$", "github.com/cockroachdb/pebble", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// Quota leases: records and arithmetic, no I/O, like ownership.
 	{pkg: "cluster/lease", may: []string{"bucket"},
 		mustNot: []string{"cluster", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
@@ -145,10 +148,12 @@ func allowed(imp string, may []string) bool {
 }
 
 // matches reports whether import path imp is pattern (module-relative when
-// it has no dot in its first element) or a package below it.
+// it has no dot in its first element) or a package below it; a pattern
+// ending in "$" matches that package only.
 func matches(imp, pattern string) bool {
+	pattern, exact := strings.CutSuffix(pattern, "$")
 	if standard(pattern) {
 		pattern = module + "/" + pattern
 	}
-	return imp == pattern || strings.HasPrefix(imp, pattern+"/")
+	return imp == pattern || !exact && strings.HasPrefix(imp, pattern+"/")
 }

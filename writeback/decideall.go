@@ -45,18 +45,18 @@ func RecordOf(c bucket.Counter) Record {
 	return Record{Key: KeyOf(c), State: c.State, Version: c.Version}
 }
 
-// Counter returns k as peers exchange it: limit i of a multi-limit check is
-// the name with "\x00" and i appended (KeyOf reads it back).
-func (k Key) Counter() bucket.Counter {
+// CounterOf returns k as peers exchange it: limit i of a multi-limit check
+// is the name with "\x00" and i appended (KeyOf reads it back).
+func CounterOf(k Key) bucket.Counter {
 	if k.Limit == 0 {
 		return bucket.Counter{Name: k.Name, Key: k.Key}
 	}
 	return bucket.Counter{Name: k.Name + "\x00" + strconv.Itoa(int(k.Limit)-1), Key: k.Key}
 }
 
-// Counter returns r as peers exchange it (Key.Counter).
+// Counter returns r as peers exchange it (CounterOf).
 func (r Record) Counter() bucket.Counter {
-	c := r.Key.Counter()
+	c := CounterOf(r.Key)
 	c.State, c.Version = r.State, r.Version
 	return c
 }

@@ -9,18 +9,12 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/writeback/key"
 )
 
-// Key names one counter: the limit's namespace, the entity counted, and
-// which limit of the check it counts. It is a comparable value, used as is
-// as the cache's map key.
-type Key struct {
-	Name string // e.g. "api.create_url"; never contains a NUL byte
-	Key  string // e.g. "user:42"; any bytes
-	// Limit is 0 for the counter of a check with one limit, and i+1 for
-	// limit i of a multi-limit check (SubKey): at most MaxLimit.
-	Limit uint8
-}
+// Key names one counter (package key, a leaf that the ownership records
+// share without depending on the store).
+type Key = key.Key
 
 // MaxLimit is the largest Key.Limit: limit MaxLimit-1 of a check
 // (bucket.MaxLimitsPerRequest is 16).

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/writeback"
+	"github.com/sluicehq/sluice/writeback/key"
 )
 
 // Move is one recent ring change that gave this node partitions: keys of
@@ -30,7 +30,7 @@ type Move struct {
 	// a pause (Paused), where the node's ring did not change and only the
 	// keys it owns were decided elsewhere.
 	owned   bool
-	settled sync.Map // writeback.Key → struct{}: pulled or handed over
+	settled sync.Map // key.Key → struct{}: pulled or handed over
 }
 
 // applies reports whether m brought the key with ring hash h to self.
@@ -55,12 +55,12 @@ type Book struct {
 	window time.Duration
 	// released reports whether the cache still holds a release of k at
 	// now: a released-to record is kept only while it does.
-	released func(k writeback.Key, now int64) bool
+	released func(k key.Key, now int64) bool
 
 	moves   atomic.Pointer[Moves]
 	movesMu sync.Mutex // held by the writers of moves
 
-	releasedTo sync.Map // writeback.Key → gRPC address of the node that took it
+	releasedTo sync.Map // key.Key → gRPC address of the node that took it
 	// stores counts NoteReleased calls since the last prune of releasedTo,
 	// sweepAt is the count that starts the next one, and pruning lets one
 	// prune run at a time.
@@ -72,7 +72,7 @@ type Book struct {
 // for window (MoveWindow) after their change. released reports whether
 // the node's cache still holds a release of a key (writeback's
 // Cache.Released): it must not block.
-func NewBook(self string, window time.Duration, released func(k writeback.Key, now int64) bool) *Book {
+func NewBook(self string, window time.Duration, released func(k key.Key, now int64) bool) *Book {
 	return &Book{self: self, window: window, released: released}
 }
 
@@ -148,7 +148,7 @@ func HasMember(t *ring.Table, name string) bool { return t.Has(name) }
 
 // Unsettled reports whether some move in its window at now brought the
 // key k (ring hash h) here and k has not been settled for it since.
-func (ms Moves) Unsettled(h uint64, k writeback.Key, self string, now int64) bool {
+func (ms Moves) Unsettled(h uint64, k key.Key, self string, now int64) bool {
 	for _, m := range ms {
 		if now > m.until || !m.applies(h, self) {
 			continue
@@ -160,7 +160,7 @@ func (ms Moves) Unsettled(h uint64, k writeback.Key, self string, now int64) boo
 }
 
 // Unsettled is Moves.Unsettled for the book's current moves.
-func (b *Book) Unsettled(h uint64, k writeback.Key, now int64) bool {
+func (b *Book) Unsettled(h uint64, k key.Key, now int64) bool {
 	return b.Moves().Unsettled(h, k, b.self, now)
 }
 
@@ -175,7 +175,7 @@ func (ms Moves) Active(now int64) bool {
 }
 
 // MarkSettled records that k arrived by handoff: no move pulls it again.
-func (b *Book) MarkSettled(k writeback.Key) {
+func (b *Book) MarkSettled(k key.Key) {
 	ms := b.Moves()
 	if len(ms) == 0 {
 		return
@@ -187,7 +187,7 @@ func (b *Book) MarkSettled(k writeback.Key) {
 }
 
 // Settled records that k was pulled for the moves ms (those Plan returned).
-func Settled(k writeback.Key, ms Moves) {
+func Settled(k key.Key, ms Moves) {
 	if len(ms) == 0 {
 		return
 	}
@@ -207,7 +207,7 @@ const MinReleasedSweep = 1024
 // calls it drops the records of keys no longer released: the records stay
 // within about twice the releases in force instead of growing with every
 // key ever moved, at O(1) per call, amortised.
-func (b *Book) NoteReleased(k writeback.Key, addr string, now int64) {
+func (b *Book) NoteReleased(k key.Key, addr string, now int64) {
 	b.releasedTo.Store(CloneKey(k), addr)
 	if b.stores.Add(1) < max(b.sweepAt.Load(), MinReleasedSweep) || !b.pruning.TryLock() {
 		return
@@ -217,7 +217,7 @@ func (b *Book) NoteReleased(k writeback.Key, addr string, now int64) {
 }
 
 // ReleasedTo returns the address k was last released to, if recorded.
-func (b *Book) ReleasedTo(k writeback.Key) (string, bool) {
+func (b *Book) ReleasedTo(k key.Key) (string, bool) {
 	v, ok := b.releasedTo.Load(k)
 	if !ok {
 		return "", false
@@ -238,11 +238,11 @@ func (b *Book) ReleasedRecords() int {
 func (b *Book) prune(now int64) {
 	b.stores.Store(0)
 	var kept int64
-	b.releasedTo.Range(func(key, _ any) bool {
-		if b.released(key.(writeback.Key), now) {
+	b.releasedTo.Range(func(k, _ any) bool {
+		if b.released(k.(key.Key), now) {
 			kept++
 		} else {
-			b.releasedTo.Delete(key)
+			b.releasedTo.Delete(k)
 		}
 		return true
 	})
@@ -276,6 +276,6 @@ func (b *Book) Sweep(now int64) {
 
 // CloneKey returns k with its own copies of the strings, for a record that
 // outlives the request k came from.
-func CloneKey(k writeback.Key) writeback.Key {
-	return writeback.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}
+func CloneKey(k key.Key) key.Key {
+	return key.Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/ring/route"
-	"github.com/sluicehq/sluice/writeback"
+	"github.com/sluicehq/sluice/writeback/key"
 )
 
 func table(t *testing.T, names ...string) *ring.Table {
@@ -28,10 +28,10 @@ func table(t *testing.T, names ...string) *ring.Table {
 
 // keyOwnedBy returns a key whose owner is owner in cur and was prevOwner
 // in prev.
-func keyOwnedBy(t *testing.T, prev, cur *ring.Table, prevOwner, owner string) (writeback.Key, uint64) {
+func keyOwnedBy(t *testing.T, prev, cur *ring.Table, prevOwner, owner string) (key.Key, uint64) {
 	t.Helper()
 	for i := range 100000 {
-		k := writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}
+		k := key.Key{Name: "api", Key: fmt.Sprint("k", i)}
 		h := ring.Hash(k.Name, k.Key)
 		p, _ := prev.Owner(h)
 		c, _ := cur.Owner(h)
@@ -40,12 +40,12 @@ func keyOwnedBy(t *testing.T, prev, cur *ring.Table, prevOwner, owner string) (w
 		}
 	}
 	t.Fatalf("no key moved from %s to %s", prevOwner, owner)
-	return writeback.Key{}, 0
+	return key.Key{}, 0
 }
 
 const window = 30 * time.Second
 
-func noRelease(writeback.Key, int64) bool { return false }
+func noRelease(key.Key, int64) bool { return false }
 
 // A join registers a move on the node that gains partitions, with the
 // joiner's current replicas to pull when the joiner itself entered; the
@@ -108,11 +108,11 @@ func TestPlanAsksEveryMemberWhenNoHolderIsLeft(t *testing.T) {
 	const now = int64(1e18)
 	b := NewBook("a", window, noRelease)
 	b.Paused(prev, cur, now) // any move from prev; Paused limits it to a's keys in cur
-	var k writeback.Key
+	var k key.Key
 	var h uint64
 	found := false
 	for i := range 100000 {
-		k = writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}
+		k = key.Key{Name: "api", Key: fmt.Sprint("k", i)}
 		h = ring.Hash(k.Name, k.Key)
 		p, _ := prev.Owner(h)
 		c, _ := cur.Owner(h)
@@ -194,14 +194,14 @@ func TestPauseMovesDoNotPileUp(t *testing.T) {
 func TestBookRecordsAreBounded(t *testing.T) {
 	t.Parallel()
 	const now0 = int64(1e18)
-	inForce := map[writeback.Key]bool{}
-	b := NewBook("a", window, func(k writeback.Key, now int64) bool { return inForce[k] })
-	live := writeback.Key{Name: "api", Key: "live"}
+	inForce := map[key.Key]bool{}
+	b := NewBook("a", window, func(k key.Key, now int64) bool { return inForce[k] })
+	live := key.Key{Name: "api", Key: "live"}
 	inForce[live] = true
 	b.NoteReleased(live, "b:1", now0)
 	const keys = 5 * MinReleasedSweep
 	for i := range keys {
-		b.NoteReleased(writeback.Key{Name: "api", Key: fmt.Sprint("k", i)}, "b:1", now0+int64(i))
+		b.NoteReleased(key.Key{Name: "api", Key: fmt.Sprint("k", i)}, "b:1", now0+int64(i))
 	}
 	bound := MinReleasedSweep + 2
 	if got := b.ReleasedRecords(); got > bound {

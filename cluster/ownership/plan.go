@@ -6,7 +6,7 @@ package ownership
 import (
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/ring/route"
-	"github.com/sluicehq/sluice/writeback"
+	"github.com/sluicehq/sluice/writeback/key"
 )
 
 // Plan appends to srcs the nodes to pull key k (ring hash h) from before
@@ -30,7 +30,7 @@ import (
 //
 // A node asked for several reasons is asked once, releasing when any
 // reason says so.
-func (ms Moves) Plan(h uint64, k writeback.Key, self string, cur *ring.Table, now int64, srcs []route.Holder) ([]route.Holder, Moves) {
+func (ms Moves) Plan(h uint64, k key.Key, self string, cur *ring.Table, now int64, srcs []route.Holder) ([]route.Holder, Moves) {
 	var settles Moves
 	var reps []ring.Member
 	for _, m := range ms {
