@@ -145,6 +145,15 @@ func markdownFiles(t *testing.T, root string) []string {
 // stripCode blanks fenced code blocks and inline code spans, keeping the
 // line count, so that code that looks like a link is not checked.
 func stripCode(s string) string {
+	lines := strings.Split(stripFences(s), "\n")
+	for i, l := range lines {
+		lines[i] = inlineCode.ReplaceAllString(l, "``")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// stripFences blanks fenced code blocks, keeping the line count.
+func stripFences(s string) string {
 	lines := strings.Split(s, "\n")
 	in := false
 	for i, l := range lines {
@@ -155,9 +164,7 @@ func stripCode(s string) string {
 		}
 		if in {
 			lines[i] = ""
-			continue
 		}
-		lines[i] = inlineCode.ReplaceAllString(l, "``")
 	}
 	return strings.Join(lines, "\n")
 }
