@@ -43,12 +43,12 @@ func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket
 		}
 	}
 	for _, rt := range local {
-		n.failovers.Add(1)
+		n.stats.failovers.Add(1)
 		n.decideOrPolicy(ctx, reqs, out, rt, now)
 	}
 	for _, g := range groupByAddr(remote) {
 		f, m := n.send(ctx, g[0].owner.Addr, true, reqs, out, g)
-		n.failovers.Add(uint64(len(g) - len(f) - len(m)))
+		n.stats.failovers.Add(uint64(len(g) - len(f) - len(m)))
 		rest = append(rest, f...)
 		rest = append(rest, m...)
 	}
@@ -97,7 +97,7 @@ func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []buc
 			if len(f) > 0 {
 				n.unreachable.Store(g[0].owner.Addr, time.Now().UnixNano()+4*int64(n.cfg.ForwardTimeout))
 			}
-			n.failovers.Add(uint64(len(g) - len(f) - len(m)))
+			n.stats.failovers.Add(uint64(len(g) - len(f) - len(m)))
 			rest = append(rest, f...)
 			local = append(local, m...) // a stand-in never redirects; defensive
 		}

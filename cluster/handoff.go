@@ -148,7 +148,7 @@ func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) (i
 		go func() {
 			defer wg.Done()
 			if _, _, err := n.peers.Replicate(ctx, addr, true, cs); err != nil {
-				n.handoffErrors.Add(uint64(len(cs)))
+				n.stats.handoffErrors.Add(uint64(len(cs)))
 				errs <- fmt.Errorf("%d counters to %s: %w", len(cs), addr, err)
 				return
 			}
@@ -161,7 +161,7 @@ func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) (i
 	for err := range errs {
 		all = append(all, err)
 	}
-	n.handedOff.Add(uint64(sent.Load()))
+	n.stats.handedOff.Add(uint64(sent.Load()))
 	return int(sent.Load()), errors.Join(all...)
 }
 
@@ -242,14 +242,14 @@ func (n *Node) ReplicateNow(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			if _, _, err := n.peers.Replicate(ctx, addr, false, b.counters); err != nil {
-				n.replicationErrors.Add(uint64(len(b.counters)))
+				n.stats.replicationErrors.Add(uint64(len(b.counters)))
 				for i, c := range b.counters {
 					n.cache.MarkChanged(b.hashes[i], writeback.KeyOf(c))
 				}
 				errs <- fmt.Errorf("replicate %d counters to %s: %w", len(b.counters), addr, err)
 				return
 			}
-			n.replicated.Add(uint64(len(b.counters)))
+			n.stats.replicated.Add(uint64(len(b.counters)))
 		}()
 	}
 	wg.Wait()

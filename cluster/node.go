@@ -19,8 +19,45 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
+// stats are a node's event counters (Status reports them; package
+// cmd/sluice exports them as metrics).
+type stats struct {
+	checks            atomic.Uint64 // requests answered through Check
+	forwarded         atomic.Uint64 // requests sent to an owner
+	forwardErrors     atomic.Uint64 // requests whose owner could not be reached
+	failovers         atomic.Uint64 // requests answered by a replica after the owner failed
+	redirects         atomic.Uint64 // requests re-sent to the node a key moved to
+	replicated        atomic.Uint64 // counters sent to replicas
+	replicationErrors atomic.Uint64 // counters whose replication failed (retried)
+	handedOff         atomic.Uint64 // counters pushed to new owners
+	handoffErrors     atomic.Uint64 // counters whose push failed
+	pulls             atomic.Uint64 // first-touch pulls of moved keys
+	pullErrors        atomic.Uint64 // pulls whose previous owner did not answer
+	rejoins           atomic.Uint64 // members alive again after being declared dead
+	pauses            atomic.Uint64 // gaps in the heartbeat: this node did not run (pause.go)
+	// pausesStarved and pausesBusy count the pauses explained as such
+	// (the rest of pauses are stopped).
+	pausesStarved, pausesBusy atomic.Uint64
+	idleResumes               atomic.Uint64 // decisions that found the heartbeat stopped (counted apart from pauses)
+	answered                  atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
+	leaseGrants               atomic.Uint64 // leases granted as an owner
+	leaseTokens               atomic.Uint64 // hits in them
+	leaseRefusals             atomic.Uint64 // refusal leases granted as an owner
+	// Lease returns: hits this node took back as an owner, and hits the
+	// owners took back from it as a holder; leaseReturnsDone, hits of the
+	// returns it was done with, taken back or not.
+	leaseTookBack, leaseGaveBack, leaseReturnsDone atomic.Uint64
+	// regionLent counts hits lent to other regions as a home region's
+	// owner, regionFallback checks decided from a fallback share while cut
+	// off.
+	regionLent, regionFallback atomic.Uint64
+}
+
 // Node is one Sluice node. See the package doc for its lifecycle.
 type Node struct {
+	// stats are the node's counters, exported by Status.
+	stats stats
+
 	cfg   Config
 	name  string
 	log   *slog.Logger
@@ -74,49 +111,23 @@ type Node struct {
 	// leases are the quota leases this node holds for keys other nodes
 	// own; heat measures, for the keys it owns, how fast each other node
 	// sends their checks (nil: it grants no leases). docs/leases.md.
-	leases      *lease.Table
-	heat        *lease.Heat
-	leaseGrants atomic.Uint64 // leases granted as an owner
-	leaseTokens atomic.Uint64 // hits in them
-	// leaseRefusals counts refusal leases granted as an owner.
-	leaseRefusals atomic.Uint64
-	// Lease returns: hits this node took back as an owner, and hits the
-	// owners took back from it as a holder; leaseReturnsDone, hits of the
-	// returns it was done with, taken back or not.
-	leaseTookBack, leaseGaveBack, leaseReturnsDone atomic.Uint64
+	leases *lease.Table
+	heat   *lease.Heat
 	// leaseKick wakes leaseLoop when this node keeps a lease.
 	leaseKick chan struct{}
-	// regions is this node's view of the other regions (nil: no regions);
-	// regionLent counts hits lent to them as a home region's owner,
-	// regionFallback checks decided from a fallback share while cut off.
-	regions                    *regions
-	regionLent, regionFallback atomic.Uint64
+	// regions is this node's view of the other regions (nil: no regions).
+	regions *regions
 
-	checks            atomic.Uint64 // requests answered through Check
-	forwarded         atomic.Uint64 // requests sent to an owner
-	forwardErrors     atomic.Uint64 // requests whose owner could not be reached
-	failovers         atomic.Uint64 // requests answered by a replica after the owner failed
-	redirects         atomic.Uint64 // requests re-sent to the node a key moved to
-	replicated        atomic.Uint64 // counters sent to replicas
-	replicationErrors atomic.Uint64 // counters whose replication failed (retried)
 	// replRound is held by the replication round in progress: a round takes
 	// the changed keys, so a second round started meanwhile must wait for
 	// the first to end before it may say every change has been sent.
-	replRound     chan struct{}
-	handedOff     atomic.Uint64 // counters pushed to new owners
-	handoffErrors atomic.Uint64 // counters whose push failed
-	pulls         atomic.Uint64 // first-touch pulls of moved keys
-	pullErrors    atomic.Uint64 // pulls whose previous owner did not answer
-	rejoins       atomic.Uint64 // members alive again after being declared dead
-	pauses        atomic.Uint64 // gaps in the heartbeat: this node did not run (pause.go)
-	beat          atomic.Int64  // Unix ns (n.now) of the last heartbeat or noticed pause
-	beatIdle      atomic.Bool   // the heartbeat stopped: nothing was decided for HeartbeatIdle (heartbeat.go)
-	beatWake      chan struct{} // wakes the stopped heartbeat (capacity 1)
-	idleResumes   atomic.Uint64 // decisions that found the heartbeat stopped (counted apart from pauses)
-	answered      atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
-	boot          uint64        // this process's boot id, in the gossiped metadata
-	restarts      chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
-	pauseMu       sync.Mutex    // held while a pause is noticed, and by the heartbeat's samples
+	replRound chan struct{}
+	beat      atomic.Int64  // Unix ns (n.now) of the last heartbeat or noticed pause
+	beatIdle  atomic.Bool   // the heartbeat stopped: nothing was decided for HeartbeatIdle (heartbeat.go)
+	beatWake  chan struct{} // wakes the stopped heartbeat (capacity 1)
+	boot      uint64        // this process's boot id, in the gossiped metadata
+	restarts  chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
+	pauseMu   sync.Mutex    // held while a pause is noticed, and by the heartbeat's samples
 	// Guarded by pauseMu: what explains a gap (starve.go; nil where not
 	// started), the CPU counters at the last beat, the ring without this
 	// node for pauseCur, and the pause log's rate limit.
@@ -126,15 +137,12 @@ type Node struct {
 	pauseCur      *ring.Table
 	pauseLoggedAt int64
 	pauseUnlogged uint64
-	// pausesStarved and pausesBusy count the pauses explained as such
-	// (the rest of pauses are stopped).
-	pausesStarved, pausesBusy atomic.Uint64
-	rate                      atomic.Uint64 // math.Float64bits of checks per second
-	rateIdle                  atomic.Bool   // the rate meter stopped for want of checks (rate.go)
-	rateWake                  chan struct{} // wakes the stopped rate meter (capacity 1)
-	deadWake                  chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
-	load                      atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
-	lastWarn                  atomic.Int64  // Unix ns of the last owner-unavailable log line
+	rate          atomic.Uint64 // math.Float64bits of checks per second
+	rateIdle      atomic.Bool   // the rate meter stopped for want of checks (rate.go)
+	rateWake      chan struct{} // wakes the stopped rate meter (capacity 1)
+	deadWake      chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
+	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
+	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
 	// (sideStandIn) does not try it again.
 	unreachable sync.Map
@@ -217,7 +225,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	n.inRing.Store(len(cfg.Join) == 0)
 	n.roster.now = n.now
 	n.deleg = &delegate{self: cfg.Name, roster: &n.roster, changed: make(chan struct{}, 1), onReturn: n.peerReturned, onRejoin: func(name string) {
-		n.rejoins.Add(1)
+		n.stats.rejoins.Add(1)
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
 	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}

@@ -65,7 +65,7 @@ func (n *Node) heartbeatLoop() {
 	defer n.wg.Done()
 	beats := 0
 	beatLoop(n.stop, n.beatWake, max(n.cfg.ForwardTimeout/4, time.Millisecond), n.cfg.HeartbeatIdle,
-		func() uint64 { return n.checks.Load() + n.answered.Load() },
+		func() uint64 { return n.stats.checks.Load() + n.stats.answered.Load() },
 		func(time.Time) {
 			now := n.now().UnixNano()
 			n.pauseCheck(now)
@@ -156,22 +156,22 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 	}
 	n.book.Paused(prev, cur, now)
 	if idle {
-		n.idleResumes.Add(1)
+		n.stats.idleResumes.Add(1)
 		n.log.Info("first decision after an idle spell (the pause heartbeat had stopped): "+
 			"each key this node owns is pulled from its peers before its next decision, in case this node was in fact paused",
 			"gap", d.Round(time.Millisecond), "window", n.cfg.MoveWindow)
 		return
 	}
-	n.pauses.Add(1)
+	n.stats.pauses.Add(1)
 	cause := PauseStopped
 	if n.evidence != nil {
 		cause = pauseCause(n.lastCPU, n.evidence.sample(), d)
 	}
 	switch cause {
 	case PauseStarved:
-		n.pausesStarved.Add(1)
+		n.stats.pausesStarved.Add(1)
 	case PauseBusy:
-		n.pausesBusy.Add(1)
+		n.stats.pausesBusy.Add(1)
 	}
 	n.pauseUnlogged++
 	if now-n.pauseLoggedAt < int64(pauseLogEvery) && n.pauseLoggedAt != 0 {

@@ -14,15 +14,15 @@ import (
 // starts it again (wakeRate): an idle node's meter does not wake it.
 func (n *Node) rateLoop() {
 	defer n.wg.Done()
-	last, lastAt, lastCPU := n.checks.Load(), time.Now(), cpuTime()
+	last, lastAt, lastCPU := n.stats.checks.Load(), time.Now(), cpuTime()
 	meterLoop(n.stop, n.rateWake, &n.rateIdle, time.Second,
-		func() uint64 { return n.checks.Load() + n.answered.Load() },
+		func() uint64 { return n.stats.checks.Load() + n.stats.answered.Load() },
 		func(now time.Time) {
 			// The checks that woke it count in the first second after.
 			lastAt, lastCPU = now, cpuTime()
 		},
 		func(now time.Time) {
-			c, cpu := n.checks.Load(), cpuTime()
+			c, cpu := n.stats.checks.Load(), cpuTime()
 			wall := now.Sub(lastAt)
 			n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
 			load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))

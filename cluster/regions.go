@@ -178,7 +178,7 @@ func (n *Node) decideAway(d *bucket.Decision, h uint64, k writeback.Key, lim *bu
 	if lim.Burst > 0 {
 		fb.Burst = max(int64(math.Floor(rs.share*float64(lim.Burst))), fb.Limit)
 	}
-	n.regionFallback.Add(1)
+	n.stats.regionFallback.Add(1)
 	err := n.cache.DecideTo(d, h, writeback.SubKey(k, fallbackSub), &fb, hits, now, n.Load())
 	d.Limit = lim.Limit
 	return err
@@ -430,7 +430,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 			if hits := n.regions.book.Return(h, from, a.ReturnGrantedAt, a.Return); hits > 0 {
 				if back, err := n.cache.Refund(h, k, lims.one, hits, a.ReturnGrantedAt, now); err == nil {
 					out.Taken = back
-					n.leaseTookBack.Add(uint64(back))
+					n.stats.leaseTookBack.Add(uint64(back))
 				}
 			}
 		}
@@ -473,7 +473,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 		n.regions.book.Sweep(now - int64(n.cfg.RegionLeaseTTL) - int64(time.Minute))
 	}
 	out.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
-	n.regionLent.Add(uint64(size))
+	n.stats.regionLent.Add(uint64(size))
 	return ""
 }
 

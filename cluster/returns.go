@@ -65,7 +65,7 @@ func (n *Node) sendReturns() bool {
 	for _, r := range rets {
 		hits += uint64(r.Hits)
 	}
-	defer n.leaseReturnsDone.Add(hits) // whatever came of them
+	defer n.stats.leaseReturnsDone.Add(hits) // whatever came of them
 	rp, ok := n.peers.(ReturnPeers)
 	if !ok {
 		return true
@@ -96,7 +96,7 @@ func (n *Node) sendReturns() bool {
 				continue
 			}
 			for _, t := range taken {
-				n.leaseGaveBack.Add(uint64(t))
+				n.stats.leaseGaveBack.Add(uint64(t))
 			}
 		}
 	}
@@ -144,6 +144,6 @@ func (n *Node) ReturnLeases(ctx context.Context, from string, rets []bucket.Leas
 			continue
 		}
 		taken[i] = back
-		n.leaseTookBack.Add(uint64(back))
+		n.stats.leaseTookBack.Add(uint64(back))
 	}
 }

@@ -74,7 +74,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		}
 		remote = append(remote, routed{i: i, hash: h, lims: lims, owner: owner})
 	}
-	n.checks.Add(uint64(len(reqs)))
+	n.stats.checks.Add(uint64(len(reqs)))
 	n.wakeRate()
 	if len(remote) > 0 {
 		n.forward(ctx, reqs, out, remote, now)
@@ -134,7 +134,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 	if n.refusedAll(out) {
 		return
 	}
-	n.answered.Add(1)
+	n.stats.answered.Add(1)
 	n.wakeRate()
 	now := n.now().UnixNano()
 	n.pauseCheck(now) // before the table and the moves are read
@@ -194,7 +194,7 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	if refused {
 		if until := lease.RefusalTTL(o.RetryAfterMS, ttl); until > 0 {
 			o.Lease = bucket.Lease{TTL: until}
-			n.leaseRefusals.Add(1)
+			n.stats.leaseRefusals.Add(1)
 		}
 		return
 	}
@@ -211,8 +211,8 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	n.heat.Granted(h, from, now, size)
 	o.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	o.Remaining = gd.Remaining
-	n.leaseGrants.Add(1)
-	n.leaseTokens.Add(uint64(size))
+	n.stats.leaseGrants.Add(1)
+	n.stats.leaseTokens.Add(uint64(size))
 }
 
 // presettle settles at once (settleBatch) the keys of a batch that this
@@ -483,9 +483,9 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 		err = n.peers.Forward(fctx, addr, sub, subOut, movedTo)
 	}
 	cancel()
-	n.forwarded.Add(uint64(len(g)))
+	n.stats.forwarded.Add(uint64(len(g)))
 	if err != nil {
-		n.forwardErrors.Add(uint64(len(g)))
+		n.stats.forwardErrors.Add(uint64(len(g)))
 		n.warnUnavailable(addr, err, len(g))
 		return g, nil
 	}
@@ -494,7 +494,7 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 			// The receiver gave up on the item when the forward's deadline
 			// came, deciding nothing, and its answer beat that deadline
 			// back here: the item fails over as after a timed-out forward.
-			n.forwardErrors.Add(1)
+			n.stats.forwardErrors.Add(1)
 			failed = append(failed, rt)
 			continue
 		}
@@ -566,7 +566,7 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bu
 	if len(moved) > 0 {
 		// The receiver sees the key elsewhere (views differ while
 		// membership changes) or handed it on: ask where it points.
-		n.redirects.Add(uint64(len(moved)))
+		n.stats.redirects.Add(uint64(len(moved)))
 		var stuck []routed
 		for _, rg := range groupByAddr(retarget(moved)) {
 			f, m := n.send(ctx, rg[0].owner.Addr, false, reqs, out, rg)

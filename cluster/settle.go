@@ -162,9 +162,9 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 	wg.Wait()
 	var moved map[*settleItem][]route.Holder
 	for _, c := range calls {
-		n.pulls.Add(uint64(len(c.keys)))
+		n.stats.pulls.Add(uint64(len(c.keys)))
 		if c.err != nil {
-			n.pullErrors.Add(uint64(len(c.keys)))
+			n.stats.pullErrors.Add(uint64(len(c.keys)))
 			continue
 		}
 		for j, got := range c.keys {

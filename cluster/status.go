@@ -109,22 +109,22 @@ func (n *Node) Status() Status {
 		Members:           members,
 		Keys:              n.cache.Len(),
 		ChecksPerSecond:   math.Float64frombits(n.rate.Load()),
-		Checks:            n.checks.Load(),
-		Forwarded:         n.forwarded.Load(),
-		ForwardErrors:     n.forwardErrors.Load(),
-		Failovers:         n.failovers.Load(),
-		Redirects:         n.redirects.Load(),
-		Replicated:        n.replicated.Load(),
-		ReplicationErrors: n.replicationErrors.Load(),
-		HandedOff:         n.handedOff.Load(),
-		HandoffErrors:     n.handoffErrors.Load(),
-		Pulls:             n.pulls.Load(),
-		PullErrors:        n.pullErrors.Load(),
-		Rejoins:           n.rejoins.Load(),
-		Pauses:            n.pauses.Load(),
-		PausesStarved:     n.pausesStarved.Load(),
-		PausesBusy:        n.pausesBusy.Load(),
-		IdleResumes:       n.idleResumes.Load(),
+		Checks:            n.stats.checks.Load(),
+		Forwarded:         n.stats.forwarded.Load(),
+		ForwardErrors:     n.stats.forwardErrors.Load(),
+		Failovers:         n.stats.failovers.Load(),
+		Redirects:         n.stats.redirects.Load(),
+		Replicated:        n.stats.replicated.Load(),
+		ReplicationErrors: n.stats.replicationErrors.Load(),
+		HandedOff:         n.stats.handedOff.Load(),
+		HandoffErrors:     n.stats.handoffErrors.Load(),
+		Pulls:             n.stats.pulls.Load(),
+		PullErrors:        n.stats.pullErrors.Load(),
+		Rejoins:           n.stats.rejoins.Load(),
+		Pauses:            n.stats.pauses.Load(),
+		PausesStarved:     n.stats.pausesStarved.Load(),
+		PausesBusy:        n.stats.pausesBusy.Load(),
+		IdleResumes:       n.stats.idleResumes.Load(),
 		HeartbeatIdle:     n.beatIdle.Load(),
 		Unreplicated:      n.cache.Changed(),
 		Unflushed:         n.cache.Dirty(),
@@ -139,13 +139,13 @@ func (n *Node) Status() Status {
 	}
 	st.FlushFailures = n.cache.Stats().FlushErrors
 	ls := n.leases.Stats()
-	st.LeaseGrants, st.LeaseGrantTokens, st.LeasedKeys = n.leaseGrants.Load(), n.leaseTokens.Load(), n.leases.Len()
+	st.LeaseGrants, st.LeaseGrantTokens, st.LeasedKeys = n.stats.leaseGrants.Load(), n.stats.leaseTokens.Load(), n.leases.Len()
 	st.LeasesHeld, st.LeaseTokens, st.LeaseDecisions, st.LeaseSpent, st.LeaseUnused, st.LeasesRevoked =
 		ls.Granted, ls.Tokens, ls.Decisions, ls.Spent, ls.Unused, ls.Revoked
-	st.LeaseRefusalGrants, st.LeaseRefused = n.leaseRefusals.Load(), ls.Refused
-	st.LeaseTookBack, st.LeaseGaveBack = n.leaseTookBack.Load(), n.leaseGaveBack.Load()
-	st.LeaseReturning, st.LeaseReturnsDone = ls.Returning, n.leaseReturnsDone.Load()
-	st.Region, st.RegionLent, st.RegionFallback = n.cfg.Region, n.regionLent.Load(), n.regionFallback.Load()
+	st.LeaseRefusalGrants, st.LeaseRefused = n.stats.leaseRefusals.Load(), ls.Refused
+	st.LeaseTookBack, st.LeaseGaveBack = n.stats.leaseTookBack.Load(), n.stats.leaseGaveBack.Load()
+	st.LeaseReturning, st.LeaseReturnsDone = ls.Returning, n.stats.leaseReturnsDone.Load()
+	st.Region, st.RegionLent, st.RegionFallback = n.cfg.Region, n.stats.regionLent.Load(), n.stats.regionFallback.Load()
 	st.RegionLinks = n.regionStatus(n.now().UnixNano())
 	st.MemberEvents = n.roster.counts()
 	st.RecentEvents = n.roster.recentEvents()

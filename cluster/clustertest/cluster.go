@@ -14,8 +14,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
@@ -230,14 +228,10 @@ func (c *Cluster) start(m *Member, cfg cluster.Config) error {
 // config is the node config of m.
 func (c *Cluster) config(m *Member) cluster.Config {
 	cfg := cluster.DefaultConfig()
-	ml := memberlist.DefaultLANConfig()
-	cluster.FastFailureDetection(ml)
+	ml := cluster.MemberlistConfig(true)
 	ml.Name = m.Name
 	ml.Transport = c.Gossip.Transport(m.GossipAddr)
 	ml.LogOutput = io.Discard
-	// Compression costs a fifth of a run's CPU (an LZW writer per
-	// message) and changes nothing the nodes see.
-	ml.EnableCompression = false
 	cfg.Config = ml
 	// Fewer partitions and points than the defaults: a rebuild of the
 	// default ring (7919 partitions) costs milliseconds, and a run

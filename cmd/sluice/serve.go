@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -378,10 +376,7 @@ func markReady(ctx context.Context, node *cluster.Node, srv *transport.Server) {
 
 func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg := cluster.DefaultConfig()
-	ml := memberlist.DefaultLANConfig()
-	if f.failureDetection == "fast" {
-		cluster.FastFailureDetection(ml)
-	}
+	ml := cluster.MemberlistConfig(f.failureDetection == "fast")
 	ml.Name = f.nodeName
 	host, port, err := splitHostPort(f.gossipAddr)
 	if err != nil {
