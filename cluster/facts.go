@@ -10,16 +10,9 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// ownershipPhase is the node's phase as the ownership component sees it.
-func (n *Node) ownershipPhase() ownership.Phase {
-	switch {
-	case n.draining():
-		return ownership.Draining
-	case n.leaving():
-		return ownership.Leaving
-	}
-	return ownership.Ready
-}
+// ownershipPhase is the node's phase, as the ownership component reads it
+// in the facts.
+func (n *Node) ownershipPhase() ownership.Phase { return n.life.load() }
 
 // facts reads what the step function needs about the key with ring hash h
 // at now, before a decision: the phase, whether this node owns it in tbl

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
 // Fatal delivers, once, the error that made the node give up for good
@@ -140,7 +142,7 @@ func (n *Node) refuseName(other string) {
 		"every node needs its own --node-name: this node does not join", n.name, other)
 	n.leaveMu.Lock()
 	n.refusedErr.Store(&err) // before the phase: refusal() reads it after
-	_, ok := n.life.to(phaseRefused)
+	_, ok := n.life.to(ownership.Refused)
 	n.leaveMu.Unlock()
 	if !ok {
 		// Leave began meanwhile: the node is stopping and announces
@@ -319,7 +321,7 @@ func (n *Node) enterRing() {
 	n.rebuild() // the others' ring, without this node
 	n.leaveMu.Lock()
 	defer n.leaveMu.Unlock()
-	if _, ok := n.life.to(phaseReady); !ok {
+	if _, ok := n.life.to(ownership.Ready); !ok {
 		return
 	}
 	n.inRing.Store(true)

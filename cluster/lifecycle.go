@@ -1,8 +1,9 @@
 package cluster
 
-// The node's lifecycle: one phase, held atomically, changed only by
-// lifecycle.to, which refuses every transition the table below does not
-// list. docs/ownership.md ("The node's lifecycle") uses the same names.
+// The node's lifecycle: one phase (ownership.Phase), held atomically,
+// changed only by lifecycle.to, which refuses every transition
+// ownership.Legal does not allow. docs/ownership.md ("The node's
+// lifecycle") uses the same names.
 
 import (
 	"context"
@@ -13,122 +14,54 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
-// phase is where a node is in its lifecycle:
-//
-//	starting ──Start──▶ joining ──joined──▶ ready ──Leave──▶ leaving ──drain──▶ draining ──left──▶ left
-//	   │                 │   │                                  ▲
-//	   │                 │   └────────────Leave─────────────────┘
-//	   │                 └──name taken──▶ refused
-//	   └──Leave (never started)──▶ left
-//
-// Whether the node is in the ring (it takes partitions: inRing) is a
-// separate fact, not a phase: a node without seeds is in its own ring from
-// New, before it starts, and a node that leaves while joining never was.
-type phase uint32
-
-const (
-	// phaseStarting: built by New; Start not called yet.
-	phaseStarting phase = iota
-	// phaseJoining: Start was called; the node gossips and looks for a
-	// seed that answers. It decides nothing it owns (errJoining) unless it
-	// has no seeds.
-	phaseJoining
-	// phaseReady: joined (or alone), the ready flag gossiped: the node
-	// takes its partitions and decides the keys it owns.
-	phaseReady
-	// phaseLeaving: Leave began: the leaving flag is gossiped, the others
-	// route around this node and pull its keys on first touch; it still
-	// decides the keys nobody has pulled (the leave announcement).
-	phaseLeaving
-	// phaseDraining: the announcement is over: the node decides nothing
-	// (it answers moved_to the key's next owner), routes around itself
-	// and hands every counter on.
-	phaseDraining
-	// phaseLeft: drained and out of the gossip pool (or Leave was called
-	// before Start). It still answers forwarded checks with moved_to until
-	// Shutdown.
-	phaseLeft
-	// phaseRefused: another live member has this node's name: it gave up
-	// joining for good and answers every check with the refusal.
-	phaseRefused
-	numPhases
-)
-
-var phaseNames = [numPhases]string{"starting", "joining", "ready", "leaving", "draining", "left", "refused"}
-
-func (p phase) String() string {
-	if p < numPhases {
-		return phaseNames[p]
-	}
-	return fmt.Sprintf("phase(%d)", uint32(p))
-}
-
-// transitions lists every legal transition: transitions[from] has bit to
-// set when from → to is allowed. Nothing leaves left or refused.
-var transitions = [numPhases]uint32{
-	phaseStarting: 1<<phaseJoining | 1<<phaseLeft,
-	phaseJoining:  1<<phaseReady | 1<<phaseLeaving | 1<<phaseRefused,
-	phaseReady:    1 << phaseLeaving,
-	phaseLeaving:  1 << phaseDraining,
-	phaseDraining: 1 << phaseLeft,
-}
-
-// legal reports whether from → to is a transition of the lifecycle.
-func legal(from, to phase) bool {
-	return from < numPhases && to < numPhases && transitions[from]&(1<<to) != 0
-}
-
-// lifecycle holds a node's phase. The zero value is phaseStarting.
+// lifecycle holds a node's phase. The zero value is ownership.Starting.
 type lifecycle struct {
 	p atomic.Uint32
 }
 
 // load returns the current phase.
-func (l *lifecycle) load() phase { return phase(l.p.Load()) }
+func (l *lifecycle) load() ownership.Phase { return ownership.Phase(l.p.Load()) }
 
 // to moves the lifecycle to next when the current phase allows it,
 // atomically, and reports the phase it was in and whether it moved. It is
 // the only writer of the phase.
-func (l *lifecycle) to(next phase) (from phase, ok bool) {
+func (l *lifecycle) to(next ownership.Phase) (from ownership.Phase, ok bool) {
 	for {
 		cur := l.p.Load()
-		if !legal(phase(cur), next) {
-			return phase(cur), false
+		if !ownership.Legal(ownership.Phase(cur), next) {
+			return ownership.Phase(cur), false
 		}
 		if l.p.CompareAndSwap(cur, uint32(next)) {
-			return phase(cur), true
+			return ownership.Phase(cur), true
 		}
 	}
 }
 
 // Ready reports whether the node has started and, when it was given seeds,
 // has joined through one of them, and is not leaving.
-func (n *Node) Ready() bool { return n.life.load() == phaseReady }
+func (n *Node) Ready() bool { return n.life.load() == ownership.Ready }
 
 // leaving reports whether Leave has begun, or the node was refused (the
 // leave may still be being announced: the node then decides what nobody
 // has pulled from it).
 func (n *Node) leaving() bool {
-	switch n.life.load() {
-	case phaseLeaving, phaseDraining, phaseLeft, phaseRefused:
-		return true
-	}
-	return false
+	p := n.life.load()
+	return p.Leaves() || p.Drains()
 }
 
 // draining reports whether the node has stopped deciding because it is
 // leaving: it redirects every key to its next owner, pulls nothing and
 // takes no handoff.
 func (n *Node) draining() bool {
-	p := n.life.load()
-	return p == phaseDraining || p == phaseLeft
+	return n.life.load().Drains()
 }
 
 // refusal returns the error the node was refused with, or nil.
 func (n *Node) refusal() error {
-	if n.life.load() != phaseRefused {
+	if n.life.load() != ownership.Refused {
 		return nil
 	}
 	if p := n.refusedErr.Load(); p != nil {
@@ -142,7 +75,7 @@ func (n *Node) refusal() error {
 // no seed answers at once, a join loop that retries every JoinRetry until
 // one does or the node shuts down.
 func (n *Node) Start(ctx context.Context) error {
-	if from, ok := n.life.to(phaseJoining); !ok {
+	if from, ok := n.life.to(ownership.Joining); !ok {
 		return fmt.Errorf("cluster: node cannot start: it is %s", from)
 	}
 	mc := *n.cfg.Config
@@ -222,8 +155,8 @@ func (n *Node) Leave(ctx context.Context) error {
 	// it, so a leave never has its leaving flag overwritten.
 	n.leaveMu.Lock()
 	defer n.leaveMu.Unlock()
-	if _, ok := n.life.to(phaseLeaving); !ok {
-		n.life.to(phaseLeft) // from starting: nothing to announce
+	if _, ok := n.life.to(ownership.Leaving); !ok {
+		n.life.to(ownership.Left) // from starting: nothing to announce
 		return nil
 	}
 	ml := n.ml.Load()
@@ -249,7 +182,7 @@ func (n *Node) Leave(ctx context.Context) error {
 	case <-ctx.Done():
 		t.Stop()
 	}
-	n.life.to(phaseDraining)
+	n.life.to(ownership.Draining)
 	n.rebuild()
 	hctx, cancel := context.WithTimeout(ctx, n.cfg.HandoffTimeout)
 	derr := n.drain(hctx)
@@ -264,7 +197,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		n.log.Warn("leave message not confirmed; members still running will detect the node as failed instead",
 			"timeout", timeout, "err", err)
 	}
-	n.life.to(phaseLeft)
+	n.life.to(ownership.Left)
 	return derr
 }
 

@@ -6,29 +6,31 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
 // The lifecycle's transitions, written out pair by pair (docs/ownership.md,
 // "The node's lifecycle"): every other pair must be refused.
-var wantTransitions = map[[2]phase]bool{
-	{phaseStarting, phaseJoining}: true, // Start
-	{phaseStarting, phaseLeft}:    true, // Leave before Start
-	{phaseJoining, phaseReady}:    true, // joined (or alone): enterRing
-	{phaseJoining, phaseLeaving}:  true, // Leave while joining
-	{phaseJoining, phaseRefused}:  true, // name taken: refuseName
-	{phaseReady, phaseLeaving}:    true, // Leave
-	{phaseLeaving, phaseDraining}: true, // the leave announcement is over
-	{phaseDraining, phaseLeft}:    true, // drained, out of the gossip pool
+var wantTransitions = map[[2]ownership.Phase]bool{
+	{ownership.Starting, ownership.Joining}: true, // Start
+	{ownership.Starting, ownership.Left}:    true, // Leave before Start
+	{ownership.Joining, ownership.Ready}:    true, // joined (or alone): enterRing
+	{ownership.Joining, ownership.Leaving}:  true, // Leave while joining
+	{ownership.Joining, ownership.Refused}:  true, // name taken: refuseName
+	{ownership.Ready, ownership.Leaving}:    true, // Leave
+	{ownership.Leaving, ownership.Draining}: true, // the leave announcement is over
+	{ownership.Draining, ownership.Left}:    true, // drained, out of the gossip pool
 }
+
+// phases is the number of phases: ownership.Refused is the last.
+const phases = ownership.Refused + 1
 
 func TestLifecycleTransitionTable(t *testing.T) {
 	t.Parallel()
-	for from := range numPhases {
-		for to := range numPhases {
-			want := wantTransitions[[2]phase{from, to}]
-			if got := legal(from, to); got != want {
-				t.Errorf("legal(%s, %s) = %v, want %v", from, to, got, want)
-			}
+	for from := range phases {
+		for to := range phases {
+			want := wantTransitions[[2]ownership.Phase{from, to}]
 			var l lifecycle
 			l.p.Store(uint32(from))
 			was, ok := l.to(to)
@@ -40,11 +42,7 @@ func TestLifecycleTransitionTable(t *testing.T) {
 			}
 		}
 	}
-	// Out of range on either side is refused, not a panic.
-	if legal(numPhases, phaseReady) || legal(phaseStarting, numPhases) {
-		t.Error("a phase out of range is legal")
-	}
-	for p := range numPhases {
+	for p := range phases {
 		if s := p.String(); s == "" || strings.HasPrefix(s, "phase(") {
 			t.Errorf("phase %d has no name", p)
 		}
@@ -56,7 +54,7 @@ func TestLifecycleTransitionTable(t *testing.T) {
 func TestLifecycleRaceOneWinner(t *testing.T) {
 	t.Parallel()
 	var l lifecycle
-	for _, p := range []phase{phaseJoining, phaseReady} {
+	for _, p := range []ownership.Phase{ownership.Joining, ownership.Ready} {
 		if _, ok := l.to(p); !ok {
 			t.Fatalf("cannot move to %s", p)
 		}
@@ -67,15 +65,15 @@ func TestLifecycleRaceOneWinner(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if from, ok := l.to(phaseLeaving); ok {
+			if from, ok := l.to(ownership.Leaving); ok {
 				wins.Add(1)
-			} else if from != phaseLeaving {
+			} else if from != ownership.Leaving {
 				t.Errorf("refused from %s, want from leaving", from)
 			}
 		}()
 	}
 	wg.Wait()
-	if wins.Load() != 1 || l.load() != phaseLeaving {
+	if wins.Load() != 1 || l.load() != ownership.Leaving {
 		t.Fatalf("%d goroutines moved the phase; it is %s", wins.Load(), l.load())
 	}
 }
@@ -90,13 +88,13 @@ func TestNodeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Shutdown(context.Background()) })
-	if p := n.life.load(); p != phaseStarting || n.Ready() || !n.inRing.Load() {
+	if p := n.life.load(); p != ownership.Starting || n.Ready() || !n.inRing.Load() {
 		t.Fatalf("after New: phase %s, ready %v, in ring %v; want starting, false, true", p, n.Ready(), n.inRing.Load())
 	}
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if p := n.life.load(); p != phaseReady || !n.Ready() || n.leaving() || n.draining() {
+	if p := n.life.load(); p != ownership.Ready || !n.Ready() || n.leaving() || n.draining() {
 		t.Fatalf("after Start: phase %s, ready %v, leaving %v, draining %v", p, n.Ready(), n.leaving(), n.draining())
 	}
 	if err := n.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "ready") {
@@ -105,10 +103,10 @@ func TestNodeLifecycle(t *testing.T) {
 	if err := n.Leave(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if p := n.life.load(); p != phaseLeft || n.Ready() || !n.leaving() || !n.draining() {
+	if p := n.life.load(); p != ownership.Left || n.Ready() || !n.leaving() || !n.draining() {
 		t.Fatalf("after Leave: phase %s, ready %v, leaving %v, draining %v", p, n.Ready(), n.leaving(), n.draining())
 	}
-	if err := n.Leave(context.Background()); err != nil || n.life.load() != phaseLeft {
+	if err := n.Leave(context.Background()); err != nil || n.life.load() != ownership.Left {
 		t.Fatalf("second Leave = %v, phase %s", err, n.life.load())
 	}
 }
@@ -124,7 +122,7 @@ func TestLeaveBeforeStart(t *testing.T) {
 	if err := n.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if p := n.life.load(); p != phaseLeft {
+	if p := n.life.load(); p != ownership.Left {
 		t.Fatalf("phase %s after Shutdown before Start, want left", p)
 	}
 	if err := n.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "left") {

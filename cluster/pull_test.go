@@ -180,7 +180,7 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 	}
 	// Draining began after the batch's table was read (that table still
 	// has n2 own the keys): the batch settle must see it.
-	for _, p := range []phase{phaseLeaving, phaseDraining} {
+	for _, p := range []ownership.Phase{ownership.Leaving, ownership.Draining} {
 		if from, ok := nodes[2].life.to(p); !ok {
 			t.Fatalf("n2 cannot go from %s to %s", from, p)
 		}

@@ -4,22 +4,6 @@ package ownership
 // reads a key's facts off its records at the moment of an event, calls
 // Step, and carries out the effects in the order their fields are listed.
 
-// Phase is the part of the node's lifecycle that changes what a key's
-// state means (docs/ownership.md, "States of a key on a node").
-type Phase uint8
-
-const (
-	// Ready: deciding what it owns (starting, joining or ready: whether
-	// it is in the ring yet is Facts.InRing).
-	Ready Phase = iota
-	// Leaving: still deciding its owned keys, never taking back a key
-	// pulled from it.
-	Leaving
-	// Draining: deciding nothing it does not own in its table, pulling
-	// nothing, releasing nothing when pulled, refusing handoffs.
-	Draining
-)
-
 // State is a key's state on a node, as docs/ownership.md names it.
 type State uint8
 
@@ -183,7 +167,7 @@ func Step(f Facts, e Event) Effects {
 	case Serve:
 		return Effects{Next: StandingIn, Reclaim: f.Released, Decide: true}
 	case Pull:
-		if !e.Release || f.Phase == Draining {
+		if !e.Release || f.Phase.Drains() {
 			return Effects{Next: f.State(), Holders: f.Unsettled}
 		}
 		eff := Effects{Next: ReleasedTo, Release: true, NoteTo: e.From, Holders: f.Unsettled}
@@ -192,12 +176,12 @@ func Step(f Facts, e Event) Effects {
 		}
 		return eff
 	case Push:
-		if f.Phase == Draining {
+		if f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
 		}
 		return Effects{Next: Owned, Adopt: true, MarkSettled: true}
 	case Replicate:
-		if f.Owns && f.Phase != Draining {
+		if f.Owns && !f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
 		}
 		return Effects{Next: f.State(), Merge: true}
@@ -228,7 +212,7 @@ func check(f Facts, e Event) Effects {
 	switch {
 	case e.Kind == Check && !f.Owns:
 		return Effects{Next: f.State(), Forward: true}
-	case f.Phase == Draining && !f.Owns:
+	case f.Phase.Drains() && !f.Owns:
 		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
 	case e.Kind == Forwarded && !f.Owns:
 		// Never forwarded again: the sender asks the owner this node sees.
@@ -250,7 +234,7 @@ func check(f Facts, e Event) Effects {
 // checkReleased is a check whose decision the cache refused: this node
 // had released the key (released to X).
 func checkReleased(f Facts, e Event) Effects {
-	if f.Phase == Leaving || (!f.Owns && e.Kind != StandIn) {
+	if f.Phase.Leaves() || (!f.Owns && e.Kind != StandIn) {
 		// A leaving node still owns every key in its own view, but it
 		// never takes back a key another node pulled from it: taking it
 		// back would let the puller, which owns the key in every other

@@ -104,7 +104,7 @@ func TestStepAnswersEveryCheckOneWay(t *testing.T) {
 	t.Parallel()
 	addrs := []string{"", self, other, third}
 	for _, kind := range []Kind{Check, Forwarded, StandIn, Failover, Serve} {
-		for _, phase := range []Phase{Ready, Leaving, Draining} {
+		for phase := range numPhases {
 			for bits := range 1 << 5 {
 				for _, to := range addrs {
 					for _, from := range addrs {
@@ -173,5 +173,27 @@ func TestStateNames(t *testing.T) {
 	}
 	if State(200).String() != "state(?)" {
 		t.Error("an unknown state has a name")
+	}
+}
+
+// The lifecycle's transitions are those of the diagram on Phase, and
+// nothing leaves Left or Refused.
+func TestPhaseTransitions(t *testing.T) {
+	want := map[[2]Phase]bool{
+		{Starting, Joining}: true, {Starting, Left}: true,
+		{Joining, Ready}: true, {Joining, Leaving}: true, {Joining, Refused}: true,
+		{Ready, Leaving}: true, {Leaving, Draining}: true, {Draining, Left}: true,
+	}
+	for from := range numPhases + 1 {
+		for to := range numPhases + 1 {
+			if got := Legal(from, to); got != want[[2]Phase{from, to}] {
+				t.Errorf("Legal(%v, %v) = %v", from, to, got)
+			}
+		}
+	}
+	for p := range numPhases {
+		if p.Leaves() && p.Drains() {
+			t.Errorf("%v both leaves and drains", p)
+		}
 	}
 }
