@@ -325,7 +325,7 @@ func (n *Node) enterRing() {
 		return
 	}
 	n.inRing.Store(true)
-	n.deleg.setMeta(n.meta(true, false))
+	n.deleg.setMeta(n.meta())
 	if err := n.ml.Load().UpdateNode(n.cfg.LeaveTimeout); err != nil {
 		n.log.Warn("ready flag not gossiped yet", "err", err)
 	}

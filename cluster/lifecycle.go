@@ -172,7 +172,7 @@ func (n *Node) Leave(ctx context.Context) error {
 	// the key here), while this node still decides the keys nobody pulled.
 	// Once the news has spread, stop deciding, route around this node, hand
 	// every remaining counter to its next owner, then leave.
-	n.deleg.setMeta(n.meta(true, true))
+	n.deleg.setMeta(n.meta())
 	if err := ml.UpdateNode(timeout / 2); err != nil {
 		n.log.Warn("leaving flag not gossiped", "err", err)
 	}

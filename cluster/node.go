@@ -229,7 +229,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
 	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}
-	n.deleg.setMeta(n.meta(false, false))
+	n.deleg.setMeta(n.meta())
 	n.beat.Store(n.now().UnixNano())
 	return n, nil
 }

@@ -5,6 +5,8 @@ package cluster
 import (
 	"math"
 	"time"
+
+	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
 // Status is what a node knows of the cluster, for `sluice status`.
@@ -152,9 +154,26 @@ func (n *Node) Status() Status {
 	return st
 }
 
-// meta is what this node gossips about itself.
-func (n *Node) meta(ready, leaving bool) meta {
+// meta is what this node gossips about itself in its current phase: the
+// ready flag once it takes its partitions, the leaving flag from its leave
+// on (gossipedFlags).
+func (n *Node) meta() meta {
+	ready, leaving := gossipedFlags(n.life.load())
 	return meta{grpcAddr: n.cfg.GRPCAddr, ready: ready, leaving: leaving, sec: n.security(), boot: n.boot, place: placementOf(n.cfg.Ring)}
+}
+
+// gossipedFlags returns the ready and leaving flags of a node in phase p:
+// neither before it is ready (a refused node never was), ready once it
+// is, and both from its leave on (a node that leaves while joining
+// announces ready with leaving, which the others read as leaving).
+func gossipedFlags(p ownership.Phase) (ready, leaving bool) {
+	switch p {
+	case ownership.Ready:
+		return true, false
+	case ownership.Leaving, ownership.Draining, ownership.Left:
+		return true, true
+	}
+	return false, false
 }
 
 // security is how this node is secured: Config.Security, with
