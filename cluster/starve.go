@@ -3,7 +3,6 @@ package cluster
 import (
 	"bufio"
 	"bytes"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -47,17 +46,10 @@ type cpuSample struct {
 	cgroup    string        // the cgroup throttled is of: two samples of different cgroups do not compare
 }
 
-// cpuEvidence reads the counters cpuSample holds. The cgroup's file and
-// each thread's schedstat file are opened once and read again at each
-// sample; which cgroup the process is in, and which threads it has, are
-// looked up again every relistEvery samples. Not safe for concurrent use:
-// the node samples under pauseMu.
-//
-// A sample costs a read of each file it keeps open: a heartbeat samples
-// four times a second, and opening every thread's file anew each time
-// (three system calls a thread, and a directory listing) was a fifth of
-// the CPU of a node with a trickle of checks, 100 such nodes sharing two
-// cores (docs/scaling.md).
+// cpuEvidence reads the counters cpuSample holds. The cgroup's file is
+// opened once and read again at each sample; the threads' schedstat
+// files are read anew (threads come and go). Not safe for concurrent
+// use: the node samples under pauseMu.
 type cpuEvidence struct {
 	cgroup *os.File // nil where there is none
 	v2     bool     // cgroup holds cgroup v2's cpu.stat (throttled_usec)
@@ -65,32 +57,13 @@ type cpuEvidence struct {
 	// names: a process can be moved to another cgroup while it runs.
 	self, path string
 	buf        [512]byte
-	// tasks maps each thread id to its schedstat file and the run-queue
-	// wait last read from it; waited is the wait summed over every
-	// thread seen, each counted in full when first seen and by its growth
-	// after (a thread that ends keeps what it added).
-	tasks   map[string]*taskStat
-	waited  time.Duration
-	samples int // samples taken; every relistEvery-th looks up the cgroup and threads again
 }
-
-// taskStat is a thread's open schedstat file and its last reading.
-type taskStat struct {
-	f    *os.File
-	last time.Duration
-}
-
-// relistEvery is how many samples pass between two lookups of the
-// process's cgroup and threads: 2 s at the heartbeat's four samples a
-// second (a thread started meanwhile is counted from the next lookup).
-const relistEvery = 8
 
 // openCPUEvidence opens what the system offers; a missing file just
 // leaves that counter at 0.
 func openCPUEvidence() *cpuEvidence {
-	e := &cpuEvidence{tasks: map[string]*taskStat{}}
+	e := &cpuEvidence{}
 	e.follow()
-	e.relist()
 	return e
 }
 
@@ -145,18 +118,11 @@ func (e *cpuEvidence) close() {
 	if e.cgroup != nil {
 		e.cgroup.Close()
 	}
-	for id, ts := range e.tasks {
-		ts.f.Close()
-		delete(e.tasks, id)
-	}
 }
 
 // sample reads the counters now.
 func (e *cpuEvidence) sample() cpuSample {
-	if e.samples++; e.samples%relistEvery == 0 {
-		e.follow()
-		e.relist()
-	}
+	e.follow()
 	s := cpuSample{cpu: cpuTime(), waited: e.runDelay(), cgroup: e.path}
 	if e.cgroup != nil {
 		if n, err := e.cgroup.ReadAt(e.buf[:], 0); n > 0 && (err == nil || n < len(e.buf)) {
@@ -168,53 +134,23 @@ func (e *cpuEvidence) sample() cpuSample {
 
 // runDelay returns the time this process's threads have spent waiting on
 // a run queue (the second field of each /proc/self/task/TID/schedstat),
-// summed (see waited); 0 where the system does not say.
+// summed; 0 where the system does not say.
 func (e *cpuEvidence) runDelay() time.Duration {
-	for id, ts := range e.tasks {
-		cur, ok := e.readWaited(ts.f)
-		if !ok { // the thread ended
-			ts.f.Close()
-			delete(e.tasks, id)
-			continue
-		}
-		e.waited += cur - ts.last
-		ts.last = cur
-	}
-	return e.waited
-}
-
-// relist opens the schedstat file of each thread not known yet, and adds
-// its wait so far.
-func (e *cpuEvidence) relist() {
-	ents, err := os.ReadDir("/proc/self/task")
+	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
-		return
+		return 0
 	}
-	for _, t := range ents {
-		if _, ok := e.tasks[t.Name()]; ok {
-			continue
-		}
+	var sum time.Duration
+	for _, t := range tasks {
 		f, err := os.Open("/proc/self/task/" + t.Name() + "/schedstat")
 		if err != nil {
 			continue // the thread ended
 		}
-		cur, ok := e.readWaited(f)
-		if !ok {
-			f.Close()
-			continue
-		}
-		e.tasks[t.Name()] = &taskStat{f: f, last: cur}
-		e.waited += cur
+		n, _ := f.Read(e.buf[:])
+		f.Close()
+		sum += schedstatWaited(e.buf[:n])
 	}
-}
-
-// readWaited reads a schedstat file from its start.
-func (e *cpuEvidence) readWaited(f *os.File) (time.Duration, bool) {
-	n, err := f.ReadAt(e.buf[:], 0)
-	if n == 0 || (err != nil && err != io.EOF) {
-		return 0, false
-	}
-	return schedstatWaited(e.buf[:n]), true
+	return sum
 }
 
 // schedstatWaited returns the run-queue wait of a schedstat line ("ns on

@@ -96,13 +96,3 @@ func TestRunDelayGrowsUnderContention(t *testing.T) {
 		t.Fatalf("under contention: waited %v → %v, cpu %v → %v; want both to grow", before.waited, after.waited, before.cpu, after.cpu)
 	}
 }
-
-// BenchmarkCPUEvidenceSample is the cost of one heartbeat sample of the
-// pause evidence (the heartbeat takes four a second while checks come).
-func BenchmarkCPUEvidenceSample(b *testing.B) {
-	e := openCPUEvidence()
-	defer e.close()
-	for b.Loop() {
-		e.sample()
-	}
-}
