@@ -454,8 +454,8 @@ func (n *Node) drain(ctx context.Context) error {
 // first. Without the wait it pulls the key from the new owner before the
 // push lands there, finds nothing, and decides from its own count; the
 // push then lands with the count from before that decision, the new owner
-// adopts it, and the decision is lost (TestReclaimWaitsForThePush; an
-// admitted hit no longer counted in about one CI run of ten of
+// adopts it, and the decision is lost (TestReclaimWaitsForThePush; seen
+// in CI as an admitted hit no longer counted, in
 // TestScaleOutThenInUnderLoad and TestRollingRestartLosesNothing).
 type pushing struct {
 	mu   sync.Mutex
