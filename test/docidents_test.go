@@ -5,7 +5,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -158,24 +157,17 @@ func TestDocIdentifiersExist(t *testing.T) {
 	}
 	files = append(files, docs...)
 	checked := 0
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rel, _ := filepath.Rel(root, f)
-		for i, line := range strings.Split(stripFences(string(b)), "\n") {
-			for _, m := range codeSpan.FindAllStringSubmatch(line, -1) {
-				span := strings.TrimSpace(m[1])
-				if msg := syms.check(span); msg != "" {
-					t.Errorf("%s:%d: `%s`: %s", rel, i+1, span, msg)
-				}
-				if syms.checks(span) {
-					checked++
-				}
+	eachLine(t, root, files, stripFences, func(_, at, line string) {
+		for _, m := range codeSpan.FindAllStringSubmatch(line, -1) {
+			span := strings.TrimSpace(m[1])
+			if msg := syms.check(span); msg != "" {
+				t.Errorf("%s: `%s`: %s", at, span, msg)
+			}
+			if syms.checks(span) {
+				checked++
 			}
 		}
-	}
+	})
 	t.Logf("%d identifiers checked in %d files", checked, len(files))
 	if checked < 100 {
 		t.Fatalf("only %d identifiers checked: the patterns no longer match the docs", checked)

@@ -41,34 +41,27 @@ func TestDocLinksResolve(t *testing.T) {
 		return a
 	}
 	checked := 0
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rel, _ := filepath.Rel(root, f)
-		for i, line := range strings.Split(stripCode(string(b)), "\n") {
-			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
-				target := m[1]
-				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+	eachLine(t, root, files, stripCode, func(f, at, line string) {
+		for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			checked++
+			path, frag, _ := strings.Cut(target, "#")
+			dest := f
+			if path != "" {
+				dest = filepath.Join(filepath.Dir(f), path)
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s: link %q: %s does not exist", at, target, path)
 					continue
 				}
-				checked++
-				path, frag, _ := strings.Cut(target, "#")
-				dest := f
-				if path != "" {
-					dest = filepath.Join(filepath.Dir(f), path)
-					if _, err := os.Stat(dest); err != nil {
-						t.Errorf("%s:%d: link %q: %s does not exist", rel, i+1, target, path)
-						continue
-					}
-				}
-				if frag != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[frag] {
-					t.Errorf("%s:%d: link %q: no heading of %s has the anchor #%s", rel, i+1, target, filepath.Base(dest), frag)
-				}
+			}
+			if frag != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[frag] {
+				t.Errorf("%s: link %q: no heading of %s has the anchor #%s", at, target, filepath.Base(dest), frag)
 			}
 		}
-	}
+	})
 	t.Logf("%d relative links in %d Markdown files resolve", checked, len(files))
 }
 
@@ -140,6 +133,22 @@ func markdownFiles(t *testing.T, root string) []string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// eachLine calls fn with every line of files, after strip (which keeps
+// the line count), with the file's path and "rel:line" for messages.
+func eachLine(t *testing.T, root string, files []string, strip func(string) string, fn func(path, at, line string)) {
+	t.Helper()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, f)
+		for i, line := range strings.Split(strip(string(b)), "\n") {
+			fn(f, fmt.Sprintf("%s:%d", rel, i+1), line)
+		}
+	}
 }
 
 // stripCode blanks fenced code blocks and inline code spans, keeping the
