@@ -10,16 +10,12 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// ownershipPhase is the node's phase, as the ownership component reads it
-// in the facts.
-func (n *Node) ownershipPhase() ownership.Phase { return n.life.load() }
-
 // facts reads what the step function needs about the key with ring hash h
 // at now, before a decision: the phase, whether this node owns it in tbl
 // (or tbl names nobody) and where its owner is, and whether a move still
 // has to settle it (k, or with more limits than one, any of their sub-keys).
 func (n *Node) facts(tbl *ring.Table, h uint64, k writeback.Key, lims limits, now int64) ownership.Facts {
-	f := ownership.Facts{Phase: n.ownershipPhase(), SelfAddr: n.cfg.GRPCAddr, InRing: n.inRing.Load()}
+	f := ownership.Facts{Phase: n.life.load(), SelfAddr: n.cfg.GRPCAddr, InRing: n.inRing.Load()}
 	owner, ok := tbl.Owner(h)
 	f.Owns = !ok || owner.Name == n.name
 	if !f.Owns {

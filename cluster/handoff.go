@@ -271,7 +271,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	if handoff {
 		ev.Kind = ownership.Push
 	}
-	phase := n.ownershipPhase()
+	phase := n.life.load()
 	for _, c := range counters {
 		rec := writeback.RecordOf(c)
 		h := keyHash(rec.Key)
@@ -325,7 +325,7 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 			addr = n.addrOf(from)
 		}
 	}
-	phase := n.ownershipPhase()
+	phase := n.life.load()
 	moves, cur := n.book.Moves(), n.ring.Table()
 	for i := range keys {
 		k := writeback.KeyOf(keys[i])
