@@ -176,7 +176,9 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	if err != nil {
 		o.Decision = bucket.Decision{}
 		o.Err = err.Error()
+		return
 	}
+	n.noteDecided(rt.hash, false, now) // the owner did not answer: not this node's key
 }
 
 // warnUnavailable logs an unreachable peer at most once a second.

@@ -114,13 +114,14 @@ func (n *Node) Start(ctx context.Context) error {
 	n.sampleCPU()
 	n.pauseMu.Unlock()
 	n.beat.Store(n.now().UnixNano())
-	n.wg.Add(8)
+	n.wg.Add(9)
 	if n.regions != nil {
 		n.wg.Add(1)
 		go n.regionLoop()
 	}
 	go n.leaseLoop()
 	go n.heartbeatLoop()
+	go n.pauseQueryLoop()
 	go n.rebuildLoop()
 	go n.rateLoop()
 	go n.replicateLoop()

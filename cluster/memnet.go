@@ -224,6 +224,31 @@ func (p memPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseRe
 	return taken, ctx.Err()
 }
 
+// Decided asks the node at addr which keys it decided lately, when it
+// records them.
+func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (route.DecidedAnswer, error) {
+	h, err := p.reach(ctx, addr)
+	if err != nil {
+		return route.DecidedAnswer{}, err
+	}
+	d, ok := h.(interface {
+		Decided(ctx context.Context, from string, within time.Duration, count int, parts []uint32) route.DecidedAnswer
+	})
+	if !ok {
+		return route.DecidedAnswer{}, fmt.Errorf("%w: %s records no decisions", ErrUnreachable, addr)
+	}
+	// The question names its sender by node name, as Peer/Decided does
+	// (the other calls here name it by address).
+	from := p.from
+	p.m.mu.Lock()
+	if named, ok := p.m.nodes[p.from].(interface{ Name() string }); ok {
+		from = named.Name()
+	}
+	p.m.mu.Unlock()
+	a := d.Decided(ctx, from, within, count, parts)
+	return a, ctx.Err()
+}
+
 // RegionGrant passes a region's asks to the node at addr, when it lends.
 func (p memPeers) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
 	h, err := p.reach(ctx, addr)

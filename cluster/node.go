@@ -39,10 +39,14 @@ type stats struct {
 	// (the rest of pauses are stopped).
 	pausesStarved, pausesBusy atomic.Uint64
 	idleResumes               atomic.Uint64 // decisions that found the heartbeat stopped (counted apart from pauses)
-	answered                  atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
-	leaseGrants               atomic.Uint64 // leases granted as an owner
-	leaseTokens               atomic.Uint64 // hits in them
-	leaseRefusals             atomic.Uint64 // refusal leases granted as an owner
+	// Rounds of questions after a pause (pausequery.go): those that
+	// narrowed the pause's pulls to the keys others decided, and those
+	// that left every owned key to be pulled.
+	pauseQueriesNarrowed, pauseQueriesKept atomic.Uint64
+	answered                               atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
+	leaseGrants                            atomic.Uint64 // leases granted as an owner
+	leaseTokens                            atomic.Uint64 // hits in them
+	leaseRefusals                          atomic.Uint64 // refusal leases granted as an owner
 	// Lease returns: hits this node took back as an owner, and hits the
 	// owners took back from it as a holder; leaseReturnsDone, hits of the
 	// returns it was done with, taken back or not.
@@ -137,12 +141,22 @@ type Node struct {
 	pauseCur      *ring.Table
 	pauseLoggedAt int64
 	pauseUnlogged uint64
-	rate          atomic.Uint64 // math.Float64bits of checks per second
-	rateIdle      atomic.Bool   // the rate meter stopped for want of checks (rate.go)
-	rateWake      chan struct{} // wakes the stopped rate meter (capacity 1)
-	deadWake      chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
-	load          atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
-	lastWarn      atomic.Int64  // Unix ns of the last owner-unavailable log line
+	// ledger records the keys this node decided that others may own,
+	// for members that noticed a pause (pausequery.go).
+	ledger *ownership.Ledger
+	// The pause move the query loop asks about next, and when its pause
+	// was noticed (guarded by pauseAsk); pauseWake wakes the loop
+	// (capacity 1).
+	pauseAsk     sync.Mutex
+	pauseAsked   *ownership.Move
+	pauseNoticed time.Time
+	pauseWake    chan struct{}
+	rate         atomic.Uint64 // math.Float64bits of checks per second
+	rateIdle     atomic.Bool   // the rate meter stopped for want of checks (rate.go)
+	rateWake     chan struct{} // wakes the stopped rate meter (capacity 1)
+	deadWake     chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
+	load         atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
+	lastWarn     atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
 	// (sideStandIn) does not try it again.
 	unreachable sync.Map
@@ -190,6 +204,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		peers:     peers,
 		stop:      make(chan struct{}),
 		beatWake:  make(chan struct{}, 1),
+		pauseWake: make(chan struct{}, 1),
 		rateWake:  make(chan struct{}, 1),
 		deadWake:  make(chan struct{}, 1),
 		restarts:  make(chan string, 16),
@@ -201,6 +216,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		leaseKick: make(chan struct{}, 1),
 	}
 	n.regions = newRegions(&cfg, n.now().UnixNano())
+	n.ledger = ownership.NewLedger(ledgerKeep(&cfg), ledgerRoom, n.now().UnixNano())
 	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}
@@ -323,6 +339,14 @@ func (n *Node) rebuild() {
 	if err != nil {
 		n.log.Error("ring not rebuilt", "err", err)
 		return
+	}
+	// Members taken out, for those that come back from a pause and ask
+	// (pausequery.go): others decide their keys as owners now.
+	now := n.now().UnixNano()
+	for _, m := range old.Members() {
+		if !cur.Has(m.Name) {
+			n.ledger.Removed(m.Name, now)
+		}
 	}
 	// What moved here is registered before the table is current: a check
 	// that reads the new table must find the move and pull the key first.

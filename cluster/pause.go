@@ -154,7 +154,7 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 		}
 		n.pausePrev, n.pauseCur = prev, cur
 	}
-	n.book.Paused(prev, cur, now)
+	n.askAfterPause(n.book.Paused(prev, cur, now, now-int64(d)), time.Now())
 	if idle {
 		n.stats.idleResumes.Add(1)
 		n.log.Info("first decision after an idle spell (the pause heartbeat had stopped): "+

@@ -364,7 +364,9 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 		if err != nil {
 			o.Decision = bucket.Decision{}
 			o.Err = err.Error()
+			return ""
 		}
+		n.noteDecided(h, f.Owns, now)
 		return ""
 	}
 }

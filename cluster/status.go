@@ -63,20 +63,24 @@ type Status struct {
 	// lent other regions as a home region's owner, checks it decided from
 	// a fallback share while cut off, and what it knows of each other
 	// region.
-	Region            string
-	RegionLent        uint64
-	RegionFallback    uint64
-	RegionLinks       []RegionLink
-	Pauses            uint64 // times this node noticed it had not run for longer than ForwardTimeout
-	PausesStarved     uint64 // of those, the machine or the cgroup had no CPU for it (starve.go)
-	PausesBusy        uint64 // of those, the process ran but not its heartbeat (a long collection)
-	IdleResumes       uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
-	HeartbeatIdle     bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
-	Unreplicated      int    // changed keys not yet sent to replicas
-	Unflushed         int    // changed keys not yet in the store
-	RulesHash         string
-	ReplicationFactor int
-	Partitions        int
+	Region         string
+	RegionLent     uint64
+	RegionFallback uint64
+	RegionLinks    []RegionLink
+	Pauses         uint64 // times this node noticed it had not run for longer than ForwardTimeout
+	PausesStarved  uint64 // of those, the machine or the cgroup had no CPU for it (starve.go)
+	PausesBusy     uint64 // of those, the process ran but not its heartbeat (a long collection)
+	IdleResumes    uint64 // decisions that found the pause heartbeat stopped for idleness (HeartbeatIdle)
+	HeartbeatIdle  bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
+	// Rounds of questions to the members after a pause or an idle spell
+	// (pausequery.go): narrowed, only the keys others decided were left
+	// to pull; kept, every owned key was.
+	PauseQueriesNarrowed, PauseQueriesKept uint64
+	Unreplicated                           int // changed keys not yet sent to replicas
+	Unflushed                              int // changed keys not yet in the store
+	RulesHash                              string
+	ReplicationFactor                      int
+	Partitions                             int
 
 	// StoreWritable is false from a failed flush until one succeeds again
 	// (a full or failing disk); StoreError and StoreUnwritableSince say
@@ -106,33 +110,35 @@ func (n *Node) Status() Status {
 		members = []MemberStatus{{Name: n.name, GRPCAddr: n.cfg.GRPCAddr, State: StateAlive, Share: shares[n.name], Security: n.security()}}
 	}
 	st := Status{
-		Node:              n.name,
-		Ready:             n.Ready(),
-		Members:           members,
-		Keys:              n.cache.Len(),
-		ChecksPerSecond:   math.Float64frombits(n.rate.Load()),
-		Checks:            n.stats.checks.Load(),
-		Forwarded:         n.stats.forwarded.Load(),
-		ForwardErrors:     n.stats.forwardErrors.Load(),
-		Failovers:         n.stats.failovers.Load(),
-		Redirects:         n.stats.redirects.Load(),
-		Replicated:        n.stats.replicated.Load(),
-		ReplicationErrors: n.stats.replicationErrors.Load(),
-		HandedOff:         n.stats.handedOff.Load(),
-		HandoffErrors:     n.stats.handoffErrors.Load(),
-		Pulls:             n.stats.pulls.Load(),
-		PullErrors:        n.stats.pullErrors.Load(),
-		Rejoins:           n.stats.rejoins.Load(),
-		Pauses:            n.stats.pauses.Load(),
-		PausesStarved:     n.stats.pausesStarved.Load(),
-		PausesBusy:        n.stats.pausesBusy.Load(),
-		IdleResumes:       n.stats.idleResumes.Load(),
-		HeartbeatIdle:     n.beatIdle.Load(),
-		Unreplicated:      n.cache.Changed(),
-		Unflushed:         n.cache.Dirty(),
-		RulesHash:         n.rulesHash(),
-		ReplicationFactor: n.cfg.Ring.ReplicationFactor,
-		Partitions:        n.cfg.Ring.Partitions,
+		Node:                 n.name,
+		Ready:                n.Ready(),
+		Members:              members,
+		Keys:                 n.cache.Len(),
+		ChecksPerSecond:      math.Float64frombits(n.rate.Load()),
+		Checks:               n.stats.checks.Load(),
+		Forwarded:            n.stats.forwarded.Load(),
+		ForwardErrors:        n.stats.forwardErrors.Load(),
+		Failovers:            n.stats.failovers.Load(),
+		Redirects:            n.stats.redirects.Load(),
+		Replicated:           n.stats.replicated.Load(),
+		ReplicationErrors:    n.stats.replicationErrors.Load(),
+		HandedOff:            n.stats.handedOff.Load(),
+		HandoffErrors:        n.stats.handoffErrors.Load(),
+		Pulls:                n.stats.pulls.Load(),
+		PullErrors:           n.stats.pullErrors.Load(),
+		Rejoins:              n.stats.rejoins.Load(),
+		Pauses:               n.stats.pauses.Load(),
+		PausesStarved:        n.stats.pausesStarved.Load(),
+		PausesBusy:           n.stats.pausesBusy.Load(),
+		IdleResumes:          n.stats.idleResumes.Load(),
+		HeartbeatIdle:        n.beatIdle.Load(),
+		PauseQueriesNarrowed: n.stats.pauseQueriesNarrowed.Load(),
+		PauseQueriesKept:     n.stats.pauseQueriesKept.Load(),
+		Unreplicated:         n.cache.Changed(),
+		Unflushed:            n.cache.Dirty(),
+		RulesHash:            n.rulesHash(),
+		ReplicationFactor:    n.cfg.Ring.ReplicationFactor,
+		Partitions:           n.cfg.Ring.Partitions,
 	}
 	store := n.cache.StoreState()
 	st.StoreWritable, st.StoreUnwritableSince = store.Writable, store.Since

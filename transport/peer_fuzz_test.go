@@ -83,6 +83,25 @@ func (h *recordingHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery,
 	return "fuzz"
 }
 
+func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Duration, count int, parts []uint32) route.DecidedAnswer {
+	var err error
+	if within <= 0 || within > MaxDecidedSpan || count < 1 || len(parts) > count {
+		err = errors.New("Decided got a span, partition count or partition list out of range")
+	}
+	for _, p := range parts {
+		if int(p) >= count {
+			err = errors.New("Decided got a partition past the ring's count")
+		}
+	}
+	h.note(err)
+	// One hash per partition asked: the answer's length is checked.
+	hs := make([]uint64, len(parts))
+	for i, p := range parts {
+		hs[i] = uint64(p)
+	}
+	return route.DecidedAnswer{Hashes: hs, Complete: true}
+}
+
 func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
 	h.outcomes(reqs, out, nil, nil, false)
 }
@@ -134,7 +153,8 @@ func (h *recordingHandler) Pull(_ context.Context, _, _ string, keys []bucket.Co
 }
 
 // FuzzServiceMessages gives the gRPC services' handlers (RateLimiter.Check,
-// Peer.Forward, Peer.Replicate, Peer.Pull) messages decoded from random
+// Peer.Forward, Peer.Replicate, Peer.Pull, Peer.Return, Peer.RegionGrant,
+// Peer.Decided) messages decoded from random
 // bytes, as grpc-go would hand them over, and checks the contract of each:
 // no panic; a call refused with InvalidArgument or FailedPrecondition and a
 // message reaches neither handler; an accepted call answers one item per
@@ -161,6 +181,8 @@ func FuzzServiceMessages(f *testing.F) {
 	greq := &sluicev1.RateLimitRequest{Name: "api", Key: "u1", Hits: proto.Int64(5), Limit: 10, WindowMs: 60_000, Global: true}
 	seed(5, &sluicev1.RegionGrantRequest{From: "n1", Cluster: "fuzz", Region: "b", ToRegion: "a", Asks: []*sluicev1.RegionAsk{{Request: greq, ReturnHits: 2, ReturnGrantedAt: 9}}})
 	seed(4, &sluicev1.ReturnRequest{From: "n1", Cluster: "fuzz", Returns: []*sluicev1.LeaseReturn{{Request: req, GrantedAt: 5}, {Request: req}}})
+	seed(6, &sluicev1.DecidedRequest{From: "n1", Cluster: "fuzz", WithinMs: 1500, PartitionCount: 7919, Partitions: []uint32{0, 17, 7918}})
+	seed(6, &sluicev1.DecidedRequest{From: "n1", Cluster: "fuzz", WithinMs: 0, PartitionCount: 3, Partitions: []uint32{3}})
 	seed(3, &sluicev1.PullRequest{From: "n1", FromAddr: "10.0.0.1:8081", Cluster: "fuzz", Keys: []*sluicev1.CounterKey{{Name: "api", Key: "u1"}}, Release: true, ReleaseTtlMs: 30_000})
 
 	// One server for every input (building one per input would make it a
@@ -182,7 +204,7 @@ func FuzzServiceMessages(f *testing.F) {
 			callErr error // the call's error
 			sure    bool  // the call must be refused (not only may)
 		)
-		switch kind % 6 {
+		switch kind % 7 {
 		case 0:
 			var m sluicev1.CheckRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -267,6 +289,19 @@ func FuzzServiceMessages(f *testing.F) {
 			}
 			resp, err := peerServer{s: s}.RegionGrant(ctx, &m)
 			callErr, got = err, len(resp.GetTaken())
+		case 6:
+			var m sluicev1.DecidedRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			n = len(m.Partitions)
+			sure = m.Cluster != "fuzz" || m.WithinMs < 1 || m.WithinMs > MaxDecidedSpan.Milliseconds() ||
+				m.PartitionCount < 1 || m.PartitionCount > MaxDecidedPartitions || n > int(m.PartitionCount)
+			for _, p := range m.Partitions {
+				sure = sure || p >= m.PartitionCount
+			}
+			resp, err := peerServer{s: s}.Decided(ctx, &m)
+			callErr, got = err, len(resp.GetHashes())
 		}
 		h.mu.Lock()
 		calls, invalid := h.calls, h.invalid
@@ -285,10 +320,10 @@ func FuzzServiceMessages(f *testing.F) {
 			return
 		}
 		if sure {
-			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%6)
+			t.Fatalf("kind %d: a message the service must refuse was accepted", kind%7)
 		}
 		if got != n {
-			t.Fatalf("kind %d: %d items answered for %d asked", kind%6, got, n)
+			t.Fatalf("kind %d: %d items answered for %d asked", kind%7, got, n)
 		}
 	})
 }

@@ -7,6 +7,7 @@ package ownership
 // longer holds the key's release.
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,9 +30,24 @@ type Move struct {
 	// owned limits the move to the keys this node owns in cur: set after
 	// a pause (Paused), where the node's ring did not change and only the
 	// keys it owns were decided elsewhere.
-	owned   bool
+	owned bool
+	// since, on a pause move, is when the earliest gap it stands for
+	// began (Unix ns, this node's clock): others may have decided its
+	// keys from then on.
+	since int64
+	// only, once set (Narrow), limits a pause move to the keys with these
+	// ring hashes: the ones its peers said they decided since since.
+	only    atomic.Pointer[map[uint64]struct{}]
 	settled sync.Map // key.Key → struct{}: pulled or handed over
 }
+
+// Since returns when the earliest gap a pause move stands for began
+// (Unix ns); 0 for a move of a ring change.
+func (m *Move) Since() int64 { return m.since }
+
+// Cur returns the ring table a pause move limits itself to (the keys the
+// node owns in it).
+func (m *Move) Cur() *ring.Table { return m.cur }
 
 // applies reports whether m brought the key with ring hash h to self.
 func (m *Move) applies(h uint64, self string) bool {
@@ -41,6 +57,11 @@ func (m *Move) applies(h uint64, self string) bool {
 	if m.owned {
 		if o, ok := m.cur.Owner(h); !ok || o.Name != self {
 			return false
+		}
+		if only := m.only.Load(); only != nil {
+			if _, ok := (*only)[h]; !ok {
+				return false
+			}
 		}
 	}
 	return true
@@ -124,23 +145,47 @@ func (b *Book) TableChanged(old, cur *ring.Table, now int64) (gained, lost bool)
 	return gained, lost
 }
 
-// Paused registers the move of a noticed pause: prev is the ring without
-// this node (which the others used when they declared it dead), cur the
-// current one; it applies to the keys this node owns in cur only. It
-// replaces the pause moves over the same cur: the new one applies to the
-// same keys for longer, and none of them is settled for it yet, so the
-// older ones add nothing. However often a starved node notices a pause,
-// its book holds one pause move per table.
-func (b *Book) Paused(prev, cur *ring.Table, now int64) {
+// Paused registers the move of a noticed pause that began at since (Unix
+// ns): prev is the ring without this node (which the others used when
+// they declared it dead), cur the current one; it applies to the keys
+// this node owns in cur only. It replaces the pause moves over the same
+// cur: the new one applies to the same keys for longer, none of them is
+// settled for it yet, and it stands for their gaps too (its since is the
+// earliest), so the older ones add nothing. However often a starved node
+// notices a pause, its book holds one pause move per table. It returns
+// the new move, for Narrow.
+func (b *Book) Paused(prev, cur *ring.Table, now, since int64) *Move {
 	b.movesMu.Lock()
 	defer b.movesMu.Unlock()
-	ms := Moves{{prev: prev, cur: cur, owned: true, until: now + int64(b.window)}}
+	m := &Move{prev: prev, cur: cur, owned: true, until: now + int64(b.window), since: since}
+	ms := Moves{m}
 	for _, old := range b.Moves() {
-		if old.until > now && !(old.owned && old.cur == cur) {
+		switch {
+		case old.until <= now:
+		case old.owned && old.cur == cur:
+			m.since = min(m.since, old.since)
+		default:
 			ms = append(ms, old)
 		}
 	}
 	b.moves.Store(&ms)
+	return m
+}
+
+// Narrow limits the pause move m to the keys with the ring hashes in
+// only: its peers said that of the keys this node owns, they decided
+// those alone since m.Since() (the event "pause answered"). It reports
+// false, and changes nothing, when m is no longer in the book (a newer
+// pause replaced it, or its window ended) or was narrowed already. The
+// caller gives up only.
+func (b *Book) Narrow(m *Move, only map[uint64]struct{}) bool {
+	b.movesMu.Lock()
+	defer b.movesMu.Unlock()
+	if !m.owned || m.only.Load() != nil || !slices.Contains(b.Moves(), m) {
+		return false
+	}
+	m.only.Store(&only)
+	return true
 }
 
 // HasMember reports whether name is a member of t.
@@ -162,6 +207,19 @@ func (ms Moves) Unsettled(h uint64, k key.Key, self string, now int64) bool {
 // Unsettled is Moves.Unsettled for the book's current moves.
 func (b *Book) Unsettled(h uint64, k key.Key, now int64) bool {
 	return b.Moves().Unsettled(h, k, b.self, now)
+}
+
+// Brought reports whether a ring change in its window at now brought the
+// key with ring hash h to self (a pause's move does not count): self
+// decides it while the node that owned it before may not know yet. Such
+// decisions go into the Ledger.
+func (ms Moves) Brought(h uint64, self string, now int64) bool {
+	for _, m := range ms {
+		if !m.owned && now <= m.until && m.applies(h, self) {
+			return true
+		}
+	}
+	return false
 }
 
 // Active reports whether some move is still within its window at now.

@@ -107,7 +107,7 @@ func TestPlanAsksEveryMemberWhenNoHolderIsLeft(t *testing.T) {
 	cur := table(t, "a", "e", "f")
 	const now = int64(1e18)
 	b := NewBook("a", window, noRelease)
-	b.Paused(prev, cur, now) // any move from prev; Paused limits it to a's keys in cur
+	b.Paused(prev, cur, now, now) // any move from prev; Paused limits it to a's keys in cur
 	var k key.Key
 	var h uint64
 	found := false
@@ -141,7 +141,7 @@ func TestPausedMoveAppliesToOwnedKeysOnly(t *testing.T) {
 	prev := table(t, "b", "c")
 	const now = int64(1e18)
 	b := NewBook("a", window, noRelease)
-	b.Paused(prev, cur, now)
+	b.Paused(prev, cur, now, now)
 	mine, hm := keyOwnedBy(t, prev, cur, "b", "a")
 	theirs, ht := keyOwnedBy(t, prev, cur, "b", "b")
 	if !b.Unsettled(hm, mine, now) {
@@ -164,7 +164,7 @@ func TestPauseMovesDoNotPileUp(t *testing.T) {
 	b := NewBook("a", window, noRelease)
 	mine, h := keyOwnedBy(t, prev, cur, "b", "a")
 	for i := range 1000 {
-		b.Paused(prev, cur, now+int64(i))
+		b.Paused(prev, cur, now+int64(i), now+int64(i))
 	}
 	if n := len(b.Moves()); n != 1 {
 		t.Fatalf("%d moves after 1000 pauses over one table, want 1", n)
@@ -177,14 +177,65 @@ func TestPauseMovesDoNotPileUp(t *testing.T) {
 	if b.Unsettled(h, mine, now+1000) {
 		t.Fatal("settled key still unsettled")
 	}
-	b.Paused(prev, cur, now+2000)
+	b.Paused(prev, cur, now+2000, now+2000)
 	if !b.Unsettled(h, mine, now+2000) {
 		t.Error("a key settled after one pause is settled for the next")
 	}
 	// A pause over another table keeps the first table's move.
-	b.Paused(prev, other, now+3000)
+	b.Paused(prev, other, now+3000, now+3000)
 	if n := len(b.Moves()); n != 2 {
 		t.Errorf("%d moves after pauses over two tables, want 2", n)
+	}
+}
+
+// A narrowed pause move applies only to the keys its peers named; a
+// newer pause over the same table replaces it whole again, standing for
+// the earlier gap too, and a replaced move cannot be narrowed.
+func TestNarrowedPauseMove(t *testing.T) {
+	t.Parallel()
+	cur := table(t, "a", "b", "c")
+	prev := table(t, "b", "c")
+	const now = int64(1e18)
+	b := NewBook("a", window, noRelease)
+	named, hn := keyOwnedBy(t, prev, cur, "b", "a")
+	var other key.Key
+	var ho uint64
+	for i := 0; ; i++ {
+		other = key.Key{Name: "api", Key: fmt.Sprint("o", i)}
+		ho = ring.Hash(other.Name, other.Key)
+		if o, _ := cur.Owner(ho); o.Name == "a" && ho != hn {
+			break
+		}
+	}
+	m := b.Paused(prev, cur, now, now-500)
+	if m.Since() != now-500 {
+		t.Fatalf("since %d, want %d", m.Since(), now-500)
+	}
+	if !b.Unsettled(ho, other, now) || !b.Unsettled(hn, named, now) {
+		t.Fatal("before it is narrowed, a pause move does not apply to every owned key")
+	}
+	if !b.Narrow(m, map[uint64]struct{}{hn: {}}) {
+		t.Fatal("the current pause move was not narrowed")
+	}
+	if b.Narrow(m, map[uint64]struct{}{}) {
+		t.Error("a pause move was narrowed twice")
+	}
+	if b.Unsettled(ho, other, now) {
+		t.Error("a key nobody named is unsettled after the narrowing")
+	}
+	if !b.Unsettled(hn, named, now) {
+		t.Error("a key a peer named is settled after the narrowing")
+	}
+	// A newer pause: every owned key again, since the first gap's start.
+	m2 := b.Paused(prev, cur, now+100, now+50)
+	if m2.Since() != now-500 {
+		t.Errorf("the newer pause move stands for the gaps since %d, want the first's %d", m2.Since(), now-500)
+	}
+	if !b.Unsettled(ho, other, now+100) {
+		t.Error("after a newer pause, a key nobody named for the older one is settled")
+	}
+	if b.Narrow(m, map[uint64]struct{}{}) {
+		t.Error("a replaced pause move was narrowed")
 	}
 }
 

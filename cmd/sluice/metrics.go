@@ -298,6 +298,7 @@ var (
 	descRejoins        = desc("sluice_rejoins_total", "Members alive again after being declared dead (a partition healed or a restart).", prometheus.CounterValue)
 	descPauses         = desc("sluice_pauses_total", "Times this process found it had not run for longer than the forward timeout (SIGSTOP, VM freeze, long GC): it then pulled its keys before deciding them.", prometheus.CounterValue)
 	descPauseCauses    = desc("sluice_pause_causes_total", "Pauses (sluice_pauses_total) by what explains them: starved (the machine or the cgroup had no CPU for the process), busy (the process ran but not its heartbeat: a long collection), stopped (neither: SIGSTOP, a frozen VM, a clock step).", prometheus.CounterValue, "cause")
+	descPauseQueries   = desc("sluice_pause_queries_total", "Rounds of questions to the members after a pause or an idle spell: narrowed (only the keys the members decided meanwhile are pulled before their next decision) or kept (a member did not answer, its record did not reach back, it had taken this node out of its ring, or the gap began more than a move window ago: every owned key is pulled).", prometheus.CounterValue, "result")
 	descKeys           = desc("sluice_keys", "Live keys in this node's cache.", prometheus.GaugeValue)
 	descUnreplicated   = desc("sluice_unreplicated_keys", "Changed keys not yet sent to replicas.", prometheus.GaugeValue)
 	descUnflushed      = desc("sluice_unflushed_keys", "Changed keys not yet written to disk.", prometheus.GaugeValue)
@@ -338,7 +339,7 @@ var (
 )
 
 var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descFailovers, descRedirects,
-	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descPauseCauses, descIdleResumes,
+	descReplicated, descReplErrors, descHandedOff, descHandoffErrors, descPulls, descPullErrors, descRejoins, descPauses, descPauseCauses, descIdleResumes, descPauseQueries,
 	descLeaseGrants, descLeaseTokens, descLeasedKeys, descLeaseDecided, descLeaseUnused, descLeaseRevoked, descLeaseRefusals, descLeaseRefused,
 	descLeaseTookBack, descLeaseGaveBack, descRegionLent, descRegionFallback, descRegionCut, descRegionRTT,
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
@@ -376,6 +377,8 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descPauseCauses, float64(st.PausesBusy), cluster.PauseBusy)
 	put(descPauseCauses, float64(st.Pauses-st.PausesStarved-st.PausesBusy), cluster.PauseStopped)
 	put(descIdleResumes, float64(st.IdleResumes))
+	put(descPauseQueries, float64(st.PauseQueriesNarrowed), "narrowed")
+	put(descPauseQueries, float64(st.PauseQueriesKept), "kept")
 	put(descLeaseGrants, float64(st.LeaseGrants))
 	put(descLeaseTokens, float64(st.LeaseGrantTokens))
 	put(descLeasedKeys, float64(st.LeasedKeys))
@@ -481,10 +484,11 @@ const (
 	rpcPull
 	rpcReturn
 	rpcRegionGrant
+	rpcDecided
 	numPeerRPCs
 )
 
-var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull", "return", "region_grant"}
+var peerRPCNames = [numPeerRPCs]string{"forward", "stand_in", "replicate", "handoff", "pull", "return", "region_grant", "decided"}
 
 // peerMetrics times the calls this node makes to its peers, by call and
 // peer gRPC address. The handles of an address are resolved the first
@@ -576,8 +580,9 @@ type observedPeers struct {
 }
 
 var (
-	_ cluster.Peers     = observedPeers{}
-	_ cluster.PeerWaker = observedPeers{}
+	_ cluster.Peers        = observedPeers{}
+	_ cluster.PeerWaker    = observedPeers{}
+	_ cluster.DecidedPeers = observedPeers{}
 )
 
 // ResetBackoff passes the node's wake-up for a returning member on to the
@@ -642,6 +647,19 @@ func (o observedPeers) RegionGrant(ctx context.Context, addr string, q *bucket.R
 	region, err := rp.RegionGrant(ctx, addr, q, ans)
 	o.m.observe(rpcRegionGrant, addr, start, err)
 	return region, err
+}
+
+// Decided passes a paused node's question to a member on when the
+// transport carries it.
+func (o observedPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (route.DecidedAnswer, error) {
+	dp, ok := o.next.(cluster.DecidedPeers)
+	if !ok {
+		return route.DecidedAnswer{}, cluster.ErrNoPeers
+	}
+	start := time.Now()
+	a, err := dp.Decided(ctx, addr, within, count, parts)
+	o.m.observe(rpcDecided, addr, start, err)
+	return a, err
 }
 
 // degraded says why the node serves in a degraded state ("" when it does

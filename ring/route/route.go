@@ -30,3 +30,17 @@ type PullAnswer struct {
 	// gave it the key): they may hold a newer state. At most MaxHolders.
 	Holders []Holder
 }
+
+// DecidedAnswer is a member's answer to a node that noticed a pause and
+// asked which of its keys the member decided meanwhile (Peer/Decided).
+type DecidedAnswer struct {
+	// Hashes are the ring hashes of the keys of the partitions asked that
+	// the member decided in the span: as a stand-in, under the
+	// owner-unavailable policy, or as their new owner after a ring change.
+	Hashes []uint64
+	// Complete: the member's record covers the whole span, and its ring
+	// has the asker's partition count. Without it nothing can be left out.
+	Complete bool
+	// Removed: the member took the asker out of its ring in the span.
+	Removed bool
+}

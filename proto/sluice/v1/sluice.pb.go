@@ -281,7 +281,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27, 0}
 }
 
 type OwnersRequest struct {
@@ -2241,6 +2241,157 @@ func (x *ReturnResponse) GetTaken() []int64 {
 	return nil
 }
 
+type DecidedRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	From    string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`       // name of the sending node
+	Cluster string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"` // as ForwardRequest.cluster
+	// within_ms: the span asked about, ending at the receiver's now, in
+	// milliseconds (1 to 3,600,000).
+	WithinMs int64 `protobuf:"varint,3,opt,name=within_ms,json=withinMs,proto3" json:"within_ms,omitempty"`
+	// partition_count is the number of partitions keys are hashed into in
+	// the sender's ring, and partitions those the sender owns (each below
+	// partition_count, at most partition_count of them): the answer names
+	// keys of those partitions only.
+	PartitionCount uint32   `protobuf:"varint,4,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	Partitions     []uint32 `protobuf:"varint,5,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DecidedRequest) Reset() {
+	*x = DecidedRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecidedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecidedRequest) ProtoMessage() {}
+
+func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
+func (*DecidedRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DecidedRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *DecidedRequest) GetWithinMs() int64 {
+	if x != nil {
+		return x.WithinMs
+	}
+	return 0
+}
+
+func (x *DecidedRequest) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *DecidedRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type DecidedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hashes: the ring hashes of the keys of those partitions that the
+	// receiver decided in the span as a stand-in, under the owner-unavailable
+	// policy, or as their owner since a ring change gave them to it.
+	Hashes []uint64 `protobuf:"fixed64,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	// complete: the receiver's record reaches back over the whole span
+	// (it ran all along, and dropped nothing for room), and its ring has
+	// the sender's partition count. Without it the sender pulls every key.
+	Complete bool `protobuf:"varint,2,opt,name=complete,proto3" json:"complete,omitempty"`
+	// removed_sender: the receiver took the sender out of its ring in the
+	// span (declared it dead or gone), so others decided its keys as their
+	// owners and may still do: the sender pulls every key, releasing them.
+	RemovedSender bool `protobuf:"varint,3,opt,name=removed_sender,json=removedSender,proto3" json:"removed_sender,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecidedResponse) Reset() {
+	*x = DecidedResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecidedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecidedResponse) ProtoMessage() {}
+
+func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecidedResponse.ProtoReflect.Descriptor instead.
+func (*DecidedResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DecidedResponse) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *DecidedResponse) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
+func (x *DecidedResponse) GetRemovedSender() bool {
+	if x != nil {
+		return x.RemovedSender
+	}
+	return false
+}
+
 // ForwardEnvelope is one Forward call on a Forwards stream.
 type ForwardEnvelope struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -2268,7 +2419,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2431,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2444,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -2346,7 +2497,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2509,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2522,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -2415,7 +2566,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2578,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2591,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Counter) GetName() string {
@@ -2483,7 +2634,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2646,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2659,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -2550,7 +2701,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2713,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2726,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -2609,7 +2760,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2621,7 +2772,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2634,7 +2785,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CounterKey) GetName() string {
@@ -2670,7 +2821,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2833,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2846,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -2759,7 +2910,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2922,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2935,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -2821,7 +2972,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2984,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2997,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -3048,7 +3199,19 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06grants\x18\x02 \x03(\v2\x15.sluice.v1.LeaseGrantR\x06grants\x12\x14\n" +
 	"\x05taken\x18\x03 \x03(\x03R\x05taken\"&\n" +
 	"\x0eReturnResponse\x12\x14\n" +
-	"\x05taken\x18\x01 \x03(\x03R\x05taken\"\xab\x01\n" +
+	"\x05taken\x18\x01 \x03(\x03R\x05taken\"\xa4\x01\n" +
+	"\x0eDecidedRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x1b\n" +
+	"\twithin_ms\x18\x03 \x01(\x03R\bwithinMs\x12'\n" +
+	"\x0fpartition_count\x18\x04 \x01(\rR\x0epartitionCount\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x05 \x03(\rR\n" +
+	"partitions\"l\n" +
+	"\x0fDecidedResponse\x12\x16\n" +
+	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1a\n" +
+	"\bcomplete\x18\x02 \x01(\bR\bcomplete\x12%\n" +
+	"\x0eremoved_sender\x18\x03 \x01(\bR\rremovedSender\"\xab\x01\n" +
 	"\x0fForwardEnvelope\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\arequest\x18\x02 \x01(\v2\x19.sluice.v1.ForwardRequestR\arequest\x12%\n" +
@@ -3122,14 +3285,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
 	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2F\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\x9b\x03\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xdd\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
 	"\x04Pull\x12\x16.sluice.v1.PullRequest\x1a\x17.sluice.v1.PullResponse\x12C\n" +
 	"\bForwards\x12\x1a.sluice.v1.ForwardEnvelope\x1a\x17.sluice.v1.ForwardReply(\x010\x01\x12=\n" +
 	"\x06Return\x12\x18.sluice.v1.ReturnRequest\x1a\x19.sluice.v1.ReturnResponse\x12L\n" +
-	"\vRegionGrant\x12\x1d.sluice.v1.RegionGrantRequest\x1a\x1e.sluice.v1.RegionGrantResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
+	"\vRegionGrant\x12\x1d.sluice.v1.RegionGrantRequest\x1a\x1e.sluice.v1.RegionGrantResponse\x12@\n" +
+	"\aDecided\x12\x19.sluice.v1.DecidedRequest\x1a\x1a.sluice.v1.DecidedResponseB5Z3github.com/sluicehq/sluice/proto/sluice/v1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -3144,7 +3308,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Status)(0),                 // 1: sluice.v1.Status
@@ -3173,15 +3337,17 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*RegionAsk)(nil),           // 24: sluice.v1.RegionAsk
 	(*RegionGrantResponse)(nil), // 25: sluice.v1.RegionGrantResponse
 	(*ReturnResponse)(nil),      // 26: sluice.v1.ReturnResponse
-	(*ForwardEnvelope)(nil),     // 27: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),        // 28: sluice.v1.ForwardReply
-	(*Counter)(nil),             // 29: sluice.v1.Counter
-	(*ReplicateRequest)(nil),    // 30: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 31: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),          // 32: sluice.v1.CounterKey
-	(*PullRequest)(nil),         // 33: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 34: sluice.v1.PullResponse
-	(*PullHolder)(nil),          // 35: sluice.v1.PullHolder
+	(*DecidedRequest)(nil),      // 27: sluice.v1.DecidedRequest
+	(*DecidedResponse)(nil),     // 28: sluice.v1.DecidedResponse
+	(*ForwardEnvelope)(nil),     // 29: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),        // 30: sluice.v1.ForwardReply
+	(*Counter)(nil),             // 31: sluice.v1.Counter
+	(*ReplicateRequest)(nil),    // 32: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 33: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),          // 34: sluice.v1.CounterKey
+	(*PullRequest)(nil),         // 35: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 36: sluice.v1.PullResponse
+	(*PullHolder)(nil),          // 37: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -3209,30 +3375,32 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	17, // 22: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
 	18, // 23: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
 	4,  // 24: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	29, // 25: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	32, // 26: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	29, // 27: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	35, // 28: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	31, // 25: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	34, // 26: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	31, // 27: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	37, // 28: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
 	8,  // 29: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
 	5,  // 30: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
 	13, // 31: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
 	17, // 32: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	30, // 33: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	33, // 34: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	27, // 35: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	32, // 33: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	35, // 34: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	29, // 35: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
 	21, // 36: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
 	23, // 37: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	11, // 38: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 39: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 40: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 41: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	31, // 42: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	34, // 43: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	28, // 44: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	26, // 45: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	25, // 46: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	38, // [38:47] is the sub-list for method output_type
-	29, // [29:38] is the sub-list for method input_type
+	27, // 38: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	11, // 39: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 40: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	14, // 41: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	18, // 42: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	33, // 43: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	36, // 44: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	30, // 45: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	26, // 46: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	25, // 47: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	28, // 48: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	39, // [39:49] is the sub-list for method output_type
+	29, // [29:39] is the sub-list for method input_type
 	29, // [29:29] is the sub-list for extension type_name
 	29, // [29:29] is the sub-list for extension extendee
 	0,  // [0:29] is the sub-list for field type_name
@@ -3250,7 +3418,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

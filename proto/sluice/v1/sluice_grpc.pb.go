@@ -293,6 +293,7 @@ const (
 	Peer_Forwards_FullMethodName    = "/sluice.v1.Peer/Forwards"
 	Peer_Return_FullMethodName      = "/sluice.v1.Peer/Return"
 	Peer_RegionGrant_FullMethodName = "/sluice.v1.Peer/RegionGrant"
+	Peer_Decided_FullMethodName     = "/sluice.v1.Peer/Decided"
 )
 
 // PeerClient is the client API for Peer service.
@@ -333,6 +334,12 @@ type PeerClient interface {
 	// home region answers: it passes the asks for keys it does not own to
 	// their owner (routed), which grants.
 	RegionGrant(ctx context.Context, in *RegionGrantRequest, opts ...grpc.CallOption) (*RegionGrantResponse, error)
+	// Decided: a node that noticed a pause in its own run (it did not run
+	// for longer than the forward timeout) asks every member which of its
+	// keys they decided meanwhile, and pulls those alone before deciding
+	// them again, instead of every key it owns (docs/ownership.md). A
+	// sender whose peer answers UNIMPLEMENTED pulls every key.
+	Decided(ctx context.Context, in *DecidedRequest, opts ...grpc.CallOption) (*DecidedResponse, error)
 }
 
 type peerClient struct {
@@ -406,6 +413,16 @@ func (c *peerClient) RegionGrant(ctx context.Context, in *RegionGrantRequest, op
 	return out, nil
 }
 
+func (c *peerClient) Decided(ctx context.Context, in *DecidedRequest, opts ...grpc.CallOption) (*DecidedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecidedResponse)
+	err := c.cc.Invoke(ctx, Peer_Decided_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -444,6 +461,12 @@ type PeerServer interface {
 	// home region answers: it passes the asks for keys it does not own to
 	// their owner (routed), which grants.
 	RegionGrant(context.Context, *RegionGrantRequest) (*RegionGrantResponse, error)
+	// Decided: a node that noticed a pause in its own run (it did not run
+	// for longer than the forward timeout) asks every member which of its
+	// keys they decided meanwhile, and pulls those alone before deciding
+	// them again, instead of every key it owns (docs/ownership.md). A
+	// sender whose peer answers UNIMPLEMENTED pulls every key.
+	Decided(context.Context, *DecidedRequest) (*DecidedResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -471,6 +494,9 @@ func (UnimplementedPeerServer) Return(context.Context, *ReturnRequest) (*ReturnR
 }
 func (UnimplementedPeerServer) RegionGrant(context.Context, *RegionGrantRequest) (*RegionGrantResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionGrant not implemented")
+}
+func (UnimplementedPeerServer) Decided(context.Context, *DecidedRequest) (*DecidedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Decided not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -590,6 +616,24 @@ func _Peer_RegionGrant_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Decided_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecidedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Decided(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Decided_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Decided(ctx, req.(*DecidedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -616,6 +660,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegionGrant",
 			Handler:    _Peer_RegionGrant_Handler,
+		},
+		{
+			MethodName: "Decided",
+			Handler:    _Peer_Decided_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
