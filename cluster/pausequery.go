@@ -55,6 +55,10 @@ type DecidedPeers interface {
 const (
 	// pauseQueryEvery is the least time between the starts of two rounds.
 	pauseQueryEvery = time.Second
+	// pauseQueryTimeout bounds a round. A starved machine answers slowly,
+	// and keys are pulled on first touch while the round runs, so a late
+	// answer still spares the pulls of the rest of the move window.
+	pauseQueryTimeout = 5 * time.Second
 	// pauseQueryWidth is the most members asked at once.
 	pauseQueryWidth = 16
 	// ledgerRoom is the most keys a node's ledger holds (16 bytes each
@@ -143,7 +147,7 @@ func (n *Node) pauseQueryLoop() {
 			}
 		}
 		last = time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 4*n.cfg.ForwardTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), pauseQueryTimeout)
 		n.queryPause(ctx, m)
 		cancel()
 	}
