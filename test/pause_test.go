@@ -249,3 +249,101 @@ func TestPausedOwnerDoesNotDecideFromItsStaleCount(t *testing.T) {
 		t.Errorf("the resumed node explains %v pauses as stopped, want at least 1 (SIGSTOP)", n)
 	}
 }
+
+// TestShortPauseOwnerPullsWhatStandInsDecided: a key's owner is stopped
+// (SIGSTOP) for about a second — longer than the forward timeout, shorter
+// than failure detection — while checks of its key go to the replica as
+// a stand-in. After SIGCONT the owner asks the others which of its keys
+// they decided meanwhile (docs/ownership.md, "pause answered"): the key
+// the replica stood in for must be pulled before the owner decides it
+// again (never more than the limit in all), and a key nobody else decided
+// must not be pulled when the owner's round narrowed its pulls.
+//
+// The nodes run with the default failure detection (lan: nobody declares
+// the owner dead within a second) and the default forward timeout
+// (250 ms), so that the pause is one the owner comes back from unnoticed
+// by the membership: the case a round of questions narrows.
+func TestShortPauseOwnerPullsWhatStandInsDecided(t *testing.T) {
+	t.Parallel()
+	ps := make([]*proc, 4)
+	for i := range ps {
+		ps[i] = newProc(t, i, fmt.Sprintf("127.0.0.%d", 10+i))
+		if i > 0 {
+			ps[i].join = []string{ps[0].gossip}
+		}
+		// Later flags win: the harness's fast detection and 1 s timeout.
+		ps[i].extra = []string{"--failure-detection", "lan", "--forward-timeout", "250ms"}
+		ps[i].start(t)
+	}
+	waitMembers(t, ps)
+	clients := clientsOf(t, ps)
+	via, x := 0, 3
+	const limit, before, during = 20, 6, 3
+	var keys []string // two keys ps[x] owns
+	for i := 0; len(keys) < 2 && i < 1000; i++ {
+		k := fmt.Sprint("short:", i)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := clients[via].Check(ctx, fixedWindowReq(k, 0, limit))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Responses[0].Owner == ps[x].name {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < 2 {
+		t.Fatalf("fewer than 2 keys of 1000 owned by %s", ps[x].name)
+	}
+	stood, quiet := keys[0], keys[1]
+	var hs, hq pauseHistory
+	copies := metric(t, ps[x], "sluice_replicated_total")
+	hs.check(t, clients[via], stood, before, limit)
+	hq.check(t, clients[via], quiet, 1, limit)
+	if hs.admitted != before || hq.admitted != 1 || hs.owners[ps[x].name] != 1 {
+		t.Fatalf("before the pause: %d and %d admitted, deciders %v; want %d and 1 by %s", hs.admitted, hq.admitted, hs.owners, before, ps[x].name)
+	}
+	waitFor(t, 10*time.Second, "a replica holds the owner's counts", func() bool {
+		return metric(t, ps[x], "sluice_replicated_total") >= copies+2
+	})
+	const narrowed, kept = `sluice_pause_queries_total{result="narrowed"}`, `sluice_pause_queries_total{result="kept"}`
+	rounds := metric(t, ps[x], narrowed) + metric(t, ps[x], kept)
+
+	pid := ps[x].cmd.Process.Pid
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, ps[x].name+" is stopped", func() bool { return procState(pid) == 'T' })
+	stoppedAt := time.Now()
+	for range during { // each waits out the forward timeout, then the replica decides
+		if r := hs.check(t, clients[via], stood, 1, limit); r != nil && r.Owner == ps[x].name {
+			t.Fatal("the stopped owner answered")
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stoppedFor := time.Since(stoppedAt)
+	waitFor(t, 15*time.Second, ps[x].name+"'s round of questions after the pause", func() bool {
+		return metric(t, ps[x], narrowed)+metric(t, ps[x], kept) > rounds
+	})
+	wasNarrowed := metric(t, ps[x], narrowed) > 0
+	pulls := metric(t, ps[x], "sluice_pulls_total")
+	hq.check(t, clients[x], quiet, 1, limit)
+	quietPulls := metric(t, ps[x], "sluice_pulls_total") - pulls
+	for range limit {
+		hs.check(t, clients[x], stood, 1, limit)
+	}
+	t.Logf("stopped %s for %v; its round of questions narrowed the pulls: %v; quiet key pulled %v times; stood-in key: %d admitted (limit %d, %d before, deciders %v), %d failed checks",
+		ps[x].name, stoppedFor.Round(time.Millisecond), wasNarrowed, quietPulls, hs.admitted, limit, before, hs.owners, hs.errors+hq.errors)
+	if hs.admitted > limit {
+		t.Errorf("%d admitted for a limit of %d: the owner decided the stood-in key from its count of before the pause", hs.admitted, limit)
+	}
+	if wasNarrowed && quietPulls > 0 {
+		t.Errorf("the round narrowed the pulls, yet the key nobody else decided was pulled %v times", quietPulls)
+	}
+	if hs.errors+hq.errors > 0 {
+		t.Errorf("%d checks failed", hs.errors+hq.errors)
+	}
+}
