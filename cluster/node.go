@@ -43,6 +43,9 @@ type stats struct {
 	// narrowed the pause's pulls to the keys others decided, and those
 	// that left every owned key to be pulled.
 	pauseQueriesNarrowed, pauseQueriesKept atomic.Uint64
+	// pauseQueriesSkipped counts the pauses after which a round would
+	// have cost more than the pulls it could spare (worthAsking).
+	pauseQueriesSkipped atomic.Uint64
 	answered                               atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
 	leaseGrants                            atomic.Uint64 // leases granted as an owner
 	leaseTokens                            atomic.Uint64 // hits in them
@@ -150,6 +153,7 @@ type Node struct {
 	pauseAsk     sync.Mutex
 	pauseAsked   *ownership.Move
 	pauseNoticed time.Time
+	pausePulls   uint64 // stats.pulls when it was noticed
 	pauseWake    chan struct{}
 	rate         atomic.Uint64 // math.Float64bits of checks per second
 	rateIdle     atomic.Bool   // the rate meter stopped for want of checks (rate.go)

@@ -33,6 +33,10 @@ package cluster
 // One round runs at a time, and rounds start at least pauseQueryEvery
 // apart: on a machine that starves the node again and again, a round is
 // one small call per member at most once a second, however many pauses.
+// And a node asks only when the pulls it made since the pause, at their
+// pace, would come to more calls than a round over the move window
+// (worthAsking); an idle node, or one with a trickle of checks, pulls as
+// before.
 
 import (
 	"context"
@@ -107,7 +111,7 @@ func (n *Node) Decided(_ context.Context, from string, within time.Duration, cou
 // askAfterPause wakes the pause query loop for the pause move m.
 func (n *Node) askAfterPause(m *ownership.Move, noticed time.Time) {
 	n.pauseAsk.Lock()
-	n.pauseAsked, n.pauseNoticed = m, noticed
+	n.pauseAsked, n.pauseNoticed, n.pausePulls = m, noticed, n.stats.pulls.Load()
 	n.pauseAsk.Unlock()
 	select {
 	case n.pauseWake <- struct{}{}:
@@ -128,7 +132,7 @@ func (n *Node) pauseQueryLoop() {
 		case <-n.pauseWake:
 		}
 		n.pauseAsk.Lock()
-		m, noticed := n.pauseAsked, n.pauseNoticed
+		m, noticed, pulls0 := n.pauseAsked, n.pauseNoticed, n.pausePulls
 		n.pauseAsk.Unlock()
 		if m == nil {
 			continue
@@ -146,11 +150,32 @@ func (n *Node) pauseQueryLoop() {
 			case <-t.C:
 			}
 		}
+		if !n.worthAsking(m, time.Since(noticed), n.stats.pulls.Load()-pulls0) {
+			continue
+		}
 		last = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), pauseQueryTimeout)
 		n.queryPause(ctx, m)
 		cancel()
 	}
+}
+
+// worthAsking reports whether a round of questions for the pause move m
+// costs less than the pulls it may spare: a round is one call per other
+// member of m's table, and the pulls go on at the pace of the first ones,
+// pulls in elapsed since the pause was noticed, until the move's window
+// ends. A node that pulled little (an idle spell, a trickle of checks)
+// pulls on: at 100 members, a round after every pause of every node of a
+// starved machine would be 10,000 calls a second, more work than the
+// pulls, and more work for the machine is how an overload feeds itself.
+func (n *Node) worthAsking(m *ownership.Move, elapsed time.Duration, pulls uint64) bool {
+	others := float64(m.Cur().Len() - 1)
+	projected := float64(pulls) * n.cfg.MoveWindow.Seconds() / max(elapsed.Seconds(), 1e-3)
+	if projected >= others {
+		return true
+	}
+	n.stats.pauseQueriesSkipped.Add(1)
+	return false
 }
 
 func later(a, b time.Time) time.Time {

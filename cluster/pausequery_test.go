@@ -13,8 +13,10 @@ import (
 // forward timeout past its last heartbeat. The other two nodes' clocks
 // stand 10 s after their start, so that their ledgers reach back over
 // the gap. beforeResume, when not nil, runs after the links heal and
-// before n0's clock moves on.
-func pausedOwner(t *testing.T, before, during int, beforeResume func([]*Node, *MemNetwork)) (nodes []*Node, net *MemNetwork, stood, quiet *limitedKey) {
+// before n0's clock moves on. With warm, a third key of n0's is checked
+// at n0 right after the resume: pulled, it shows n0 busy enough for a
+// round of questions to pay off (worthAsking).
+func pausedOwner(t *testing.T, before, during int, warm bool, beforeResume func([]*Node, *MemNetwork)) (nodes []*Node, net *MemNetwork, stood, quiet *limitedKey) {
 	t.Helper()
 	const forwardTimeout = 200 * time.Millisecond
 	var ahead, others atomic.Int64 // n0's and the others' clocks past t0 (ns)
@@ -28,7 +30,7 @@ func pausedOwner(t *testing.T, before, during int, beforeResume func([]*Node, *M
 	})
 	others.Store(int64(10 * time.Second))
 	x := nodes[0]
-	keys := keysOwnedBy(x, "n0", 2)
+	keys := keysOwnedBy(x, "n0", 3)
 	stood = &limitedKey{t: t, key: keys[0], limit: 10}
 	quiet = &limitedKey{t: t, key: keys[1], limit: 10}
 	for i := range before {
@@ -40,6 +42,13 @@ func pausedOwner(t *testing.T, before, during int, beforeResume func([]*Node, *M
 		beforeResume(nodes, net)
 	}
 	ahead.Store(int64(3 * forwardTimeout))
+	if warm {
+		pulls := net.Pulls(memAddr(0))
+		(&limitedKey{t: t, key: keys[2], limit: 10}).check(x)
+		if net.Pulls(memAddr(0)) == pulls {
+			t.Fatal("the first check after the pause pulled nothing")
+		}
+	}
 	return nodes, net, stood, quiet
 }
 
@@ -50,7 +59,7 @@ func pausedOwner(t *testing.T, before, during int, beforeResume func([]*Node, *M
 func TestPauseQueryNarrowsThePulls(t *testing.T) {
 	t.Parallel()
 	const before, during = 4, 3
-	nodes, net, stood, quiet := pausedOwner(t, before, during, nil)
+	nodes, net, stood, quiet := pausedOwner(t, before, during, true, nil)
 	x := nodes[0]
 	WaitFor(t, 10*time.Second, "the owner's pause query narrowed its pulls", func() bool {
 		return x.Status().PauseQueriesNarrowed == 1
@@ -97,7 +106,7 @@ func TestPauseQueryKeepsEveryPull(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			nodes, net, _, quiet := pausedOwner(t, 2, 2, tc.do)
+			nodes, net, _, quiet := pausedOwner(t, 2, 2, true, tc.do)
 			x := nodes[0]
 			WaitFor(t, 10*time.Second, "the owner's pause query gave up", func() bool {
 				return x.Status().PauseQueriesKept == 1
@@ -109,5 +118,25 @@ func TestPauseQueryKeepsEveryPull(t *testing.T) {
 				t.Fatalf("the owner did not pull the quiet key (%d queries narrowed)", n)
 			}
 		})
+	}
+}
+
+// A node that pulled nothing since its pause (idle, or a trickle of
+// checks) does not ask: a round would cost more calls than its pulls.
+// Every key it owns is pulled as before.
+func TestPauseQuerySkippedWhenPullsAreFew(t *testing.T) {
+	t.Parallel()
+	nodes, net, _, quiet := pausedOwner(t, 2, 2, false, nil)
+	x := nodes[0]
+	WaitFor(t, 10*time.Second, "the owner's pause query was skipped", func() bool {
+		return x.Status().PauseQueriesSkipped == 1
+	})
+	if st := x.Status(); st.PauseQueriesNarrowed+st.PauseQueriesKept != 0 {
+		t.Fatalf("%d rounds asked, want none", st.PauseQueriesNarrowed+st.PauseQueriesKept)
+	}
+	pulls := net.Pulls(memAddr(0))
+	quiet.check(x)
+	if net.Pulls(memAddr(0)) == pulls {
+		t.Fatal("without a round, the owner did not pull the quiet key")
 	}
 }

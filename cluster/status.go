@@ -74,13 +74,14 @@ type Status struct {
 	HeartbeatIdle  bool   // the pause heartbeat is stopped: nothing was decided here for HeartbeatIdle
 	// Rounds of questions to the members after a pause or an idle spell
 	// (pausequery.go): narrowed, only the keys others decided were left
-	// to pull; kept, every owned key was.
-	PauseQueriesNarrowed, PauseQueriesKept uint64
-	Unreplicated                           int // changed keys not yet sent to replicas
-	Unflushed                              int // changed keys not yet in the store
-	RulesHash                              string
-	ReplicationFactor                      int
-	Partitions                             int
+	// to pull; kept, every owned key was; skipped, no round was asked
+	// because the node pulled too little for one to pay off.
+	PauseQueriesNarrowed, PauseQueriesKept, PauseQueriesSkipped uint64
+	Unreplicated                                                int // changed keys not yet sent to replicas
+	Unflushed                                                   int // changed keys not yet in the store
+	RulesHash                                                   string
+	ReplicationFactor                                           int
+	Partitions                                                  int
 
 	// StoreWritable is false from a failed flush until one succeeds again
 	// (a full or failing disk); StoreError and StoreUnwritableSince say
@@ -134,6 +135,7 @@ func (n *Node) Status() Status {
 		HeartbeatIdle:        n.beatIdle.Load(),
 		PauseQueriesNarrowed: n.stats.pauseQueriesNarrowed.Load(),
 		PauseQueriesKept:     n.stats.pauseQueriesKept.Load(),
+		PauseQueriesSkipped:  n.stats.pauseQueriesSkipped.Load(),
 		Unreplicated:         n.cache.Changed(),
 		Unflushed:            n.cache.Dirty(),
 		RulesHash:            n.rulesHash(),

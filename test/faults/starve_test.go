@@ -173,14 +173,15 @@ func TestStarvedClusterStaysUp(t *testing.T) {
 
 // work is what the nodes do in reaction to pauses, summed over the
 // cluster: pauses noticed, rounds of questions after them (narrowed or
-// kept), and pulls.
-type work struct{ pauses, narrowed, kept, rounds, pulls float64 }
+// kept; skipped ones asked nothing), and pulls.
+type work struct{ pauses, narrowed, kept, skipped, rounds, pulls float64 }
 
 func (c *Cluster) work() work {
 	w := work{
 		pauses:   c.clusterSum("sluice_pauses_total"),
 		narrowed: c.clusterSum(`sluice_pause_queries_total{result="narrowed"}`),
 		kept:     c.clusterSum(`sluice_pause_queries_total{result="kept"}`),
+		skipped:  c.clusterSum(`sluice_pause_queries_total{result="skipped"}`),
 		pulls:    c.clusterSum("sluice_pulls_total"),
 	}
 	w.rounds = w.narrowed + w.kept
@@ -188,11 +189,12 @@ func (c *Cluster) work() work {
 }
 
 func (a work) since(b work) work {
-	return work{a.pauses - b.pauses, a.narrowed - b.narrowed, a.kept - b.kept, a.rounds - b.rounds, a.pulls - b.pulls}
+	return work{a.pauses - b.pauses, a.narrowed - b.narrowed, a.kept - b.kept, a.skipped - b.skipped, a.rounds - b.rounds, a.pulls - b.pulls}
 }
 
 func (a work) String() string {
-	return fmt.Sprintf("pauses %v, rounds of questions %v (narrowed %v, kept %v), pulls %v", a.pauses, a.rounds, a.narrowed, a.kept, a.pulls)
+	return fmt.Sprintf("pauses %v, rounds of questions %v (narrowed %v, kept %v; %v skipped as not worth it), pulls %v",
+		a.pauses, a.rounds, a.narrowed, a.kept, a.skipped, a.pulls)
 }
 
 // cpuTimes returns each host's process CPU time (user + system) so far.
