@@ -42,7 +42,9 @@ var layers = []layer{
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	{pkg: "cluster/rules", may: []string{"bucket", "go.yaml.in/yaml/v3"},
 		mustNot: []string{"transport", "proto/sluice/v1", "cluster"}},
-	{pkg: "transport", may: []string{"bucket", "ring/route", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	// The rules file's Envoy rule is one type: the Envoy service answers
+	// with rules.EnvoyRule, from the rules package (bucket and YAML only).
+	{pkg: "transport", may: []string{"bucket", "ring/route", "cluster/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the
@@ -51,7 +53,7 @@ var layers = []layer{
 		"github.com/cespare/xxhash/v2"}, // the status page places partitions on its ring drawing as ring does
 		// Not the ring itself (its implementation, consistent, comes with
 		// it), nor the public client: ring/route is a leaf.
-		mustNot: []string{"cluster", "writeback", "client", "github.com/buraksezer/consistent", "go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}},
+		mustNot: []string{"cluster$", "cluster/ownership", "cluster/lease", "cluster/clustertest", "writeback", "client", "github.com/buraksezer/consistent", "go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}},
 	// The public Go client: gRPC, protobuf and the generated package, and
 	// nothing of the node (client's own deps test names the libraries).
 	{pkg: "client", may: []string{"proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf"},
@@ -67,7 +69,7 @@ var layers = []layer{
 	// The grpc-go floor of the side-by-side harness: a Check server that
 	// does nothing, so nothing of a node's work may reach it.
 	{pkg: "test/grpcfloor", may: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc"},
-		mustNot: []string{"cluster", "writeback", "github.com/hashicorp/memberlist", "github.com/cockroachdb/pebble"}},
+		mustNot: []string{"cluster$", "cluster/ownership", "cluster/lease", "writeback", "github.com/hashicorp/memberlist", "github.com/cockroachdb/pebble"}},
 }
 
 // The examples are applications: the node's packages, and the ring's

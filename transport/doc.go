@@ -67,7 +67,8 @@
 // health-checked as EnvoyService, so an Envoy configured for
 // envoyproxy/ratelimit works against Sluice unchanged. The rules come
 // through EnvoyRules, which transport declares and cmd/sluice fills from
-// the rules watcher (cluster/rules reads envoyproxy/ratelimit's YAML): the
+// the rules watcher (cluster/rules reads envoyproxy/ratelimit's YAML, and
+// its EnvoyRule is the rule the service answers with): the
 // rules are resolved here, on the node Envoy called, and each descriptor
 // with a limit becomes one check with that limit inline, all of a call's
 // checks handed to Handler.Check at once, so they are routed to their

@@ -21,50 +21,11 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/rules"
 )
 
 // EnvoyService is the health-checked name of Envoy's rate limit service.
 const EnvoyService = "envoy.service.ratelimit.v3.RateLimitService"
-
-// EnvoyEntry is one entry of a request's descriptor.
-type EnvoyEntry struct {
-	Key, Value string
-}
-
-// EnvoyRule is the rule an envoy-format rules file gives one descriptor.
-type EnvoyRule struct {
-	// Limit is what the descriptor is checked against: Limit.Limit
-	// requests per Limit.WindowMS, fixed_window aligned to the unit unless
-	// the rules say otherwise. Limit.Limit 0 refuses every request.
-	Limit bucket.Limit
-	// Unit is the unit as written (the window is one unit); unused when
-	// Unlimited.
-	Unit rlsv3.RateLimitResponse_RateLimit_Unit
-	// Unlimited descriptors are answered OK and never counted.
-	Unlimited bool
-	// ShadowMode answers OK when over the limit (still counted, and
-	// reported as over in EnvoyStats).
-	ShadowMode bool
-	// QuotaMode: when over, the request is OVER_LIMIT only if every
-	// quota-mode descriptor of the request is over (and no other is).
-	QuotaMode bool
-	// CountRefusedSet: Limit.CountRefused is the file's explicit choice;
-	// otherwise EnvoyConfig.StopCountingRefused may override it.
-	CountRefusedSet bool
-	// Name is the rule's name; Replaces the names of rules it replaces
-	// when both match descriptors of one request.
-	Name     string
-	Replaces []string
-	// Shared, when not nil, has one element per entry: a non-empty element
-	// is the wildcard pattern that replaces that entry's value in the
-	// counter's key (share_threshold), so all the values it matches share
-	// one counter.
-	Shared []string
-	// Path names the rule in metrics: "domain.key_value.key", the
-	// descriptor path as the rules file writes it (never a request's
-	// values, unless the file names them). "" for an override.
-	Path string
-}
 
 // EnvoyMatch is the answer of EnvoyRules for one descriptor.
 type EnvoyMatch struct {
@@ -72,9 +33,10 @@ type EnvoyMatch struct {
 	// domain's counters (1..bucket.MaxNameLen bytes, no NUL).
 	Known bool
 	Name  string
-	// Found: a rule matched the descriptor; Rule is it.
+	// Found: a rule matched the descriptor; Rule is it (the rules
+	// package's own type: its Unit has the values of Envoy's units).
 	Found bool
-	Rule  EnvoyRule
+	Rule  rules.EnvoyRule
 }
 
 // EnvoyRules finds the rule of a descriptor of an Envoy rate limit request.
@@ -82,7 +44,7 @@ type EnvoyMatch struct {
 // concurrently, once per descriptor of every ShouldRateLimit call; it must
 // not block or keep entries, which the caller reuses.
 type EnvoyRules interface {
-	MatchEnvoy(domain string, entries []EnvoyEntry) EnvoyMatch
+	MatchEnvoy(domain string, entries []rules.EnvoyEntry) EnvoyMatch
 }
 
 // EnvoyConfig configures the envoy.service.ratelimit.v3 service.
@@ -138,7 +100,7 @@ const (
 // envoyPlan is one descriptor's part of a call.
 type envoyPlan struct {
 	kind  envoyKind
-	rule  EnvoyRule
+	rule  rules.EnvoyRule
 	item  int   // index in the checks
 	multi int64 // unit multiplier of an override (1 otherwise)
 }
@@ -207,7 +169,7 @@ func (g envoyServer) plan(req *rlsv3.RateLimitRequest) (plans []envoyPlan, name 
 	descs := req.GetDescriptors()
 	plans = make([]envoyPlan, len(descs))
 	var (
-		entries   []EnvoyEntry
+		entries   []rules.EnvoyEntry
 		replacing map[string]bool
 	)
 	for i, d := range descs {
@@ -217,7 +179,7 @@ func (g envoyServer) plan(req *rlsv3.RateLimitRequest) (plans []envoyPlan, name 
 		}
 		entries = entries[:0]
 		for _, e := range d.GetEntries() {
-			entries = append(entries, EnvoyEntry{Key: e.GetKey(), Value: e.GetValue()})
+			entries = append(entries, rules.EnvoyEntry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		m := cfg.Rules.MatchEnvoy(req.GetDomain(), entries)
 		if !m.Known {
@@ -227,10 +189,10 @@ func (g envoyServer) plan(req *rlsv3.RateLimitRequest) (plans []envoyPlan, name 
 		if o := d.GetLimit(); o != nil {
 			// Envoy's per-descriptor override replaces the rules (no shadow
 			// mode, name, replaces or path), for a domain the rules know.
-			p.rule = EnvoyRule{Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: int64(o.GetRequestsPerUnit())},
-				Unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit())}
+			p.rule = rules.EnvoyRule{Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: int64(o.GetRequestsPerUnit())},
+				Unit: rules.EnvoyUnit(o.GetUnit())}
 			p.multi = int64(max(o.GetUnitMultiplier().GetValue(), 1))
-			p.rule.Limit.WindowMS = envoyUnitSeconds(p.rule.Unit) * p.multi * 1000
+			p.rule.Limit.WindowMS = envoyUnitSeconds(rlsv3.RateLimitResponse_RateLimit_Unit(p.rule.Unit)) * p.multi * 1000
 			p.kind = envoyCheck
 		} else if m.Found {
 			p.rule, p.kind, p.multi = m.Rule, envoyCheck, 1
@@ -294,7 +256,7 @@ func (g envoyServer) respond(req *rlsv3.RateLimitRequest, plans []envoyPlan, out
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
 			Name:            p.rule.Name,
 			RequestsPerUnit: uint32(min(p.rule.Limit.Limit, math.MaxUint32)),
-			Unit:            p.rule.Unit,
+			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(p.rule.Unit),
 		}
 		if p.multi > 1 {
 			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(uint32(p.multi))

@@ -7,13 +7,15 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/cluster/rules"
 )
 
 // oneRule gives every descriptor of every domain one rule: the lookup
 // costs next to nothing, so the benchmark measures the service.
 type oneRule struct{}
 
-func (oneRule) MatchEnvoy(string, []EnvoyEntry) EnvoyMatch {
+func (oneRule) MatchEnvoy(string, []rules.EnvoyEntry) EnvoyMatch {
 	return EnvoyMatch{Known: true, Name: "envoy:d", Found: true, Rule: perHour(10)}
 }
 

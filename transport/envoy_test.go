@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/rules"
 )
 
 // memHandler decides with the bucket algorithms over an in-memory map, as
@@ -80,9 +81,9 @@ func (h *memHandler) checks() int {
 
 // mapRules is EnvoyRules from a map: the domain "d" is known, and a
 // descriptor's rule is found by its entries written "k=v,k2=v2".
-type mapRules map[string]EnvoyRule
+type mapRules map[string]rules.EnvoyRule
 
-func (m mapRules) MatchEnvoy(domain string, entries []EnvoyEntry) EnvoyMatch {
+func (m mapRules) MatchEnvoy(domain string, entries []rules.EnvoyEntry) EnvoyMatch {
 	if domain != "d" {
 		return EnvoyMatch{}
 	}
@@ -96,10 +97,10 @@ func (m mapRules) MatchEnvoy(domain string, entries []EnvoyEntry) EnvoyMatch {
 
 // perHour is a rule as the rules file gives it. An hour, so that a test
 // crossing a window's edge is a one-in-tens-of-thousands event.
-func perHour(n int64) EnvoyRule {
-	return EnvoyRule{
+func perHour(n int64) rules.EnvoyRule {
+	return rules.EnvoyRule{
 		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: n, WindowMS: 3_600_000, CountRefused: true},
-		Unit:  rlsv3.RateLimitResponse_RateLimit_HOUR,
+		Unit:  rules.UnitHour,
 	}
 }
 
@@ -276,7 +277,7 @@ func TestEnvoyUnlimitedReplacesAndBlock(t *testing.T) {
 	named.Name = "per_user"
 	replacer := perHour(2)
 	replacer.Replaces = []string{"per_user"}
-	unl := EnvoyRule{Unlimited: true, Replaces: []string{"other"}}
+	unl := rules.EnvoyRule{Unlimited: true, Replaces: []string{"other"}}
 	other := perHour(1)
 	other.Name = "other"
 	r := newEnvoyRig(t, mapRules{"u=1": named, "r=1": replacer, "x=1": unl, "o=1": other, "z=1": perHour(0)})
@@ -581,4 +582,21 @@ func FuzzEnvoyKey(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The rules file's units are Envoy's, number for number: the service
+// answers a rule's Unit as Envoy's unit, and an override's unit becomes
+// a rule's.
+func TestEnvoyUnitsAreEnvoys(t *testing.T) {
+	t.Parallel()
+	for u := rules.UnitUnknown; u <= rules.UnitYear; u++ {
+		name, ok := rlsv3.RateLimitResponse_RateLimit_Unit_name[int32(u)]
+		want := strings.ToUpper(u.String())
+		if u == rules.UnitUnknown {
+			want = "UNKNOWN"
+		}
+		if !ok || name != want {
+			t.Errorf("rules unit %d (%s) is Envoy's %q, want %q", u, u, name, want)
+		}
+	}
 }

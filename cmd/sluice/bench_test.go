@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -208,13 +208,13 @@ func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []bucket
 // edgeRule gives every descriptor of domain "edge" one hourly limit.
 type edgeRule struct{}
 
-func (edgeRule) MatchEnvoy(domain string, _ []transport.EnvoyEntry) transport.EnvoyMatch {
+func (edgeRule) MatchEnvoy(domain string, _ []rules.EnvoyEntry) transport.EnvoyMatch {
 	if domain != "edge" {
 		return transport.EnvoyMatch{}
 	}
-	return transport.EnvoyMatch{Known: true, Name: "envoy:edge", Found: true, Rule: transport.EnvoyRule{
+	return transport.EnvoyMatch{Known: true, Name: "envoy:edge", Found: true, Rule: rules.EnvoyRule{
 		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 1000, WindowMS: 3_600_000},
-		Unit:  rlsv3.RateLimitResponse_RateLimit_HOUR,
+		Unit:  rules.UnitHour,
 	}}
 }
 
