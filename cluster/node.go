@@ -46,10 +46,10 @@ type stats struct {
 	// pauseQueriesSkipped counts the pauses after which a round would
 	// have cost more than the pulls it could spare (worthAsking).
 	pauseQueriesSkipped atomic.Uint64
-	answered                               atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
-	leaseGrants                            atomic.Uint64 // leases granted as an owner
-	leaseTokens                            atomic.Uint64 // hits in them
-	leaseRefusals                          atomic.Uint64 // refusal leases granted as an owner
+	answered            atomic.Uint64 // peer check calls answered here (checkHere): activity for the heartbeat
+	leaseGrants         atomic.Uint64 // leases granted as an owner
+	leaseTokens         atomic.Uint64 // hits in them
+	leaseRefusals       atomic.Uint64 // refusal leases granted as an owner
 	// Lease returns: hits this node took back as an owner, and hits the
 	// owners took back from it as a holder; leaseReturnsDone, hits of the
 	// returns it was done with, taken back or not.
