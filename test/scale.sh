@@ -59,7 +59,9 @@
 # {event="fail"}, memberlist's "Marking X as failed"), suspicions
 # ("Suspect X has failed"), refuted suspicions, pauses (sluice_pauses_total,
 # "did not run for longer than the forward timeout"; by cause when the
-# binary exports sluice_pause_causes_total), rejoins, idle resumes.
+# binary exports sluice_pause_causes_total), rejoins, idle resumes, pulls,
+# and the rounds of questions after pauses by result (when the binary
+# exports sluice_pause_queries_total).
 # The criterion: no member declared dead and no pause in the stable window,
 # every node still running; the script exits 1 when it is not met.
 #
@@ -383,6 +385,10 @@ instability() {
   put "${p}_updates" "$(mdelta "$d0" "$d1" 'sluice_membership_changes_total{event="update"}')"
   put "${p}_rejoins" "$(mdelta "$d0" "$d1" sluice_rejoins_total)"
   put "${p}_idle_resumes" "$(mdelta "$d0" "$d1" sluice_idle_resumes_total)"
+  put "${p}_pulls" "$(mdelta "$d0" "$d1" sluice_pulls_total)"
+  if grep -q '^sluice_pause_queries_total{' "$d1.sum"; then # binaries that ask after a pause
+    for k in narrowed kept skipped; do put "${p}_pause_queries_$k" "$(mdelta "$d0" "$d1" "sluice_pause_queries_total{result=\"$k\"}")"; done
+  fi
   put "${p}_peer_rpc_errors" "$(mdelta "$d0" "$d1" sluice_peer_rpc_errors_total)"
   for k in alive_min scraped; do put "${p}_end_$k" "$(mval "$d1" "$k")"; done
   put "${p}_end_suspect" "$(mval "$d1" 'sluice_members{state="suspect"}')"
