@@ -196,7 +196,11 @@ func (n *Node) queryPause(ctx context.Context, m *ownership.Move) bool {
 		return false
 	}
 	cur := m.Cur()
-	within := time.Duration(n.now().UnixNano()-m.Since()) + n.cfg.ForwardTimeout
+	// The span asked about ends at each member's now when it answers,
+	// which may be up to the round's timeout after this node asks (an
+	// answer later than that is not used): it must still reach back to
+	// the gap's start, with a forward timeout to spare.
+	within := time.Duration(n.now().UnixNano()-m.Since()) + n.cfg.ForwardTimeout + pauseQueryTimeout
 	if within > n.cfg.MoveWindow {
 		// Too long ago for the new owners' records (see the file's doc).
 		n.stats.pauseQueriesKept.Add(1)

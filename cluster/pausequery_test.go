@@ -18,6 +18,14 @@ import (
 // round of questions to pay off (worthAsking).
 func pausedOwner(t *testing.T, before, during int, warm bool, beforeResume func([]*Node, *MemNetwork)) (nodes []*Node, net *MemNetwork, stood, quiet *limitedKey) {
 	t.Helper()
+	return pausedOwnerClocked(t, before, during, warm, false, beforeResume)
+}
+
+// pausedOwnerClocked is pausedOwner; with advancing, the other nodes'
+// clocks also run on with real time.
+func pausedOwnerClocked(t *testing.T, before, during int, warm, advancing bool, beforeResume func([]*Node, *MemNetwork)) (nodes []*Node, net *MemNetwork, stood, quiet *limitedKey) {
+	t.Helper()
+	base := time.Now()
 	const forwardTimeout = 200 * time.Millisecond
 	var ahead, others atomic.Int64 // n0's and the others' clocks past t0 (ns)
 	nodes, net = memCluster(t, 3, func(c *Config) {
@@ -25,7 +33,12 @@ func pausedOwner(t *testing.T, before, during int, warm bool, beforeResume func(
 		if c.Name == "n0" {
 			c.Now = func() time.Time { return t0.Add(time.Duration(ahead.Load())) }
 		} else {
-			c.Now = func() time.Time { return t0.Add(time.Duration(others.Load())) }
+			c.Now = func() time.Time {
+				if advancing {
+					return t0.Add(time.Duration(others.Load()) + time.Since(base))
+				}
+				return t0.Add(time.Duration(others.Load()))
+			}
 		}
 	})
 	others.Store(int64(10 * time.Second))
@@ -138,5 +151,31 @@ func TestPauseQuerySkippedWhenPullsAreFew(t *testing.T) {
 	quiet.check(x)
 	if net.Pulls(memAddr(0)) == pulls {
 		t.Fatal("without a round, the owner did not pull the quiet key")
+	}
+}
+
+// A member that answers late still names what it decided in the gap: the
+// span asked about reaches back from its now at the answer, up to the
+// round's timeout after the question. (Asked for the gap alone, a member
+// whose answer took 2 s looked at the last 0.8 s of its own clock and
+// missed its stand-in decisions: the owner narrowed past the stood-in
+// key and admitted over the limit.)
+func TestPauseQueryReachesBackOverASlowAnswer(t *testing.T) {
+	t.Parallel()
+	const before, during = 4, 3
+	nodes, net, stood, _ := pausedOwnerClocked(t, before, during, true, true, func(_ []*Node, net *MemNetwork) {
+		net.SetDelay(2 * time.Second)
+	})
+	x := nodes[0]
+	WaitFor(t, 15*time.Second, "the owner's pause query narrowed its pulls", func() bool {
+		return x.Status().PauseQueriesNarrowed == 1
+	})
+	net.SetDelay(0)
+	for range int(stood.limit) {
+		stood.check(x)
+	}
+	t.Logf("stood-in key: %d admitted (limit %d; %d before, %d by the stand-in)", stood.admitted, stood.limit, before, during)
+	if stood.admitted != int(stood.limit) {
+		t.Fatalf("%d admitted for a limit of %d: the late answer missed the stand-in's decisions", stood.admitted, stood.limit)
 	}
 }
