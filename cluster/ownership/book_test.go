@@ -198,15 +198,7 @@ func TestNarrowedPauseMove(t *testing.T) {
 	const now = int64(1e18)
 	b := NewBook("a", window, noRelease)
 	named, hn := keyOwnedBy(t, prev, cur, "b", "a")
-	var other key.Key
-	var ho uint64
-	for i := 0; ; i++ {
-		other = key.Key{Name: "api", Key: fmt.Sprint("o", i)}
-		ho = ring.Hash(other.Name, other.Key)
-		if o, _ := cur.Owner(ho); o.Name == "a" && ho != hn {
-			break
-		}
-	}
+	other, ho := keyOwnedBy(t, prev, cur, "c", "a") // another of a's keys
 	m := b.Paused(prev, cur, now, now-500)
 	if m.Since() != now-500 {
 		t.Fatalf("since %d, want %d", m.Since(), now-500)
