@@ -53,6 +53,29 @@ func (h *pauseHistory) check(t *testing.T, c *client.Node, key string, hits, lim
 	return r
 }
 
+// keysOwnedBy returns n keys prefix0, prefix1, … that owner owns, found
+// by peeks through c (a check of 0 hits decides nothing) under limit.
+func keysOwnedBy(t *testing.T, c *client.Node, owner, prefix string, n int, limit int64) []string {
+	t.Helper()
+	var keys []string
+	for i := 0; len(keys) < n && i < 1000; i++ {
+		k := fmt.Sprint(prefix, i)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.Check(ctx, fixedWindowReq(k, 0, limit))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Responses[0].Owner == owner {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < n {
+		t.Fatalf("%d of 1000 keys are owned by %s, want %d", len(keys), owner, n)
+	}
+	return keys
+}
+
 // procState returns the state letter of process pid (R, S, T, …), or 0.
 func procState(pid int) byte {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -100,23 +123,7 @@ func TestPausedOwnerDoesNotDecideFromItsStaleCount(t *testing.T) {
 	const limit, before, during, standIn = 40, 10, 30, 2
 	const pause = 8 * time.Second
 
-	// A key ps[x] owns (peeks decide nothing).
-	key := ""
-	for i := 0; key == "" && i < 1000; i++ {
-		k := fmt.Sprint("acct:", i)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := clients[via].Check(ctx, fixedWindowReq(k, 0, limit))
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Responses[0].Owner == ps[x].name {
-			key = k
-		}
-	}
-	if key == "" {
-		t.Fatalf("no key of 1000 is owned by %s", ps[x].name)
-	}
+	key := keysOwnedBy(t, clients[via], ps[x].name, "acct:", 1, limit)[0]
 
 	// The bound on over-admission for a paused owner is what it admitted
 	// since its last replication (DESIGN §1, as for a crash). The hits
@@ -275,26 +282,12 @@ func TestShortPauseOwnerPullsWhatStandInsDecided(t *testing.T) {
 		ps[i].extra = []string{"--failure-detection", "lan", "--forward-timeout", "250ms"}
 		ps[i].start(t)
 	}
+	started := time.Now()
 	waitMembers(t, ps)
 	clients := clientsOf(t, ps)
 	via, x := 0, 3
 	const limit, before, during = 20, 6, 3
-	var keys []string // three keys ps[x] owns
-	for i := 0; len(keys) < 3 && i < 1000; i++ {
-		k := fmt.Sprint("short:", i)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		resp, err := clients[via].Check(ctx, fixedWindowReq(k, 0, limit))
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Responses[0].Owner == ps[x].name {
-			keys = append(keys, k)
-		}
-	}
-	if len(keys) < 3 {
-		t.Fatalf("fewer than 3 keys of 1000 owned by %s", ps[x].name)
-	}
+	keys := keysOwnedBy(t, clients[via], ps[x].name, "short:", 3, limit)
 	stood, quiet, warm := keys[0], keys[1], keys[2]
 	var hs, hq, hw pauseHistory
 	copies := metric(t, ps[x], "sluice_replicated_total")
@@ -306,8 +299,20 @@ func TestShortPauseOwnerPullsWhatStandInsDecided(t *testing.T) {
 	waitFor(t, 10*time.Second, "a replica holds the owner's counts", func() bool {
 		return metric(t, ps[x], "sluice_replicated_total") >= copies+2
 	})
-	const narrowed, kept = `sluice_pause_queries_total{result="narrowed"}`, `sluice_pause_queries_total{result="kept"}`
-	rounds := metric(t, ps[x], narrowed) + metric(t, ps[x], kept)
+	const (
+		narrowed = `sluice_pause_queries_total{result="narrowed"}`
+		kept     = `sluice_pause_queries_total{result="kept"}`
+		skipped  = `sluice_pause_queries_total{result="skipped"}`
+	)
+	outcomes := func() float64 { return metric(t, ps[x], narrowed) + metric(t, ps[x], kept) + metric(t, ps[x], skipped) }
+	rounds := outcomes()
+	// A member answers for what it recorded since it started, and the span
+	// a round asks about reaches back the gap, a forward timeout and the
+	// round's 5 s: members younger than that answer incomplete, and the
+	// round narrows nothing. Wait until they are older.
+	waitFor(t, 20*time.Second, "the nodes up for longer than a round's span", func() bool {
+		return time.Since(started) > 7*time.Second
+	})
 
 	pid := ps[x].cmd.Process.Pid
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
@@ -330,7 +335,7 @@ func TestShortPauseOwnerPullsWhatStandInsDecided(t *testing.T) {
 	// one call per member; a node that pulls less keeps pulling).
 	hw.check(t, clients[x], warm, 1, limit)
 	waitFor(t, 15*time.Second, ps[x].name+"'s round of questions after the pause", func() bool {
-		return metric(t, ps[x], narrowed)+metric(t, ps[x], kept) > rounds
+		return outcomes() > rounds
 	})
 	wasNarrowed := metric(t, ps[x], narrowed) > 0
 	pulls := metric(t, ps[x], "sluice_pulls_total")
