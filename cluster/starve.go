@@ -1,10 +1,9 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
+	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -46,10 +45,17 @@ type cpuSample struct {
 	cgroup    string        // the cgroup throttled is of: two samples of different cgroups do not compare
 }
 
-// cpuEvidence reads the counters cpuSample holds. The cgroup's file is
-// opened once and read again at each sample; the threads' schedstat
-// files are read anew (threads come and go). Not safe for concurrent
-// use: the node samples under pauseMu.
+// cpuEvidence reads the counters cpuSample holds. The cgroup's file and
+// each thread's schedstat file are opened once and read again at each
+// sample; which cgroup the process is in, and which threads it has, are
+// looked up again every relistEvery samples. Not safe for concurrent use:
+// the node samples under pauseMu.
+//
+// A sample costs a read of each file it keeps open: a heartbeat samples
+// four times a second, and opening every thread's file anew each time
+// (three system calls a thread, and a directory listing) was a fifth of
+// the CPU of a node with a trickle of checks, 100 such nodes sharing two
+// cores (docs/scaling.md).
 type cpuEvidence struct {
 	cgroup *os.File // nil where there is none
 	v2     bool     // cgroup holds cgroup v2's cpu.stat (throttled_usec)
@@ -57,13 +63,32 @@ type cpuEvidence struct {
 	// names: a process can be moved to another cgroup while it runs.
 	self, path string
 	buf        [512]byte
+	// tasks maps each thread id to its schedstat file and the run-queue
+	// wait last read from it; waited is the wait summed over every
+	// thread seen, each counted in full when first seen and by its growth
+	// after (a thread that ends keeps what it added).
+	tasks   map[string]*taskStat
+	waited  time.Duration
+	samples int // samples taken; every relistEvery-th looks up the cgroup and threads again
 }
+
+// taskStat is a thread's open schedstat file and its last reading.
+type taskStat struct {
+	f    *os.File
+	last time.Duration
+}
+
+// relistEvery is how many samples pass between two lookups of the
+// process's cgroup and threads: 2 s at the heartbeat's four samples a
+// second (a thread started meanwhile is counted from the next lookup).
+const relistEvery = 8
 
 // openCPUEvidence opens what the system offers; a missing file just
 // leaves that counter at 0.
 func openCPUEvidence() *cpuEvidence {
-	e := &cpuEvidence{}
+	e := &cpuEvidence{tasks: map[string]*taskStat{}}
 	e.follow()
+	e.relist()
 	return e
 }
 
@@ -118,11 +143,18 @@ func (e *cpuEvidence) close() {
 	if e.cgroup != nil {
 		e.cgroup.Close()
 	}
+	for id, ts := range e.tasks {
+		ts.f.Close()
+		delete(e.tasks, id)
+	}
 }
 
 // sample reads the counters now.
 func (e *cpuEvidence) sample() cpuSample {
-	e.follow()
+	if e.samples++; e.samples%relistEvery == 0 {
+		e.follow()
+		e.relist()
+	}
 	s := cpuSample{cpu: cpuTime(), waited: e.runDelay(), cgroup: e.path}
 	if e.cgroup != nil {
 		if n, err := e.cgroup.ReadAt(e.buf[:], 0); n > 0 && (err == nil || n < len(e.buf)) {
@@ -134,54 +166,127 @@ func (e *cpuEvidence) sample() cpuSample {
 
 // runDelay returns the time this process's threads have spent waiting on
 // a run queue (the second field of each /proc/self/task/TID/schedstat),
-// summed; 0 where the system does not say.
+// summed (see waited); 0 where the system does not say.
 func (e *cpuEvidence) runDelay() time.Duration {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return 0
+	for id, ts := range e.tasks {
+		cur, ok := e.readWaited(ts.f)
+		if !ok { // the thread ended
+			ts.f.Close()
+			delete(e.tasks, id)
+			continue
+		}
+		e.waited += cur - ts.last
+		ts.last = cur
 	}
-	var sum time.Duration
-	for _, t := range tasks {
+	return e.waited
+}
+
+// relist opens the schedstat file of each thread not known yet, and adds
+// its wait so far.
+func (e *cpuEvidence) relist() {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return
+	}
+	for _, t := range ents {
+		if _, ok := e.tasks[t.Name()]; ok {
+			continue
+		}
 		f, err := os.Open("/proc/self/task/" + t.Name() + "/schedstat")
 		if err != nil {
 			continue // the thread ended
 		}
-		n, _ := f.Read(e.buf[:])
-		f.Close()
-		sum += schedstatWaited(e.buf[:n])
+		cur, ok := e.readWaited(f)
+		if !ok {
+			f.Close()
+			continue
+		}
+		e.tasks[t.Name()] = &taskStat{f: f, last: cur}
+		e.waited += cur
 	}
-	return sum
+}
+
+// readWaited reads a schedstat file from its start.
+func (e *cpuEvidence) readWaited(f *os.File) (time.Duration, bool) {
+	n, err := f.ReadAt(e.buf[:], 0)
+	if n == 0 || (err != nil && err != io.EOF) {
+		return 0, false
+	}
+	return schedstatWaited(e.buf[:n]), true
 }
 
 // schedstatWaited returns the run-queue wait of a schedstat line ("ns on
-// a CPU, ns waiting on a run queue, timeslices"), or 0.
+// a CPU, ns waiting on a run queue, timeslices"), or 0. It allocates
+// nothing: the heartbeat calls it for every thread, four times a second.
 func schedstatWaited(b []byte) time.Duration {
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
+	_, rest, ok := cutField(b)
+	if !ok {
 		return 0
 	}
-	v, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil || v < 0 {
+	f, _, ok := cutField(rest)
+	if !ok {
+		return 0
+	}
+	v, ok := parseDecimal(f)
+	if !ok {
 		return 0
 	}
 	return time.Duration(v)
 }
 
+// cutField returns b's first whitespace-separated field and what follows
+// it; ok is false when b holds no field.
+func cutField(b []byte) (field, rest []byte, ok bool) {
+	i := 0
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	j := i
+	for j < len(b) && !isSpace(b[j]) {
+		j++
+	}
+	return b[i:j], b[j:], j > i
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// parseDecimal parses a non-negative decimal integer of at most 18
+// digits (no sign, no overflow possible).
+func parseDecimal(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, false
+	}
+	var v int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	return v, true
+}
+
 // cgroupThrottled returns a cpu.stat's throttled time: throttled_time
-// (ns) in cgroup v1, throttled_usec in v2; 0 when absent.
+// (ns) in cgroup v1, throttled_usec in v2; 0 when absent. It allocates
+// nothing.
 func cgroupThrottled(b []byte, v2 bool) time.Duration {
 	key, unit := "throttled_time", time.Nanosecond
 	if v2 {
 		key, unit = "throttled_usec", time.Microsecond
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || k != key {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		k, v, ok := bytes.Cut(line, []byte{' '})
+		if !ok || string(k) != key {
 			continue
 		}
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n < 0 {
+		n, ok := parseDecimal(bytes.TrimSpace(v))
+		if !ok {
 			return 0
 		}
 		return time.Duration(n) * unit

@@ -35,7 +35,7 @@ func TestCPUEvidenceParsers(t *testing.T) {
 	if got := schedstatWaited([]byte("696287 52469 2\n")); got != 52469 {
 		t.Errorf("schedstat: %v", got)
 	}
-	for _, bad := range []string{"", "1", "1 x 2", "1 -5 2"} {
+	for _, bad := range []string{"", "1", "1 x 2", "1 -5 2", "1 +5 2", "1 1234567890123456789 2", "  \n"} {
 		if got := schedstatWaited([]byte(bad)); got != 0 {
 			t.Errorf("schedstat %q: %v, want 0", bad, got)
 		}
@@ -50,6 +50,20 @@ func TestCPUEvidenceParsers(t *testing.T) {
 	}
 	if got := cgroupThrottled([]byte(v2), false); got != 0 {
 		t.Errorf("v2's file read as v1: %v", got)
+	}
+	if got := cgroupThrottled([]byte("throttled_time x\n"), false); got != 0 {
+		t.Errorf("malformed value: %v", got)
+	}
+}
+
+// The heartbeat parses every thread's schedstat file four times a second
+// while checks come: the parsers allocate nothing. (Not parallel:
+// AllocsPerRun counts the whole process's allocations.)
+func TestCPUEvidenceParsersDoNotAllocate(t *testing.T) {
+	line := []byte("696287 52469 2\n")
+	stat := []byte("nr_periods 120\nnr_throttled 30\nthrottled_time 2500000000\n")
+	if a := testing.AllocsPerRun(100, func() { schedstatWaited(line); cgroupThrottled(stat, false) }); a != 0 {
+		t.Errorf("the parsers allocate %v times a call, want 0", a)
 	}
 }
 
@@ -94,5 +108,15 @@ func TestRunDelayGrowsUnderContention(t *testing.T) {
 	}
 	if after.waited <= before.waited || after.cpu <= before.cpu {
 		t.Fatalf("under contention: waited %v → %v, cpu %v → %v; want both to grow", before.waited, after.waited, before.cpu, after.cpu)
+	}
+}
+
+// BenchmarkCPUEvidenceSample is the cost of one heartbeat sample of the
+// pause evidence (the heartbeat takes four a second while checks come).
+func BenchmarkCPUEvidenceSample(b *testing.B) {
+	e := openCPUEvidence()
+	defer e.close()
+	for b.Loop() {
+		e.sample()
 	}
 }
