@@ -103,6 +103,12 @@ func New(cfg Config, store Store) (*Cache, error) {
 			return nil, err
 		}
 		s.lru = lru
+		if cfg.Copies > 0 {
+			s.copies, err = simplelru.NewLRU(max(cfg.Copies/cfg.Shards, 1), func(_ uint32, i uint32) { s.onEvictCopy(i) })
+			if err != nil {
+				return nil, err
+			}
+		}
 		c.shards[i] = s
 	}
 	return c, nil

@@ -203,31 +203,35 @@ func residentBytes() int64 {
 // BenchmarkReplicaCopy: what a replica pays per copy of a key it does not
 // decide (Merge), against a check of a key in memory (Decide), both on a
 // pebble store: 10k keys, each copy newer than the last, and a flush
-// after every round of 10k copies, as the flush loop would (a copy waits
-// in pending only until the next flush, then only the store holds it, so
-// every copy after the first reads the store). The flush's cost is in the
-// figure.
+// after every round of 10k copies, as the flush loop would. Without
+// Copies (merge) a copy waits in pending only until the next flush, then
+// only the store holds it, so every copy after the first reads the store;
+// with them (merge-held) the copies stay in memory. The flush's cost is
+// in the figure.
 func BenchmarkReplicaCopy(b *testing.B) {
 	keys, hashes := benchKeys(10_000)
 	st := bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: base + 120e9}
+	merge := func(c *Cache, j int, v uint64) error {
+		s := st
+		s.Count = int64(v)
+		c.Merge(hashes[j], Record{Key: keys[j], State: s, Version: v})
+		return nil
+	}
 	for _, bc := range []struct {
-		name string
-		op   func(c *Cache, j int, v uint64) error
+		name   string
+		copies int // Config.Copies
+		op     func(c *Cache, j int, v uint64) error
 	}{
-		{"merge", func(c *Cache, j int, v uint64) error {
-			s := st
-			s.Count = int64(v)
-			c.Merge(hashes[j], Record{Key: keys[j], State: s, Version: v})
-			return nil
-		}},
-		{"decide", func(c *Cache, j int, v uint64) error {
+		{"merge", 0, merge},                  // each copy after its write reads the store
+		{"merge-held", DefaultCopies, merge}, // copies stay in memory after their write
+		{"decide", 0, func(c *Cache, j int, v uint64) error {
 			_, err := c.Decide(hashes[j], keys[j], benchLim, 1, base)
 			return err
 		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
-			c, err := New(Config{Logger: quietLogger(), FlushInterval: time.Hour}, openTestStore(b, b.TempDir()))
+			c, err := New(Config{Logger: quietLogger(), FlushInterval: time.Hour, Copies: bc.copies}, openTestStore(b, b.TempDir()))
 			if err != nil {
 				b.Fatal(err)
 			}

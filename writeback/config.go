@@ -14,6 +14,14 @@ type Config struct {
 	// Size is the most live entries held in memory across all shards; each
 	// shard holds at most Size/Shards. Default 1_000_000.
 	Size int
+	// Copies is the most replica copies (Merge of keys this cache does
+	// not decide) kept in memory after the flush that writes them, across
+	// all shards, apart from Size: a copy held in memory takes the next
+	// copy of its key without a store read. 0 keeps none: a copy stays in
+	// memory only until its write, and each later copy of the key reads
+	// the store first. DefaultConfig has DefaultCopies; a zero Copies is
+	// not replaced by it.
+	Copies int
 	// FlushInterval is how often dirty entries are written to the store, as
 	// one batch: one interval after the first change since the previous
 	// flush, so a cache with nothing dirty does not flush. It bounds what a
@@ -46,6 +54,7 @@ type Config struct {
 const (
 	DefaultShards         = 64
 	DefaultSize           = 1_000_000
+	DefaultCopies         = 1_000_000 // DefaultConfig's Copies; a zero Config keeps none
 	DefaultFlushInterval  = time.Second
 	DefaultExpiryInterval = time.Minute
 	DefaultExpiryBatch    = 100_000
@@ -57,6 +66,7 @@ func DefaultConfig() Config {
 	return Config{
 		Shards:         DefaultShards,
 		Size:           DefaultSize,
+		Copies:         DefaultCopies,
 		FlushInterval:  DefaultFlushInterval,
 		ExpiryInterval: DefaultExpiryInterval,
 		ExpiryBatch:    DefaultExpiryBatch,
@@ -96,6 +106,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("writeback: Shards is %d, want a power of two from 1 to %d", c.Shards, maxShards)
 	case c.Size < c.Shards:
 		return fmt.Errorf("writeback: Size is %d, want at least Shards (%d)", c.Size, c.Shards)
+	case c.Copies < 0:
+		return fmt.Errorf("writeback: Copies is %d, want 0 or more", c.Copies)
 	case c.FlushInterval < 0:
 		return fmt.Errorf("writeback: FlushInterval is %v, want > 0", c.FlushInterval)
 	case c.ExpiryInterval < 0:

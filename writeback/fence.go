@@ -117,7 +117,7 @@ func (c *Cache) InstallUnlessFencedSince(hash uint64, rec Record, since int64) b
 }
 
 // Range calls fn with the record of every live key in memory (including
-// evicted ones waiting for their write), shard by shard, until fn returns
+// evicted ones waiting for their write, and replica copies), shard by shard, until fn returns
 // false. fn runs without any lock held; a key changed meanwhile may be
 // seen before or after its change.
 func (c *Cache) Range(now int64, fn func(Record) bool) {
@@ -135,6 +135,11 @@ func (c *Cache) Range(now int64, fn func(Record) bool) {
 		}
 		if s.over != nil {
 			for _, i := range s.over.Values() {
+				add(s.slots.at(i))
+			}
+		}
+		if s.copies != nil {
+			for _, i := range s.copies.Values() {
 				add(s.slots.at(i))
 			}
 		}

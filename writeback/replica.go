@@ -1,18 +1,25 @@
 package writeback
 
 // Copies of keys this node does not decide (replica copies, Merge): they
-// are kept in memory only until the store holds them.
+// never take a place in the LRU of the keys this node decides.
 //
-// A copy of a key the cache does not hold in memory gets a slot that goes
-// straight to the shard's pending map, as if the LRU had evicted it before
-// its write, never to the LRU: the next flush writes it and drops it, and
-// from then on only the store holds it. A read of the key (Decide, Get:
-// a replica standing in for its owner, a pull) finds it in pending or
-// loads it from the store like any evicted key, and only then does it take
-// a place in the LRU. So replica copies cost the store's bytes, not a
-// cache entry each, and the cache's Size counts the keys this node
-// decides. A copy of a key the cache holds is installed in place, without
-// making it more recent.
+// A copy of a key the cache does not hold in memory gets a slot in the
+// shard's copies LRU (Config.Copies), apart from the LRU: the next flush
+// writes it, and it stays in memory, so that the owner's next copy of the
+// key (a replica gets one for every change, within the replication
+// interval) is installed in place without a read of the store. The
+// oldest copy makes room: dropped when written, else kept in pending
+// until its write. Without a copies LRU (Copies 0), or when another
+// copy's hash takes the place, the slot goes to pending, as if the LRU
+// had evicted it before its write: the next flush writes it and drops it,
+// and from then on only the store holds it.
+//
+// A read of the key (Decide, Get: a replica standing in for its owner, a
+// pull) finds it in copies or pending, or loads it from the store like
+// any evicted key, and only then does it take a place in the LRU. So the
+// cache's Size counts the keys this node decides, and copies cost at most
+// Copies entries of memory besides. A copy of a key the cache holds is
+// installed in place, without making it more recent.
 
 import (
 	"errors"
@@ -21,7 +28,8 @@ import (
 )
 
 // peek finds k in memory without changing its place: in the LRU, the
-// overflow LRU or pending.
+// overflow LRU, pending, or as a copy (which it makes the most recent
+// copy).
 func (s *shard) peek(ch uint32, k Key) *slot {
 	if i, ok := s.lru.Peek(ch); ok {
 		if sl := s.slots.at(i); s.is(sl, k) {
@@ -31,6 +39,14 @@ func (s *shard) peek(ch uint32, k Key) *slot {
 	if s.over != nil && s.over.Len() > 0 {
 		if i, ok := s.over.Peek(k); ok {
 			return s.slots.at(i)
+		}
+	}
+	if s.copies != nil {
+		if i, ok := s.copies.Peek(ch); ok {
+			if sl := s.slots.at(i); s.is(sl, k) {
+				s.copies.Get(ch)
+				return sl
+			}
 		}
 	}
 	if i, ok := s.pending[k]; ok {
@@ -92,14 +108,13 @@ func (c *Cache) mergeCopy(hash uint64, rec Record) bool {
 			c.log.Error("writeback: counter not installed", "name", rec.Key.Name, "err", err)
 			return false
 		}
-		s.pending[s.keyOf(sl)] = i
 		s.queue(sl)
-		if len(s.pending) >= s.pendingMax {
-			select {
-			case s.kick <- struct{}{}:
-			default: // a flush is already asked for
-			}
+		if s.copies != nil && !s.copies.Contains(ch) {
+			s.copies.Add(ch, i) // may evict the oldest copy (onEvictCopy)
+			return true
 		}
+		s.pending[s.keyOf(sl)] = i
+		s.kickIfPendingFull()
 		return true
 	}
 }

@@ -54,6 +54,14 @@ type shard struct {
 	// taken by another key lives in over instead.
 	lru  *simplelru.LRU[uint32, uint32]
 	over *simplelru.LRU[Key, uint32] // made on the first collision
+	// copies holds replica copies (Merge of keys not in lru or over) by
+	// their cacheHash, apart from lru so that they never evict a key this
+	// node decides: nil with Config.Copies 0. A copy whose cacheHash is
+	// taken in copies by another key waits in pending instead, as every
+	// copy does without copies. promoting is set while lookup moves a
+	// copy to lru: its removal from copies is not an eviction.
+	copies    *simplelru.LRU[uint32, uint32]
+	promoting bool
 	// pending holds slots the LRU evicted before their changes were
 	// written; a miss looks here before the store. A flush that writes a
 	// slot's last change removes it.
@@ -172,16 +180,40 @@ func (s *shard) onEvict(i uint32) {
 	sl := s.slots.at(i)
 	if sl.has(dirtyBit) && !sl.fresh(s.now) {
 		s.pending[s.keyOf(sl)] = i
-		if len(s.pending) >= s.pendingMax {
-			select {
-			case s.kick <- struct{}{}:
-			default: // a flush is already asked for
-			}
-		}
+		s.kickIfPendingFull()
 		return
 	}
 	sl.clear(queuedBit | dirtyBit) // its dirty reference, if any, is now a no-op
 	s.retire(i)
+}
+
+// onEvictCopy is onEvict for the copies LRU: an evicted copy with an
+// unwritten change waits in pending for its write, any other is dropped
+// (the store holds it). Copies are not counted as evictions, which count
+// the keys this node decides.
+func (s *shard) onEvictCopy(i uint32) {
+	if s.promoting {
+		return
+	}
+	sl := s.slots.at(i)
+	if sl.has(dirtyBit) {
+		s.pending[s.keyOf(sl)] = i
+		s.kickIfPendingFull()
+		return
+	}
+	sl.clear(queuedBit)
+	s.retire(i)
+}
+
+// kickIfPendingFull asks for a flush at once when pending reached
+// pendingMax.
+func (s *shard) kickIfPendingFull() {
+	if len(s.pending) >= s.pendingMax {
+		select {
+		case s.kick <- struct{}{}:
+		default: // a flush is already asked for
+		}
+	}
 }
 
 // retire puts the dropped slot i in limbo (see retired). When the list of
@@ -218,6 +250,17 @@ func (s *shard) lookup(ch uint32, k Key, now int64) *slot {
 	}
 	if s.over != nil && s.over.Len() > 0 {
 		if i, ok := s.over.Get(k); ok {
+			return s.slots.at(i)
+		}
+	}
+	if s.copies != nil {
+		if i, ok := s.copies.Peek(ch); ok && s.is(s.slots.at(i), k) {
+			// A copy read to be decided (a replica standing in, a pull)
+			// becomes a key this node decides, as one from pending does.
+			s.promoting = true
+			s.copies.Remove(ch)
+			s.promoting = false
+			s.insert(ch, i, now)
 			return s.slots.at(i)
 		}
 	}

@@ -16,8 +16,8 @@ import (
 // (or, past that table's bound, stored in front of the key's bytes). Slots
 // live in the shard's slab and are named by 32-bit indices, which keeps the
 // LRU's list element at 64 bytes too. A slot is reached from exactly one of
-// its shard's LRU, overflow LRU or pending map; the dirty and changed lists
-// point to it. Every field is guarded by the shard's mutex.
+// its shard's LRU, overflow LRU, copies LRU or pending map; the dirty and
+// changed lists point to it. Every field is guarded by the shard's mutex.
 type slot struct {
 	start, count, prev, expires int64
 	ext                         *bucket.Ext

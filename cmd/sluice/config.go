@@ -312,6 +312,9 @@ func (f *serveFlags) validate() (string, error) {
 	if f.cacheSize < 1 {
 		return "cache-size", fmt.Errorf("%d: want at least 1", f.cacheSize)
 	}
+	if f.cacheCopies < 0 {
+		return "cache-copies", fmt.Errorf("%d: want 0 or more", f.cacheCopies)
+	}
 	if f.replicas < 1 || f.replicas > ring.MaxReplicationFactor {
 		return "replicas", fmt.Errorf("%d: want 1..%d", f.replicas, ring.MaxReplicationFactor)
 	}

@@ -159,6 +159,7 @@ func TestServeRefusesABadConfig(t *testing.T) {
 		{"wrong type", "hot-key-threshold: many\n", "", "c.yaml:6:20: hot-key-threshold: want a number, got a string many"},
 		{"bad value", "failure-detection: quick\n", "", `c.yaml:6:20: failure-detection: "quick": want lan or fast`},
 		{"bad value", "ring-partitions: 0\n", "", "c.yaml:6:18: ring-partitions: 0: want 1..1048576"},
+		{"bad value", "cache-copies: -1\n", "", "c.yaml:6:15: cache-copies: -1: want 0 or more"},
 		{"bad value", "ring-load: 1\n", "", "c.yaml:6:12: ring-load: 1: want more than 1 and at most 10"},
 		{"bad address", "gossip-addr: nowhere\n", "", "c.yaml:5:14: gossip-addr: \"nowhere\": want host:port"},
 	} {

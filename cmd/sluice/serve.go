@@ -18,6 +18,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/writeback"
 )
 
 // serveFlags are the flags of `sluice serve`; each also reads SLUICE_<NAME>
@@ -28,7 +29,7 @@ type serveFlags struct {
 	join, dataDir, onOwnerUnavailable, logLevel, logFormat string
 	rulesPath                                              string
 	rulesInterval                                          time.Duration
-	cacheSize, replicas                                    int
+	cacheSize, cacheCopies, replicas                       int
 	flushInterval, forwardTimeout, shutdownTimeout         time.Duration
 	replicationInterval, moveWindow, heartbeatIdle         time.Duration
 	gcMinHeap                                              byteSize
@@ -83,6 +84,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.rulesPath, "rules", "", "rules file or directory (YAML, docs/rules.md); watched and reloaded on change")
 	fs.DurationVar(&f.rulesInterval, "rules-interval", time.Second, "how often the rules files are checked for changes")
 	fs.IntVar(&f.cacheSize, "cache-size", 1_000_000, "live counters kept in memory")
+	fs.IntVar(&f.cacheCopies, "cache-copies", writeback.DefaultCopies, "replica copies of other nodes' counters kept in memory after their write, apart from --cache-size: a copy in memory takes the owner's next copy without a disk read; 0 keeps none")
 	fs.DurationVar(&f.flushInterval, "flush-interval", time.Second, "how often changed counters are written to disk")
 	fs.IntVar(&f.replicas, "replicas", 2, "copies of each counter: the owner and replicas-1 backups")
 	fs.IntVar(&f.ringPartitions, "ring-partitions", ring.DefaultConfig().Partitions, "partitions keys are hashed into; ownership moves whole partitions. Every node of a cluster must agree (a node that differs stays out of the others' rings); past about 500 nodes 65521 moves close to 1/N of the keys per join (docs/scaling.md)")
@@ -401,6 +403,7 @@ func (f *serveFlags) clusterConfig(lg *slog.Logger) (cluster.Config, error) {
 	cfg.DataDir = f.dataDir
 	cfg.JoinRetry = f.joinRetry
 	cfg.Cache.Size = f.cacheSize
+	cfg.Cache.Copies = f.cacheCopies
 	cfg.Cache.FlushInterval = f.flushInterval
 	cfg.Ring.ReplicationFactor = f.replicas
 	cfg.Ring.Partitions = f.ringPartitions
