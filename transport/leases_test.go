@@ -122,8 +122,8 @@ func TestCheckMovedRefusesBadLeases(t *testing.T) {
 // from random bytes, as a peer could send it, for a call of n items at
 // offset off in a batch: no panic; an answer checkMoved accepts has at
 // most one lease per item, each naming an item of the batch with tokens
-// ≥ 0 and a positive lifetime; fill hands the call exactly the leases of
-// its items; a refused one says why.
+// ≥ 0, a positive lifetime and a grant id ≥ 0; fill hands the call exactly
+// the leases of its items, grant ids included; a refused one says why.
 func FuzzForwardResponse(f *testing.F) {
 	good := &sluicev1.ForwardResponse{
 		Responses: []*sluicev1.RateLimitResponse{{Status: sluicev1.Status_STATUS_UNDER_LIMIT}, {Status: sluicev1.Status_STATUS_OVER_LIMIT}, {}},
@@ -149,7 +149,7 @@ func FuzzForwardResponse(f *testing.F) {
 		}
 		seen := map[uint32]bool{}
 		for _, l := range resp.Leases {
-			if int(l.Index) >= n || seen[l.Index] || l.Tokens < 0 || l.TtlMicros <= 0 {
+			if int(l.Index) >= n || seen[l.Index] || l.Tokens < 0 || l.TtlMicros <= 0 || l.GrantedAt < 0 {
 				t.Fatalf("accepted lease %v for %d items", l, n)
 			}
 			seen[l.Index] = true
@@ -171,7 +171,7 @@ func FuzzForwardResponse(f *testing.F) {
 			var want bucket.Lease
 			for _, l := range resp.Leases {
 				if int(l.Index) == off+i {
-					want = bucket.Lease{Tokens: l.Tokens, TTL: time.Duration(l.TtlMicros) * time.Microsecond}
+					want = bucket.Lease{Tokens: l.Tokens, TTL: time.Duration(l.TtlMicros) * time.Microsecond, GrantedAt: l.GrantedAt}
 				}
 			}
 			if o.Lease != want {
