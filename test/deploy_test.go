@@ -57,6 +57,11 @@ import (
 //	                         every node to see every node alive
 //	SLUICE_DEPLOY_LOG_LEVEL  the nodes' --log-level (default the harness's, debug)
 //	SLUICE_DEPLOY_LOGS       a directory: every node's whole log, one file each
+//	SLUICE_DEPLOY_RATE       checks a second of the load (default 200, spread
+//	                         over its callers); 0: each caller calls back to
+//	                         back, which on one machine saturates it (the
+//	                         nodes then starve, which is the overload test's
+//	                         subject, not a deploy's)
 //
 // The phase's line is logged also when a phase fails; a count below what
 // was admitted is then traced through up to 20 nodes (diagnoseLost), and
@@ -188,6 +193,15 @@ func TestRollingDeployAtScale(t *testing.T) {
 		up[i] = true
 	}
 	l := newLoad(max(100, 10*n))
+	rate := 200
+	if v := os.Getenv("SLUICE_DEPLOY_RATE"); v != "" {
+		if rate, err = strconv.Atoi(v); err != nil || rate < 0 {
+			t.Fatalf("SLUICE_DEPLOY_RATE=%q: want checks a second, 0 or more", v)
+		}
+	}
+	if rate > 0 {
+		l.every = time.Duration(deployWorkers) * time.Second / time.Duration(rate)
+	}
 	retarget := func() {
 		var cs []*client.Node
 		for i, c := range clients {
@@ -200,8 +214,12 @@ func TestRollingDeployAtScale(t *testing.T) {
 	retarget()
 	verifier := dial(t, ps[0].grpc) // node 1 is never restarted
 	t.Logf("gate between restarts: %s", map[bool]string{false: "/readyz 200 of the restarted nodes", true: "every node sees every node alive and is ready"}[gateMembers])
-	t.Logf("load: %d callers over every running node, %d tight keys (limit %d) and %d loose keys, window %d ms",
-		deployWorkers, len(l.tight), l.tightLimit, len(l.loose), longWindow)
+	pace := "back to back"
+	if rate > 0 {
+		pace = fmt.Sprintf("%d checks a second in all", rate)
+	}
+	t.Logf("load: %d callers over every running node (%s), %d tight keys (limit %d) and %d loose keys, window %d ms",
+		deployWorkers, pace, len(l.tight), l.tightLimit, len(l.loose), longWindow)
 
 	// restart stops group gracefully, waits for every process to exit,
 	// starts each again on its data directory and addresses, and waits

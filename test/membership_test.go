@@ -25,6 +25,11 @@ type load struct {
 	mu      sync.Mutex
 	targets []*client.Node
 
+	// every, when set, paces each worker: a call starts at most every
+	// this long (an open loop at workers/every calls a second, as long
+	// as calls are faster than that); 0 calls back to back.
+	every time.Duration
+
 	calls, callErrors, slow atomic.Int64
 	looseErrors             atomic.Int64 // failed calls on loose keys: counted or not, never seen admitted
 	maxLatency              atomic.Int64
@@ -84,7 +89,26 @@ func (l *load) run(t *testing.T, workers int, maxCalls int64, maxTime time.Durat
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			next := time.Now()
 			for time.Now().Before(deadline) && l.calls.Add(1) <= maxCalls {
+				if l.every > 0 {
+					// The pace: wait for this call's slot, or stop.
+					if d := time.Until(next); d > 0 {
+						tm := time.NewTimer(d)
+						select {
+						case <-stop:
+							tm.Stop()
+							return
+						case <-tm.C:
+						}
+					}
+					// A worker behind its pace (slow calls) starts again
+					// from now rather than catching up in a burst.
+					next = next.Add(l.every)
+					if now := time.Now(); next.Before(now) {
+						next = now
+					}
+				}
 				select {
 				case <-stop:
 					return
