@@ -107,7 +107,7 @@ func TestRollingUpgrade(t *testing.T) {
 
 	ps := make([]*proc, 3)
 	for i := range ps {
-		ps[i] = newLowProc(t, i, fmt.Sprintf("127.0.0.%d", 40+i))
+		ps[i] = newProc(t, i, fmt.Sprintf("127.0.0.%d", 40+i))
 		ps[i].bin = oldBin
 		if i > 0 {
 			ps[i].join = []string{ps[0].gossip}
