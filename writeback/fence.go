@@ -117,9 +117,9 @@ func (c *Cache) InstallUnlessFencedSince(hash uint64, rec Record, since int64) b
 }
 
 // Range calls fn with the record of every live key in memory (including
-// evicted ones waiting for their write, and replica copies), shard by shard, until fn returns
-// false. fn runs without any lock held; a key changed meanwhile may be
-// seen before or after its change.
+// evicted ones waiting for their write, and replica copies), shard by
+// shard, until fn returns false. fn runs without any lock held; a key
+// changed meanwhile may be seen before or after its change.
 func (c *Cache) Range(now int64, fn func(Record) bool) {
 	var recs []Record
 	for _, s := range c.shards {
