@@ -42,6 +42,11 @@ const (
 	Refuse Fault = iota + 1
 	// Blackhole never answers: the forward fails when its context ends.
 	Blackhole
+	// SlowPulls makes every Pull over the link fail as one not answered
+	// within its deadline would (context.DeadlineExceeded), at once; the
+	// other calls pass. It stands for a loaded machine, where a pull
+	// (PullTimeout) runs out before a forward (ForwardTimeout) does.
+	SlowPulls
 )
 
 // ErrUnreachable is returned by a forward over a refused link or to an
@@ -198,7 +203,11 @@ func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, coun
 func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
 	p.m.mu.Lock()
 	p.m.pulls[p.from]++
+	slow := p.m.faults[[2]string{p.from, addr}] == SlowPulls
 	p.m.mu.Unlock()
+	if slow {
+		return fmt.Errorf("memnet: pull %s → %s: %w", p.from, addr, context.DeadlineExceeded)
+	}
 	h, err := p.reach(ctx, addr)
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ type stats struct {
 	handoffErrors     atomic.Uint64 // counters whose push failed
 	pulls             atomic.Uint64 // first-touch pulls of moved keys
 	pullErrors        atomic.Uint64 // pulls whose previous owner did not answer
+	settlesDeferred   atomic.Uint64 // moved keys left unsettled: no node asked answered, one still a member
 	rejoins           atomic.Uint64 // members alive again after being declared dead
 	pauses            atomic.Uint64 // gaps in the heartbeat: this node did not run (pause.go)
 	// pausesStarved and pausesBusy count the pauses explained as such

@@ -186,7 +186,7 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 		}
 	}
 	before := net.Pulls(memAddr(2))
-	nodes[2].presettle(context.Background(), reqs, false, t0.UnixNano(), func(uint64) bool { return true })
+	nodes[2].presettle(context.Background(), reqs, false, true, t0.UnixNano(), func(uint64) bool { return true })
 	if pulls := net.Pulls(memAddr(2)) - before; pulls != 0 {
 		t.Fatalf("a draining node made %d Pull calls", pulls)
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,13 +44,14 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	now := n.now().UnixNano()
 	n.pauseCheck(now) // before the table and the moves are read
 	tbl := n.ring.Table()
+	var deferred []uint64
 	if n.inRing.Load() {
-		n.presettle(ctx, reqs, false, now, func(h uint64) bool {
+		deferred = n.presettle(ctx, reqs, false, true, now, func(h uint64) bool {
 			owner, ok := tbl.Owner(h)
 			return !ok || owner.Name == n.name
 		})
 	}
-	var remote []routed
+	var remote, unsettled []routed
 	for i := range reqs {
 		r := &reqs[i]
 		lims, ok := n.prepare(r, false, &out[i])
@@ -59,8 +61,18 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
 		if !ok || owner.Name == n.name {
-			to := n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
+			var to string
+			if slices.Contains(deferred, h) {
+				out[i] = bucket.Outcome{Owner: n.name, Err: errUnsettled}
+			} else {
+				to = n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
+			}
 			if to == "" {
+				if out[i].Err == errUnsettled && ctx.Err() == nil {
+					// Not decided here: as if this node, its owner, had
+					// not answered (errUnsettled).
+					unsettled = append(unsettled, routed{i: i, hash: h, lims: lims, owner: ring.Member{Name: n.name, Addr: n.cfg.GRPCAddr}})
+				}
 				continue
 			}
 			owner = ring.Member{Addr: to}
@@ -78,6 +90,9 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 	n.wakeRate()
 	if len(remote) > 0 {
 		n.forward(ctx, reqs, out, remote, now)
+	}
+	if len(unsettled) > 0 {
+		n.failover(ctx, reqs, out, unsettled, n.cfg.GRPCAddr, now)
 	}
 }
 
@@ -139,7 +154,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 	now := n.now().UnixNano()
 	n.pauseCheck(now) // before the table and the moves are read
 	tbl := n.ring.Table()
-	n.presettle(ctx, reqs, true, now, func(h uint64) bool {
+	deferred := n.presettle(ctx, reqs, true, !standIn, now, func(h uint64) bool {
 		owner, ok := tbl.Owner(h)
 		return standIn || !ok || owner.Name == n.name
 	})
@@ -157,6 +172,11 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 			}
 		}
 		h := ring.Hash(r.Name, r.Key)
+		if slices.Contains(deferred, h) {
+			// The sender fails it over (errUnsettled).
+			out[i] = bucket.Outcome{Owner: n.name, Err: errUnsettled}
+			continue
+		}
 		movedTo[i] = n.decide(ctx, h, r, lims, ev, now, &out[i])
 		if lessee != nil && movedTo[i] == "" {
 			n.grant(ctx, h, r, lims, ev, *lessee, now, &out[i])
@@ -218,10 +238,13 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 // presettle settles at once (settleBatch) the keys of a batch that this
 // node is about to decide (mine says which, by ring hash) and that a recent
 // ring change moved here; decide would otherwise settle them one by one.
-func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bool, now int64, mine func(h uint64) bool) {
+// It returns the ring hashes of the keys left unsettled for want of an
+// answer (settleBatch, with owner), which must not be decided now
+// (errUnsettled).
+func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved, owner bool, now int64, mine func(h uint64) bool) (deferred []uint64) {
 	ms := n.book.Moves()
 	if len(reqs) < 2 || !ms.Active(now) {
-		return
+		return nil
 	}
 	var items []settleItem
 	var o bucket.Outcome
@@ -247,7 +270,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bo
 		}
 	}
 	if len(items) == 0 {
-		return
+		return nil
 	}
 	// Under the gate, like a decision: a drain that starts meanwhile hands
 	// on what was adopted. A draining node pulls nothing: a pull releases
@@ -255,9 +278,19 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved bo
 	// node that is leaving and has already handed its counters on.
 	n.gate.RLock()
 	if !n.draining() {
-		n.settleBatch(ctx, items, ms, now)
+		deferred = n.settleBatch(ctx, items, ms, now, owner)
 	}
 	n.gate.RUnlock()
+	return deferred
+}
+
+// owning reports whether ev is a check this node decides as the key's
+// owner, which it does not decide from an older copy while a member that
+// may hold a newer count did not answer (errUnsettled): the check fails
+// over instead. A stand-in's or failover's check is that failover, and is
+// decided from what the node holds once its pulls are done or failed.
+func owning(ev ownership.Event) bool {
+	return ev.Kind == ownership.Check || ev.Kind == ownership.Forwarded
 }
 
 // limits are the resolved limits of a request: one, plus more decided
@@ -338,8 +371,9 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 		if eff.PullFrom != "" {
 			n.pullKey(ctx, h, k, lims, eff.PullFrom)
 		}
-		if eff.Settle {
-			n.settleKey(ctx, h, k, lims, now)
+		if eff.Settle && !n.settleKey(ctx, h, k, lims, now, owning(ev)) && ctx.Err() == nil {
+			o.Owner, o.Err = n.name, errUnsettled
+			return ""
 		}
 		if eff.Reclaim {
 			n.reclaim(h, k, lims)

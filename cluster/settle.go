@@ -10,35 +10,52 @@ package cluster
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/ownership"
+	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
 // settleKey settles k's cache keys (every limit's) that a recent ring
-// change moved here and that are not settled yet: see settleBatch.
-func (n *Node) settleKey(ctx context.Context, h uint64, k writeback.Key, lims limits, now int64) {
+// change moved here and that are not settled yet: see settleBatch, and
+// owner there. It reports false when one stays unsettled because a member
+// that may hold a newer copy did not answer: k must not be decided here
+// now.
+func (n *Node) settleKey(ctx context.Context, h uint64, k writeback.Key, lims limits, now int64, owner bool) bool {
 	ms := n.book.Moves()
 	if len(lims.more) == 0 {
-		n.settle(ctx, h, k, ms, now)
-		return
+		return n.settle(ctx, h, k, ms, now, owner)
 	}
+	ok := true
 	for i := range 1 + len(lims.more) {
-		n.settle(ctx, h, writeback.SubKey(k, i), ms, now)
+		ok = n.settle(ctx, h, writeback.SubKey(k, i), ms, now, owner) && ok
 	}
+	return ok
 }
 
-// settle settles one cache key (settleBatch), when a move still has to.
-func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, ms ownership.Moves, now int64) {
+// settle settles one cache key (settleBatch), when a move still has to,
+// and reports false when it stays unsettled for want of an answer.
+func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, ms ownership.Moves, now int64, owner bool) bool {
 	if !ms.Unsettled(h, k, n.name, now) {
-		return
+		return true
 	}
-	n.settleBatch(ctx, []settleItem{{h: h, k: k}}, ms, now)
+	return n.settleBatch(ctx, []settleItem{{h: h, k: k}}, ms, now, owner) == nil
 }
+
+// errUnsettled is the error of a check on a key that a ring change moved
+// here and that no node which may hold a newer copy answered a pull of,
+// one of them still a member (settleBatch). It begins with abandoned: this node decided nothing, and the
+// node that forwarded the check, or this one when the check came here
+// first, fails it over to the key's replica (failover), which holds the
+// count, rather than have it decided from an older copy here. A decision
+// from the older copy would carry a newer version than the holder's count,
+// outrank it, and lose every hit that count holds.
+const errUnsettled = abandoned + "no node that may hold a newer count of the key answered its pull"
 
 // settleItem is one cache key to settle, and what was found for it.
 type settleItem struct {
@@ -47,6 +64,11 @@ type settleItem struct {
 	asked []route.Holder  // nodes asked, deduplicated by address
 	moves ownership.Moves // the moves it is settled for
 	best  bucket.Counter
+	// unanswered holds the addresses whose last pull of the key failed
+	// (an error or no answer within PullTimeout); answered counts the
+	// pulls that did not.
+	unanswered []string
+	answered   int
 }
 
 // maxPullRounds bounds the rounds of pulls settleBatch makes for a batch:
@@ -70,13 +92,30 @@ const maxPullRounds = 2
 // 100-item batch after a membership change would outlast the sender's
 // forward deadline, and the sender would have the batch decided again by a
 // replica.
-func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership.Moves, now int64) {
+//
+// For the checks this node decides as the keys' owner (owner set: see
+// owning), a pull that fails is made again in the next round when the
+// caller's deadline leaves time for it, and a key that no node asked
+// answered for, while one that did not is still a member of this node's
+// table, stays unsettled, to be pulled again on its next touch: that
+// member (its previous owner, slow to answer on a loaded machine) may
+// hold the newest count, and this node's own copy may be minutes old.
+// settleBatch returns the ring hashes of those keys (nil when none),
+// which the caller must not decide now (errUnsettled). When a node asked
+// did answer (the previous owner's replica, say), its copy is at most a
+// replication round behind the owner's, as after a crash, and the key is
+// settled. A node asked that is no longer a member handed its counters on
+// when it left, or its replicas hold them. A stand-in's or a
+// failover's check (owner unset) is the fallback already: its keys are
+// settled once the pulls are done, answered or not, as a side of a
+// partition settles them, and it is decided from what this node holds.
+func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership.Moves, now int64, owner bool) (deferred []uint64) {
 	cur := n.ring.Table()
 	for i := range items {
 		it := &items[i]
 		it.asked, it.moves = ms.Plan(it.h, it.k, n.name, cur, now, it.asked)
 	}
-	n.pullRounds(ctx, items)
+	n.pullRounds(ctx, items, owner)
 	for i := range items {
 		it := &items[i]
 		if n.debug {
@@ -86,32 +125,66 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 		if it.best.Version > 0 {
 			n.cache.InstallUnlessFencedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
 		}
-		if ctx.Err() == nil {
+		if ctx.Err() != nil {
 			// A key whose caller gave up is not settled: its pulls may have
 			// failed for that reason alone, and the next touch asks again.
-			ownership.Settled(it.k, it.moves)
+			continue
+		}
+		if addr, ok := memberOf(cur, it.unanswered); ok && owner && it.answered == 0 {
+			n.stats.settlesDeferred.Add(1)
+			n.log.Debug("not settled: no node asked answered its pull", "name", it.k.Name, "key", it.k.Key, "member_addr", addr)
+			deferred = append(deferred, it.h)
+			continue
+		}
+		ownership.Settled(it.k, it.moves)
+	}
+	return deferred
+}
+
+// memberOf returns the first of addrs that is the address of a member of
+// tbl.
+func memberOf(tbl *ring.Table, addrs []string) (string, bool) {
+	if len(addrs) == 0 {
+		return "", false
+	}
+	for _, m := range tbl.Members() {
+		if slices.Contains(addrs, m.Addr) {
+			return m.Addr, true
 		}
 	}
+	return "", false
 }
 
 // pullRounds pulls every item from the nodes in its asked list, then, for
 // up to maxPullRounds-1 more rounds, from the nodes the answers name: a
 // node asked had already handed the key on, or had not settled it itself
 // since a move, and the node it went to, or the nodes it would have pulled
-// it from, may hold a newer state (ownership.Follow).
-func (n *Node) pullRounds(ctx context.Context, items []settleItem) {
-	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked })
+// it from, may hold a newer state (ownership.Follow). With retry, a pull
+// that failed is made again in the next round when ctx's deadline leaves
+// time for one more pull (timeForPull).
+func (n *Node) pullRounds(ctx context.Context, items []settleItem, retry bool) {
+	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked }, retry)
 	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
 		next := more
-		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] })
+		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] }, retry)
 	}
+}
+
+// timeForPull reports whether ctx leaves time for one more pull and a
+// decision after it: half a PullTimeout more than the pull may take.
+func (n *Node) timeForPull(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	return !ok || time.Until(dl) > n.cfg.PullTimeout*3/2
 }
 
 // pullAll pulls every item from the nodes targets names for it: one Pull
 // per node and release flag, all at once, each bounded by PullTimeout. It
-// keeps in best the merge of each item's copies (mergeCopies), and returns where released copies
-// had already gone (addresses not asked yet, and not this node).
-func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []route.Holder) map[*settleItem][]route.Holder {
+// keeps in best the merge of each item's copies (mergeCopies) and in
+// unanswered the nodes whose pull failed, and returns whom to pull next:
+// where released copies had already gone (addresses not asked yet, and
+// not this node), and, with retry, the nodes whose pull failed when ctx
+// leaves time to ask them again.
+func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []route.Holder, retry bool) map[*settleItem][]route.Holder {
 	type call struct {
 		to   route.Holder
 		its  []*settleItem
@@ -161,14 +234,31 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 	}
 	wg.Wait()
 	var moved map[*settleItem][]route.Holder
+	retry = retry && n.timeForPull(ctx)
 	for _, c := range calls {
 		n.stats.pulls.Add(uint64(len(c.keys)))
 		if c.err != nil {
 			n.stats.pullErrors.Add(uint64(len(c.keys)))
+			if n.debug {
+				n.log.Debug("pull failed", "to", c.to.Addr, "keys", len(c.keys), "release", c.to.Release, "err", c.err)
+			}
+			for _, it := range c.its {
+				if !slices.Contains(it.unanswered, c.to.Addr) {
+					it.unanswered = append(it.unanswered, c.to.Addr)
+				}
+				if retry {
+					if moved == nil {
+						moved = make(map[*settleItem][]route.Holder)
+					}
+					moved[it] = append(moved[it], c.to)
+				}
+			}
 			continue
 		}
 		for j, got := range c.keys {
 			it := c.its[j]
+			it.unanswered = slices.DeleteFunc(it.unanswered, func(a string) bool { return a == c.to.Addr })
+			it.answered++
 			it.best = mergeCopies(it.best, got)
 			follow := func(addr string, release bool) {
 				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
@@ -225,7 +315,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 			items = append(items, settleItem{h: h, k: writeback.SubKey(k, i), asked: []route.Holder{{Addr: addr, Release: true}}})
 		}
 	}
-	n.pullRounds(ctx, items)
+	n.pullRounds(ctx, items, false)
 	for _, it := range items {
 		if n.debug {
 			n.log.Debug("pulled back", "name", it.k.Name, "key", it.k.Key, "from", addr, "asked", len(it.asked), "count", it.best.State.Count, "version", it.best.Version)

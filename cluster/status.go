@@ -27,7 +27,12 @@ type Status struct {
 	HandoffErrors     uint64
 	Pulls             uint64
 	PullErrors        uint64
-	Rejoins           uint64
+	// SettlesDeferred counts moved keys a check found unsettled because no
+	// node that may hold a newer count answered its pull, one of them
+	// still a member: the check failed over to the key's replica, and the
+	// key is pulled again on its next touch.
+	SettlesDeferred uint64
+	Rejoins         uint64
 	// Quota leases of hot keys (docs/leases.md). As a key's owner:
 	// LeaseGrants leases granted to other nodes, of LeaseGrantTokens hits
 	// in all. As a holder: LeasedKeys keys with a live lease here now;
@@ -127,6 +132,7 @@ func (n *Node) Status() Status {
 		HandoffErrors:        n.stats.handoffErrors.Load(),
 		Pulls:                n.stats.pulls.Load(),
 		PullErrors:           n.stats.pullErrors.Load(),
+		SettlesDeferred:      n.stats.settlesDeferred.Load(),
 		Rejoins:              n.stats.rejoins.Load(),
 		Pauses:               n.stats.pauses.Load(),
 		PausesStarved:        n.stats.pausesStarved.Load(),

@@ -290,3 +290,61 @@ func TestFollow(t *testing.T) {
 		t.Errorf("asking b again with release: %v", got)
 	}
 }
+
+// A moved key's plan asks its current replicas too: a check the new owner
+// could not settle (no node asked answered) failed over to the first of
+// them, which decided it as a stand-in, and the owner must pull that
+// decision when it settles the key.
+func TestPlanAsksTheKeysCurrentReplicas(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		old, cur  []string
+		from, dst string
+	}{
+		{"leave", []string{"a", "b", "c", "d", "e"}, []string{"a", "b", "c", "d"}, "e", ""},
+		{"join", []string{"a", "b", "c", "d"}, []string{"a", "b", "c", "d", "e"}, "", "e"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old, cur := table(t, tc.old...), table(t, tc.cur...)
+			const now = int64(1e18)
+			checked := 0
+			for _, self := range tc.cur {
+				if tc.dst != "" && self != tc.dst {
+					continue
+				}
+				b := NewBook(self, window, noRelease)
+				if gained, _ := b.TableChanged(old, cur, now); !gained {
+					continue
+				}
+				for i := range 2000 {
+					k := key.Key{Name: "api", Key: fmt.Sprint("k", i)}
+					h := ring.Hash(k.Name, k.Key)
+					if o, _ := cur.Owner(h); o.Name != self {
+						continue
+					}
+					if p, _ := old.Owner(h); p.Name == self {
+						continue
+					}
+					if !b.Unsettled(h, k, now) {
+						t.Fatalf("%s: key %s moved to it is not unsettled", self, k.Key)
+					}
+					srcs, settles := b.Moves().Plan(h, k, self, cur, now, nil)
+					if len(settles) == 0 {
+						t.Fatalf("%s: unsettled key %s has no move to settle", self, k.Key)
+					}
+					for _, r := range cur.Replicas(h, nil) {
+						if r.Name != self && !Asks(srcs, r.Addr) {
+							t.Errorf("%s: plan %v for %s does not ask its current replica %s", self, srcs, k.Key, r.Name)
+						}
+					}
+					checked++
+				}
+			}
+			if checked == 0 {
+				t.Fatal("no key moved")
+			}
+			t.Logf("%d moved keys planned", checked)
+		})
+	}
+}

@@ -26,7 +26,13 @@ import (
 //   - when self entered the ring with the change (a start or a restart),
 //     the key's current replicas, releasing it there: they may have stood
 //     in for self while it was unreachable, and from now on stand-in
-//     checks should come here.
+//     checks should come here;
+//   - the key's current replicas in cur otherwise, without releasing: a
+//     check self could not settle before (no node asked answered) failed
+//     over to the first of them, which decided it as a stand-in, and that
+//     decision must not be lost when self settles the key. Usually they
+//     are asked already (a join's previous owner is the key's first
+//     replica after it; a leaver's replicas are its successor's).
 //
 // A node asked for several reasons is asked once, releasing when any
 // reason says so.
@@ -64,6 +70,13 @@ func (ms Moves) Plan(h uint64, k key.Key, self string, cur *ring.Table, now int6
 				if r.Name != self && r.Name != prev.Name {
 					srcs = Ask(srcs, r.Addr, true)
 				}
+			}
+		}
+	}
+	if len(settles) > 0 {
+		for _, r := range cur.Replicas(h, reps[:0]) {
+			if r.Name != self {
+				srcs = Ask(srcs, r.Addr, false)
 			}
 		}
 	}
