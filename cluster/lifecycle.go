@@ -183,10 +183,11 @@ func (n *Node) Leave(ctx context.Context) error {
 	case <-ctx.Done():
 		t.Stop()
 	}
+	before := n.ring.Table()
 	n.life.to(ownership.Draining)
 	n.rebuild()
 	hctx, cancel := context.WithTimeout(ctx, n.cfg.HandoffTimeout)
-	derr := n.drain(hctx)
+	derr := n.drain(hctx, before)
 	cancel()
 	// memberlist's only error here is that the leave message did not go
 	// out in time, which happens when the other members are stopping too
