@@ -47,6 +47,11 @@ const (
 	// other calls pass. It stands for a loaded machine, where a pull
 	// (PullTimeout) runs out before a forward (ForwardTimeout) does.
 	SlowPulls
+	// Late delivers every call once the caller's context has ended: the
+	// receiver handles it with that context done, as a node whose queue
+	// held the call past its deadline does, and the caller gets the
+	// context's error.
+	Late
 )
 
 // ErrUnreachable is returned by a forward over a refused link or to an
@@ -303,6 +308,9 @@ func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error
 	case fault == Blackhole:
 		<-ctx.Done()
 		return nil, ctx.Err()
+	case fault == Late && ok:
+		<-ctx.Done()
+		return h, nil
 	case fault == Refuse || !ok:
 		return nil, fmt.Errorf("%w: %s → %s", ErrUnreachable, p.from, addr)
 	}

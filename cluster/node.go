@@ -165,6 +165,9 @@ type Node struct {
 	// unreachable: gRPC address → Unix ns until which a side stand-in
 	// (sideStandIn) does not try it again.
 	unreachable sync.Map
+	// stoodIn: keys whose forwarded checks this node, their owner, gave
+	// up on, which a replica may have decided as a stand-in (standins.go).
+	stoodIn standIns
 }
 
 // New validates cfg, opens the durable store under cfg.DataDir (or takes

@@ -378,11 +378,20 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lim
 		if eff.Reclaim {
 			n.reclaim(h, k, lims)
 		}
+		if f.Owns && owning(ev) {
+			n.pullStandIn(ctx, h, k, lims, now)
+		}
 		if err := ctx.Err(); err != nil {
 			// Nobody waits for the answer, and what this node holds may be
 			// stale (a forward that reached it after a pause, with its
 			// sender's cancellation right behind it; a settle cut short): a
 			// decision from it would only risk outranking a newer count.
+			// The sender of a forward fails it over to the key's replica,
+			// whose decision this node pulls before it decides the key
+			// again (standins.go).
+			if f.Owns && ev.Kind == ownership.Forwarded {
+				n.noteGivenUp(k, lims, now)
+			}
 			o.Owner, o.Err = n.name, abandoned+err.Error()
 			return ""
 		}
