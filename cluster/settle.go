@@ -66,7 +66,11 @@ type settleItem struct {
 	best  bucket.Counter
 	// unanswered holds the addresses whose last pull of the key failed
 	// (an error or no answer within PullTimeout); answered counts the
-	// pulls that did not.
+	// answers that tell something of the key: a copy, or, from a node
+	// asked to release it (its previous owner), that there is none. An
+	// empty answer from a node asked without release (a replica of the
+	// key in this node's table, which may not have received it yet) does
+	// not count.
 	unanswered []string
 	answered   int
 }
@@ -96,10 +100,11 @@ const maxPullRounds = 2
 // For the checks this node decides as the keys' owner (owner set: see
 // owning), a pull that fails is made again in the next round when the
 // caller's deadline leaves time for it, and a key that no node asked
-// answered for, while one that did not is still a member of this node's
-// table, stays unsettled, to be pulled again on its next touch: that
-// member (its previous owner, slow to answer on a loaded machine) may
-// hold the newest count, and this node's own copy may be minutes old.
+// answered for (answered), while one that did not is still a member of
+// this node's table, stays unsettled, to be pulled again on its next
+// touch: that member (its previous owner, slow to answer on a loaded
+// machine) may hold the newest count, and this node's own copy may be
+// minutes old.
 // settleBatch returns the ring hashes of those keys (nil when none),
 // which the caller must not decide now (errUnsettled). When a node asked
 // did answer (the previous owner's replica, say), its copy is at most a
@@ -258,7 +263,9 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		for j, got := range c.keys {
 			it := c.its[j]
 			it.unanswered = slices.DeleteFunc(it.unanswered, func(a string) bool { return a == c.to.Addr })
-			it.answered++
+			if c.to.Release || got.Version > 0 {
+				it.answered++
+			}
 			it.best = mergeCopies(it.best, got)
 			follow := func(addr string, release bool) {
 				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
