@@ -136,6 +136,10 @@ func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership
 			continue
 		}
 		if addr, ok := memberOf(cur, it.unanswered); ok && owner && it.answered == 0 {
+			// The check fails over to the key's first replica, which decides
+			// it as a stand-in: the next decision here pulls that decision,
+			// even once the move's window has ended (standins.go).
+			n.stoodIn.note(it.k, now, now+int64(standInMemory))
 			n.stats.settlesDeferred.Add(1)
 			n.log.Debug("not settled: no node asked answered its pull", "name", it.k.Name, "key", it.k.Key, "member_addr", addr)
 			deferred = append(deferred, it.h)

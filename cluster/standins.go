@@ -15,6 +15,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/ring/route"
@@ -25,10 +26,16 @@ import (
 // time are dropped, and everything when that frees less than a quarter.
 const maxStoodIn = 1 << 16
 
-// standIns holds the keys whose forwarded checks this node gave up on,
-// with the time (Unix ns) until which a stand-in's decision may still be
-// pulled: a replica's copy of a key lives at least as long as a move
-// window. Safe for concurrent use; a decision of a key pays one atomic
+// standInMemory is how long a key stays noted. A stand-in's decision
+// stays on the replica until the owner decides the key again and
+// replicates over it, however late that is; an hour covers the windows
+// of most limits, whose counts matter no longer.
+const standInMemory = time.Hour
+
+// standIns holds the keys whose checks this node, their owner, gave up on
+// (a forward past its sender's deadline) or failed over (errUnsettled),
+// with the time (Unix ns) until which to pull a stand-in's decision
+// (standInMemory). Safe for concurrent use; a decision of a key pays one atomic
 // load while it holds none.
 type standIns struct {
 	size atomic.Int64 // len(keys)
@@ -76,7 +83,7 @@ func (s *standIns) take(k writeback.Key, now int64) bool {
 // noteGivenUp records that this node, k's owner, gave up on a forwarded
 // check of k (every limit's key) at now.
 func (n *Node) noteGivenUp(k writeback.Key, lims limits, now int64) {
-	until := now + int64(n.cfg.MoveWindow)
+	until := now + int64(standInMemory)
 	if len(lims.more) == 0 {
 		n.stoodIn.note(k, now, until)
 		return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
@@ -83,6 +84,18 @@ func TestUnansweredPullDoesNotSettleTheKey(t *testing.T) {
 			check(k, hits+1)
 		}
 		c.Heal()
+		// Past the move window, with checks on every node meanwhile (no
+		// heartbeat stops): the key is no longer unsettled, and n5 must
+		// still take what the stand-ins decided.
+		window := cluster.DefaultConfig().MoveWindow
+		for elapsed := time.Duration(0); elapsed <= window; elapsed += 5 * time.Second {
+			time.Sleep(5 * time.Second)
+			for _, name := range c.Up() {
+				if _, err := c.Check(name, "other", r.Limit, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		for _, k := range moved {
 			check(k, hits+2)
 		}
