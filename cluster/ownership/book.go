@@ -49,6 +49,10 @@ func (m *Move) Since() int64 { return m.since }
 // node owns in it).
 func (m *Move) Cur() *ring.Table { return m.cur }
 
+// Pause reports whether the move is a pause's (Paused) rather than a ring
+// change's.
+func (m *Move) Pause() bool { return m.owned }
+
 // applies reports whether m brought the key with ring hash h to self.
 func (m *Move) applies(h uint64, self string) bool {
 	if prev, ok := m.prev.Owner(h); !ok || prev.Name == self {
