@@ -87,14 +87,8 @@ func TestUnansweredPullDoesNotSettleTheKey(t *testing.T) {
 		// Past the move window, with checks on every node meanwhile (no
 		// heartbeat stops): the key is no longer unsettled, and n5 must
 		// still take what the stand-ins decided.
-		window := cluster.DefaultConfig().MoveWindow
-		for elapsed := time.Duration(0); elapsed <= window; elapsed += 5 * time.Second {
-			time.Sleep(5 * time.Second)
-			for _, name := range c.Up() {
-				if _, err := c.Check(name, "other", r.Limit, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
 		}
 		for _, k := range moved {
 			check(k, hits+2)
@@ -109,4 +103,21 @@ func TestUnansweredPullDoesNotSettleTheKey(t *testing.T) {
 			}
 		}
 	})
+}
+
+// pastMoveWindow lets the bubble's clock run past the default move window,
+// checking a key named "other" through every member up every 5 s, so that
+// no node's heartbeat stops for want of checks (an idle resume would
+// register a pause's move and hide what a test looks for).
+func (r *Runner) pastMoveWindow() error {
+	window := cluster.DefaultConfig().MoveWindow
+	for elapsed := time.Duration(0); elapsed <= window; elapsed += 5 * time.Second {
+		time.Sleep(5 * time.Second)
+		for _, name := range r.C.Up() {
+			if _, err := r.C.Check(name, "other", r.Limit, 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
