@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -317,7 +317,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 // to point their checks there or take them back from there. Without it
 // (an older puller), the address is looked up by name. It implements the
 // receiving side of Peers.Pull.
-func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
+func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) {
 	now := n.now().UnixNano()
 	addr := ""
 	if release {
@@ -342,7 +342,7 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 			f.ReleasedTo, f.Released = to, n.cache.Fenced(h, k, now)
 		}
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Pull, From: addr, Release: release})
-		ans[i] = route.PullAnswer{MovedTo: eff.MovedTo}
+		ans[i] = keymove.PullAnswer{MovedTo: eff.MovedTo}
 		if eff.Holders {
 			ans[i].Holders = n.holders(h, k, cur, addr, now)
 		}
@@ -371,12 +371,12 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 
 // holders returns the nodes this node would pull k (ring hash h) from
 // before deciding it, for the answer to a pull by the node at puller: at
-// most route.MaxHolders, neither this node nor the puller.
-func (n *Node) holders(h uint64, k writeback.Key, cur *ring.Table, puller string, now int64) []route.Holder {
+// most keymove.MaxHolders, neither this node nor the puller.
+func (n *Node) holders(h uint64, k writeback.Key, cur *ring.Table, puller string, now int64) []keymove.Holder {
 	srcs, _ := n.book.Moves().Plan(h, k, n.name, cur, now, nil)
-	var hs []route.Holder
+	var hs []keymove.Holder
 	for _, s := range srcs {
-		if s.Addr != puller && s.Addr != n.cfg.GRPCAddr && len(hs) < route.MaxHolders {
+		if s.Addr != puller && s.Addr != n.cfg.GRPCAddr && len(hs) < keymove.MaxHolders {
 			hs = append(hs, s)
 		}
 	}

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -371,7 +371,7 @@ func TestReleasedKeyIsNotHandedOff(t *testing.T) {
 		x = nodes[2]
 	}
 	pulled := []bucket.Counter{{Name: "api", Key: key}}
-	n0.Pull(context.Background(), x.Name(), x.cfg.GRPCAddr, pulled, true, time.Hour, make([]route.PullAnswer, 1))
+	n0.Pull(context.Background(), x.Name(), x.cfg.GRPCAddr, pulled, true, time.Hour, make([]keymove.PullAnswer, 1))
 	if pulled[0].Version == 0 {
 		t.Fatal("the pull got no record")
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/ring/route"
+	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
 // ForwardHandler is the receiving side of the peer calls: Node implements it.
@@ -16,7 +16,7 @@ type ForwardHandler interface {
 	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
 	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
-	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
+	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer)
 }
 
 // MemNetwork connects nodes in one process without sockets, with failure
@@ -205,7 +205,7 @@ func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, coun
 	return in, st, nil
 }
 
-func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
+func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error {
 	p.m.mu.Lock()
 	p.m.pulls[p.from]++
 	slow := p.m.faults[[2]string{p.from, addr}] == SlowPulls
@@ -240,16 +240,16 @@ func (p memPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseRe
 
 // Decided asks the node at addr which keys it decided lately, when it
 // records them.
-func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (route.DecidedAnswer, error) {
+func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (keymove.DecidedAnswer, error) {
 	h, err := p.reach(ctx, addr)
 	if err != nil {
-		return route.DecidedAnswer{}, err
+		return keymove.DecidedAnswer{}, err
 	}
 	d, ok := h.(interface {
-		Decided(ctx context.Context, from string, within time.Duration, count int, parts []uint32) route.DecidedAnswer
+		Decided(ctx context.Context, from string, within time.Duration, count int, parts []uint32) keymove.DecidedAnswer
 	})
 	if !ok {
-		return route.DecidedAnswer{}, fmt.Errorf("%w: %s records no decisions", ErrUnreachable, addr)
+		return keymove.DecidedAnswer{}, fmt.Errorf("%w: %s records no decisions", ErrUnreachable, addr)
 	}
 	// The question names its sender by node name, as Peer/Decided does
 	// (the other calls here name it by address).

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/ring/route"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -22,7 +22,7 @@ func (h *countingHandler) Replicate(_ context.Context, _ string, _ bool, c []buc
 	h.replicated += len(c)
 	return len(c), 0
 }
-func (h *countingHandler) Pull(context.Context, string, string, []bucket.Counter, bool, time.Duration, []route.PullAnswer) {
+func (h *countingHandler) Pull(context.Context, string, string, []bucket.Counter, bool, time.Duration, []keymove.PullAnswer) {
 }
 
 // TestMemNetworkCrashSilencesTheOldIncarnation: after Crash, calls to the

@@ -43,16 +43,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // DecidedPeers is a Peers that can ask a member which keys it decided
 // lately (Peer/Decided). A node whose Peers does not implement it pulls
 // every key it owns after a pause.
 type DecidedPeers interface {
-	Decided(ctx context.Context, addr string, within time.Duration, count int, partitions []uint32) (route.DecidedAnswer, error)
+	Decided(ctx context.Context, addr string, within time.Duration, count int, partitions []uint32) (keymove.DecidedAnswer, error)
 }
 
 // Bounds of the pause queries and the ledger that answers them.
@@ -93,11 +93,11 @@ func (n *Node) noteDecided(h uint64, owns bool, now int64) {
 // of its partitions (of a ring of count) this node decided in the last
 // within in a role the asker may think its own, and whether this node
 // took it out of its ring in that time.
-func (n *Node) Decided(_ context.Context, from string, within time.Duration, count int, partitions []uint32) route.DecidedAnswer {
+func (n *Node) Decided(_ context.Context, from string, within time.Duration, count int, partitions []uint32) keymove.DecidedAnswer {
 	now := n.now().UnixNano()
 	tbl := n.ring.Table()
 	if tbl.Partitions() != count {
-		return route.DecidedAnswer{}
+		return keymove.DecidedAnswer{}
 	}
 	asked := make([]bool, count)
 	for _, p := range partitions {
@@ -105,7 +105,7 @@ func (n *Node) Decided(_ context.Context, from string, within time.Duration, cou
 	}
 	hs, complete, removed := n.ledger.Since(now-int64(within), now, from,
 		func(h uint64) bool { return asked[tbl.Partition(h)] }, nil)
-	return route.DecidedAnswer{Hashes: hs, Complete: complete, Removed: removed}
+	return keymove.DecidedAnswer{Hashes: hs, Complete: complete, Removed: removed}
 }
 
 // askAfterPause wakes the pause query loop for the pause move m.

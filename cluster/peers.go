@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/ring/route"
+	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
 // Peers sends checks and counters to other nodes. transport.PeerClient
@@ -38,7 +38,7 @@ type Peers interface {
 	Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error
 	ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error
 	Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (installed, stale int, err error)
-	Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error
+	Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error
 }
 
 // ErrNoPeers is returned by NoPeers.
@@ -66,6 +66,6 @@ func (NoPeers) Replicate(context.Context, string, bool, []bucket.Counter) (int, 
 }
 
 // Pull fails at once.
-func (NoPeers) Pull(context.Context, string, []bucket.Counter, bool, time.Duration, []route.PullAnswer) error {
+func (NoPeers) Pull(context.Context, string, []bucket.Counter, bool, time.Duration, []keymove.PullAnswer) error {
 	return ErrNoPeers
 }

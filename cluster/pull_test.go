@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -23,7 +23,7 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	nodes, _ := memCluster(t, 2, nil)
 	key := keysOwnedBy(nodes[0], "n0", 1)[0]
 	admit(t, nodes[0], key, 3, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
 	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
 	if keys[0].Version == 0 || keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
@@ -65,7 +65,7 @@ func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 	nodes, _ := memCluster(t, 2, nil)
 	key := keysOwnedBy(nodes[0], "n0", 1)[0]
 	admit(t, nodes[0], key, 3, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
 	nodes[0].Pull(context.Background(), "n1-restarted", memAddr(1), keys, true, time.Minute, ans)
 	if keys[0].Version == 0 || keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
@@ -94,7 +94,7 @@ func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
 	k := writeback.Key{Name: "api", Key: key}
 	old, _, _ := nodes[0].Cache().Get(h, k, t0.UnixNano()) // n2's stale copy
 	admit(t, nodes[0], key, 2, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]route.PullAnswer, 1)
+	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
 	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
 	if keys[0].State.Count != 3 {
 		t.Fatalf("pulled %+v", keys[0])
@@ -342,11 +342,11 @@ func TestReleasedToIsPruned(t *testing.T) {
 	n := nodes[0]
 	ctx := context.Background()
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(ctx, nodes[1].Name(), memAddr(1), live, true, time.Hour, make([]route.PullAnswer, 1))
+	n.Pull(ctx, nodes[1].Name(), memAddr(1), live, true, time.Hour, make([]keymove.PullAnswer, 1))
 	const keys = 5 * ownership.MinReleasedSweep
 	for i := range keys {
 		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
-		n.Pull(ctx, nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]route.PullAnswer, 1))
+		n.Pull(ctx, nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]keymove.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords()
 	bound := ownership.MinReleasedSweep + 2*2 // the threshold, and twice the two releases in force

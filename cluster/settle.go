@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -61,8 +61,8 @@ const errUnsettled = abandoned + "no node that may hold a newer count of the key
 type settleItem struct {
 	h     uint64
 	k     writeback.Key
-	asked []route.Holder  // nodes asked, deduplicated by address
-	moves ownership.Moves // the moves it is settled for
+	asked []keymove.Holder // nodes asked, deduplicated by address
+	moves ownership.Moves  // the moves it is settled for
 	best  bucket.Counter
 	// unanswered holds the addresses whose last pull of the key failed
 	// (an error or no answer within PullTimeout); answered counts the
@@ -188,10 +188,10 @@ func memberOf(tbl *ring.Table, addrs []string) (string, bool) {
 // that failed is made again in the next round when ctx's deadline leaves
 // time for one more pull (timeForPull).
 func (n *Node) pullRounds(ctx context.Context, items []settleItem, retry bool) {
-	more := n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return it.asked }, retry)
+	more := n.pullAll(ctx, items, func(it *settleItem) []keymove.Holder { return it.asked }, retry)
 	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
 		next := more
-		more = n.pullAll(ctx, items, func(it *settleItem) []route.Holder { return next[it] }, retry)
+		more = n.pullAll(ctx, items, func(it *settleItem) []keymove.Holder { return next[it] }, retry)
 	}
 }
 
@@ -209,12 +209,12 @@ func (n *Node) timeForPull(ctx context.Context) bool {
 // where released copies had already gone (addresses not asked yet, and
 // not this node), and, with retry, the nodes whose pull failed when ctx
 // leaves time to ask them again.
-func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []route.Holder, retry bool) map[*settleItem][]route.Holder {
+func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []keymove.Holder, retry bool) map[*settleItem][]keymove.Holder {
 	type call struct {
-		to   route.Holder
+		to   keymove.Holder
 		its  []*settleItem
 		keys []bucket.Counter
-		ans  []route.PullAnswer
+		ans  []keymove.PullAnswer
 		err  error
 	}
 	var calls []*call
@@ -241,7 +241,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		if c.to.Release {
 			ttl = n.cfg.MoveWindow
 		}
-		c.ans = make([]route.PullAnswer, len(c.keys))
+		c.ans = make([]keymove.PullAnswer, len(c.keys))
 		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
 		c.err = n.peers.Pull(pctx, c.to.Addr, c.keys, c.to.Release, ttl, c.ans)
 		cancel()
@@ -258,7 +258,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 		pull(calls[0])
 	}
 	wg.Wait()
-	var moved map[*settleItem][]route.Holder
+	var moved map[*settleItem][]keymove.Holder
 	retry = retry && n.timeForPull(ctx)
 	for _, c := range calls {
 		n.stats.pulls.Add(uint64(len(c.keys)))
@@ -273,7 +273,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 				}
 				if retry {
 					if moved == nil {
-						moved = make(map[*settleItem][]route.Holder)
+						moved = make(map[*settleItem][]keymove.Holder)
 					}
 					moved[it] = append(moved[it], c.to)
 				}
@@ -290,7 +290,7 @@ func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*se
 			follow := func(addr string, release bool) {
 				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
 					if moved == nil {
-						moved = make(map[*settleItem][]route.Holder)
+						moved = make(map[*settleItem][]keymove.Holder)
 					}
 					it.asked = append(it.asked, src)
 					moved[it] = append(moved[it], src)
@@ -336,10 +336,10 @@ func mergeCopies(best, got bucket.Counter) bucket.Counter {
 func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
 	var items []settleItem
 	if len(lims.more) == 0 {
-		items = []settleItem{{h: h, k: k, asked: []route.Holder{{Addr: addr, Release: true}}}}
+		items = []settleItem{{h: h, k: k, asked: []keymove.Holder{{Addr: addr, Release: true}}}}
 	} else {
 		for i := range 1 + len(lims.more) {
-			items = append(items, settleItem{h: h, k: writeback.SubKey(k, i), asked: []route.Holder{{Addr: addr, Release: true}}})
+			items = append(items, settleItem{h: h, k: writeback.SubKey(k, i), asked: []keymove.Holder{{Addr: addr, Release: true}}})
 		}
 	}
 	n.pullRounds(ctx, items, false)

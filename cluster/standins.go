@@ -17,8 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -127,7 +127,7 @@ func (n *Node) pullStandIn(ctx context.Context, h uint64, k writeback.Key, lims 
 	}
 	items := make([]settleItem, len(keys))
 	for i, sk := range keys {
-		items[i] = settleItem{h: h, k: sk, asked: []route.Holder{{Addr: rep.Addr}}}
+		items[i] = settleItem{h: h, k: sk, asked: []keymove.Holder{{Addr: rep.Addr}}}
 	}
 	n.pullRounds(ctx, items, false)
 	for _, it := range items {

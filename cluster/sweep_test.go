@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/ring/route"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -27,10 +27,10 @@ func TestSweepForgetsWhatAMoveLeftBehind(t *testing.T) {
 	})
 	n := nodes[0]
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(context.Background(), nodes[1].Name(), memAddr(1), live, true, 24*time.Hour, make([]route.PullAnswer, 1))
+	n.Pull(context.Background(), nodes[1].Name(), memAddr(1), live, true, 24*time.Hour, make([]keymove.PullAnswer, 1))
 	const keys = 100 // fewer than ownership.MinReleasedSweep: NoteReleased never prunes
 	for i := range keys {
-		n.Pull(context.Background(), nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window, make([]route.PullAnswer, 1))
+		n.Pull(context.Background(), nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, window, make([]keymove.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords
 	if got := records(); got != keys+1 {

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // Limits of Peer/Decided.
@@ -31,7 +31,7 @@ const (
 // of its ring in that time. Called concurrently; partitions is valid
 // (each below count, no more than count) and belongs to the transport.
 type DecidedLedger interface {
-	Decided(ctx context.Context, from string, within time.Duration, count int, partitions []uint32) route.DecidedAnswer
+	Decided(ctx context.Context, from string, within time.Duration, count int, partitions []uint32) keymove.DecidedAnswer
 }
 
 // validateDecided checks a DecidedRequest as it arrives.
@@ -70,7 +70,7 @@ func (g peerServer) Decided(ctx context.Context, req *sluicev1.DecidedRequest) (
 	}
 	a := h.Decided(ctx, from, time.Duration(req.GetWithinMs())*time.Millisecond, int(req.GetPartitionCount()), req.GetPartitions())
 	if len(a.Hashes) > MaxCounters {
-		a = route.DecidedAnswer{Removed: a.Removed} // too many to name: the asker pulls every key
+		a = keymove.DecidedAnswer{Removed: a.Removed} // too many to name: the asker pulls every key
 	}
 	return &sluicev1.DecidedResponse{Hashes: a.Hashes, Complete: a.Complete, RemovedSender: a.Removed}, nil
 }
@@ -79,25 +79,25 @@ func (g peerServer) Decided(ctx context.Context, req *sluicev1.DecidedRequest) (
 // (this node's, in a ring of count partitions) it decided in the last
 // within, rounded up to a millisecond. The call ends by ctx's deadline,
 // or Timeout when ctx has none.
-func (pc *PeerClient) Decided(ctx context.Context, addr string, within time.Duration, count int, partitions []uint32) (route.DecidedAnswer, error) {
+func (pc *PeerClient) Decided(ctx context.Context, addr string, within time.Duration, count int, partitions []uint32) (keymove.DecidedAnswer, error) {
 	ms := (within + time.Millisecond - 1).Milliseconds()
 	req := &sluicev1.DecidedRequest{From: pc.name, Cluster: pc.cluster, WithinMs: ms, PartitionCount: uint32(count), Partitions: partitions}
 	if err := validateDecided(req); err != nil {
-		return route.DecidedAnswer{}, fmt.Errorf("transport: decided: %w", err)
+		return keymove.DecidedAnswer{}, fmt.Errorf("transport: decided: %w", err)
 	}
 	p, err := pc.peer(addr)
 	if err != nil {
-		return route.DecidedAnswer{}, err
+		return keymove.DecidedAnswer{}, err
 	}
 	ctx, cancel := bulkDeadline(ctx, pc.timeout)
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	resp, err := p.client.Decided(ctx, req)
 	if err != nil {
-		return route.DecidedAnswer{}, fmt.Errorf("transport: decided from %s: %w", addr, callerErr(ctx, dl, err))
+		return keymove.DecidedAnswer{}, fmt.Errorf("transport: decided from %s: %w", addr, callerErr(ctx, dl, err))
 	}
 	if n := len(resp.GetHashes()); n > MaxCounters {
-		return route.DecidedAnswer{}, fmt.Errorf("transport: decided from %s: %d keys, at most %d", addr, n, MaxCounters)
+		return keymove.DecidedAnswer{}, fmt.Errorf("transport: decided from %s: %d keys, at most %d", addr, n, MaxCounters)
 	}
-	return route.DecidedAnswer{Hashes: resp.GetHashes(), Complete: resp.GetComplete(), Removed: resp.GetRemovedSender()}, nil
+	return keymove.DecidedAnswer{Hashes: resp.GetHashes(), Complete: resp.GetComplete(), Removed: resp.GetRemovedSender()}, nil
 }

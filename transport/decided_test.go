@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // decidedHandler answers every partition asked with its number as a hash,
@@ -30,7 +30,7 @@ type decidedHandler struct {
 	calls  int
 }
 
-func (h *decidedHandler) Decided(_ context.Context, from string, within time.Duration, count int, parts []uint32) route.DecidedAnswer {
+func (h *decidedHandler) Decided(_ context.Context, from string, within time.Duration, count int, parts []uint32) keymove.DecidedAnswer {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls++
@@ -39,7 +39,7 @@ func (h *decidedHandler) Decided(_ context.Context, from string, within time.Dur
 	for i, p := range parts {
 		hs[i] = uint64(p) << 32
 	}
-	return route.DecidedAnswer{Hashes: hs, Complete: true, Removed: from == "gone"}
+	return keymove.DecidedAnswer{Hashes: hs, Complete: true, Removed: from == "gone"}
 }
 
 func TestDecidedCarriesTheAnswer(t *testing.T) {

@@ -23,7 +23,7 @@ func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 	}
 	for dep := range strings.Lines(string(out)) {
 		dep = strings.TrimSpace(dep)
-		if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/cluster/rules") || dep == "github.com/sluicehq/sluice/client" {
+		if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/transport/rules") || dep == "github.com/sluicehq/sluice/client" {
 			t.Errorf("transport depends on %s", dep)
 		}
 	}

@@ -6,7 +6,7 @@
 // package.
 //
 // It imports the generated sluicev1 package, bucket's value types and the
-// peer protocol's routing words of ring/route (Holder, PullAnswer), never
+// words of a moving key of cluster/keymove (Holder, PullAnswer), never
 // cluster: it declares what it calls — Handler (decides checks; cluster.Node
 // implements it), PeerHandler (installs and hands out counters; cluster.Node
 // too) and StatusSource — and cmd/sluice connects the two.
@@ -67,7 +67,7 @@
 // health-checked as EnvoyService, so an Envoy configured for
 // envoyproxy/ratelimit works against Sluice unchanged. The rules come
 // through EnvoyRules, which transport declares and cmd/sluice fills from
-// the rules watcher (cluster/rules reads envoyproxy/ratelimit's YAML, and
+// the rules watcher (transport/rules reads envoyproxy/ratelimit's YAML, and
 // its EnvoyRule is the rule the service answers with): the
 // rules are resolved here, on the node Envoy called, and each descriptor
 // with a limit becomes one check with that limit inline, all of a call's
@@ -118,7 +118,7 @@
 // and sums the answers; a refused counter is an error. Pull sends at most
 // PeerConfig.MaxCounters keys per RPC, halving an RPC whose answer exceeds the 4 MiB
 // message limit, and fills keys (and the answers' moved_to and holders, as
-// route.PullAnswer) only when every answer is well formed. Both
+// keymove.PullAnswer) only when every answer is well formed. Both
 // end by ctx's deadline, or when ctx has none, after BulkTimeout (default
 // 10 s) for Replicate and Timeout for Pull.
 //

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // EnvoyService is the health-checked name of Envoy's rate limit service.

@@ -8,7 +8,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // oneRule gives every descriptor of every domain one rule: the lookup

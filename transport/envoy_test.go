@@ -19,7 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // memHandler decides with the bucket algorithms over an in-memory map, as

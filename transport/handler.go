@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // Handler decides checks. cluster.Node implements it; cmd/sluice passes it in.
@@ -67,10 +67,10 @@ type PeerHandler interface {
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
 	// Pull fills State and Version of each element of keys (only Name and Key are set on input; Version 0 on output = none held),
 	// and ans[i] (len(ans) == len(keys)) with where keys[i] had been released to and whom this node would pull it from
-	// (PullResponse.moved_to and holders; at most route.MaxHolders are sent per key).
+	// (PullResponse.moved_to and holders; at most keymove.MaxHolders are sent per key).
 	// With release, this node stops deciding those keys for ttl (it points their checks at the puller).
 	// from is the puller's name, fromAddr its gRPC address (PullRequest.from_addr; empty from older nodes).
-	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer)
+	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer)
 }
 
 // RuleLimits gives the limits of the rule for a name (the rules file in

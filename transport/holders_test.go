@@ -10,8 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // holdingPeer answers every pull of a key starting with "h" with holders:
@@ -19,7 +19,7 @@ import (
 // ones with release.
 type holdingPeer struct{ fakePeer }
 
-func (h *holdingPeer) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) {
+func (h *holdingPeer) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) {
 	h.fakePeer.Pull(ctx, from, fromAddr, keys, release, ttl, ans)
 	for i := range keys {
 		var n int
@@ -27,13 +27,13 @@ func (h *holdingPeer) Pull(ctx context.Context, from, fromAddr string, keys []bu
 			continue
 		}
 		for j := range n {
-			ans[i].Holders = append(ans[i].Holders, route.Holder{Addr: fmt.Sprintf("10.0.0.%d:7000", j), Release: j%2 == 1})
+			ans[i].Holders = append(ans[i].Holders, keymove.Holder{Addr: fmt.Sprintf("10.0.0.%d:7000", j), Release: j%2 == 1})
 		}
 	}
 }
 
 // A pull's holders travel with the answer to the key they belong to, also
-// when the pull goes in several calls, and at most route.MaxHolders per
+// when the pull goes in several calls, and at most keymove.MaxHolders per
 // key.
 func TestPullCarriesHolders(t *testing.T) {
 	t.Parallel()
@@ -42,12 +42,12 @@ func TestPullCarriesHolders(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "b", MaxCounters: 2})
 	defer pc.Close()
 	ks := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api", Key: "h2"}, {Name: "api", Key: "h0"},
-		{Name: "api", Key: "h3"}, {Name: "api", Key: fmt.Sprint("h", route.MaxHolders+5)}}
-	ans := make([]route.PullAnswer, len(ks))
+		{Name: "api", Key: "h3"}, {Name: "api", Key: fmt.Sprint("h", keymove.MaxHolders+5)}}
+	ans := make([]keymove.PullAnswer, len(ks))
 	if err := pc.Pull(testCtx(t), s.GRPCAddr(), ks, true, time.Second, ans); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []int{0, 2, 0, 3, route.MaxHolders} {
+	for i, want := range []int{0, 2, 0, 3, keymove.MaxHolders} {
 		if len(ans[i].Holders) != want {
 			t.Fatalf("key %s: %d holders, want %d", ks[i].Key, len(ans[i].Holders), want)
 		}
@@ -65,11 +65,11 @@ func TestPeerClientRefusesMalformedHolders(t *testing.T) {
 	t.Parallel()
 	ok := CounterToProto(counter("x", 3, 9))
 	ok2 := CounterToProto(counter("y", 3, 9))
-	many := make([]*sluicev1.PullHolder, route.MaxHolders+1)
+	many := make([]*sluicev1.PullHolder, keymove.MaxHolders+1)
 	for i := range many {
 		many[i] = &sluicev1.PullHolder{Index: 1, Addr: fmt.Sprintf("10.0.0.%d:1", i)}
 	}
-	tooMany := make([]*sluicev1.PullHolder, 2*route.MaxHolders+1)
+	tooMany := make([]*sluicev1.PullHolder, 2*keymove.MaxHolders+1)
 	for i := range tooMany {
 		tooMany[i] = &sluicev1.PullHolder{Index: 0, Addr: "h:1"}
 	}
@@ -82,7 +82,7 @@ func TestPeerClientRefusesMalformedHolders(t *testing.T) {
 		{"no address", []*sluicev1.PullHolder{{Index: 0}}, "holder 0: address of 0 bytes"},
 		{"not host:port", []*sluicev1.PullHolder{{Index: 0, Addr: "h:1"}, {Index: 1, Addr: "nohost"}}, `holder 1: address "nohost" is not host:port`},
 		{"long address", []*sluicev1.PullHolder{{Index: 0, Addr: strings.Repeat("a", 300) + ":1"}}, "holder 0: address of 302 bytes"},
-		{"too many for a key", many, fmt.Sprintf("more than %d holders for key 1", route.MaxHolders)},
+		{"too many for a key", many, fmt.Sprintf("more than %d holders for key 1", keymove.MaxHolders)},
 		{"too many in all", tooMany, fmt.Sprintf("%d holders for 2 keys", len(tooMany))},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,7 +91,7 @@ func TestPeerClientRefusesMalformedHolders(t *testing.T) {
 			pc := NewPeerClient(PeerConfig{NodeName: "b", Timeout: time.Minute})
 			defer pc.Close()
 			ks := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api", Key: "y"}}
-			ans := make([]route.PullAnswer, len(ks))
+			ans := make([]keymove.PullAnswer, len(ks))
 			err := pc.Pull(testCtx(t), addr, ks, false, 0, ans)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("%v, want an error with %q", err, tt.want)
@@ -105,7 +105,7 @@ func TestPeerClientRefusesMalformedHolders(t *testing.T) {
 
 // FuzzDecodeHolders: any pull answer's holders are decoded or refused,
 // never a panic; what is accepted names keys asked, with host:port
-// addresses, at most route.MaxHolders per key, and a refused answer adds
+// addresses, at most keymove.MaxHolders per key, and a refused answer adds
 // nothing.
 func FuzzDecodeHolders(f *testing.F) {
 	seed := &sluicev1.PullResponse{Holders: []*sluicev1.PullHolder{{Index: 0, Addr: "10.0.0.1:7000", Release: true}, {Index: 1, Addr: "[::1]:1"}}}
@@ -117,13 +117,13 @@ func FuzzDecodeHolders(f *testing.F) {
 		if proto.Unmarshal(data, &resp) != nil {
 			return
 		}
-		got := make([]route.PullAnswer, int(n%8)+1)
+		got := make([]keymove.PullAnswer, int(n%8)+1)
 		err := decodeHolders(resp.GetHolders(), got)
 		for i, c := range got {
 			if err != nil && c.Holders != nil {
 				t.Fatalf("refused (%v), yet key %d got holders", err, i)
 			}
-			if len(c.Holders) > route.MaxHolders {
+			if len(c.Holders) > keymove.MaxHolders {
 				t.Fatalf("key %d: %d holders", i, len(c.Holders))
 			}
 			for _, h := range c.Holders {

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // recordingHandler is the Handler and PeerHandler of FuzzServiceMessages:
@@ -83,7 +83,7 @@ func (h *recordingHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery,
 	return "fuzz"
 }
 
-func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Duration, count int, parts []uint32) route.DecidedAnswer {
+func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Duration, count int, parts []uint32) keymove.DecidedAnswer {
 	var err error
 	if within <= 0 || within > MaxDecidedSpan || count < 1 || len(parts) > count {
 		err = errors.New("Decided got a span, partition count or partition list out of range")
@@ -99,7 +99,7 @@ func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Dura
 	for i, p := range parts {
 		hs[i] = uint64(p)
 	}
-	return route.DecidedAnswer{Hashes: hs, Complete: true}
+	return keymove.DecidedAnswer{Hashes: hs, Complete: true}
 }
 
 func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
@@ -135,7 +135,7 @@ func (h *recordingHandler) Replicate(_ context.Context, _ string, _ bool, counte
 	return len(counters), 0
 }
 
-func (h *recordingHandler) Pull(_ context.Context, _, _ string, keys []bucket.Counter, _ bool, ttl time.Duration, ans []route.PullAnswer) {
+func (h *recordingHandler) Pull(_ context.Context, _, _ string, keys []bucket.Counter, _ bool, ttl time.Duration, ans []keymove.PullAnswer) {
 	var err error
 	if len(ans) != len(keys) {
 		err = errors.New("Pull got answers and keys of different lengths")

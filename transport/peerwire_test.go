@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // bogusPeer answers with whatever its fields say, to check what PeerClient
@@ -81,7 +81,7 @@ func TestPeerClientRefusesMalformedAnswers(t *testing.T) {
 				err = pc.Forward(testCtx(t), addr, keys("k", 2), out, make([]string, 2))
 			} else {
 				ks := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api", Key: "y"}}
-				err = pc.Pull(testCtx(t), addr, ks, false, 0, make([]route.PullAnswer, len(ks)))
+				err = pc.Pull(testCtx(t), addr, ks, false, 0, make([]keymove.PullAnswer, len(ks)))
 				if ks[0].Version != 0 || ks[1].Version != 0 {
 					t.Fatalf("a refused answer was installed: %+v", ks)
 				}
@@ -187,7 +187,7 @@ func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
 			_, _, err := other.Replicate(ctx, addr, false, counters)
 			return err
 		}(),
-		"pull": other.Pull(ctx, addr, []bucket.Counter{{Name: "n", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1)),
+		"pull": other.Pull(ctx, addr, []bucket.Counter{{Name: "n", Key: "k"}}, true, time.Second, make([]keymove.PullAnswer, 1)),
 	} {
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `cluster "green"`) || !strings.Contains(err.Error(), `"blue"`) {
 			t.Errorf("%s from another cluster: %v, want FAILED_PRECONDITION naming both clusters", what, err)

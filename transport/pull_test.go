@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 func TestPull(t *testing.T) {
@@ -39,7 +39,7 @@ func TestPull(t *testing.T) {
 		{Name: "api", Key: "none", State: bucket.State{Count: 5}, Version: 3}, // output only
 		{Name: "api", Key: "z"},
 	}
-	ans := make([]route.PullAnswer, len(ks))
+	ans := make([]keymove.PullAnswer, len(ks))
 	if err := pc.Pull(ctx, addr, ks, true, 1500*time.Microsecond, ans); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestPull(t *testing.T) {
 
 	// One invalid key refuses the call, naming it.
 	bad := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api"}}
-	err = pc.Pull(ctx, addr, bad, false, 0, make([]route.PullAnswer, len(bad)))
+	err = pc.Pull(ctx, addr, bad, false, 0, make([]keymove.PullAnswer, len(bad)))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key 1") {
 		t.Fatalf("pull of an empty key: %v, want InvalidArgument naming key 1", err)
 	}
@@ -124,7 +124,7 @@ func TestPullHalvesLargeAnswers(t *testing.T) {
 	s := startPeerServer(t, h)
 	pc := NewPeerClient(PeerConfig{NodeName: "b", Timeout: time.Minute})
 	defer pc.Close()
-	if err := pc.Pull(testCtx(t), s.GRPCAddr(), ks, false, 0, make([]route.PullAnswer, len(ks))); err != nil {
+	if err := pc.Pull(testCtx(t), s.GRPCAddr(), ks, false, 0, make([]keymove.PullAnswer, len(ks))); err != nil {
 		t.Fatal(err)
 	}
 	for i := range ks {

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // Limits of Peer/Replicate and Peer/Pull.
@@ -145,7 +145,7 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 	if len(keys) == 0 {
 		return resp, nil
 	}
-	ans := make([]route.PullAnswer, len(keys))
+	ans := make([]keymove.PullAnswer, len(keys))
 	h.Pull(ctx, from, fromAddr, keys, req.GetRelease(), releaseTTL(req.GetReleaseTtlMs()), ans)
 
 	msgs := make([]sluicev1.Counter, len(keys))
@@ -164,7 +164,7 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		if resp.MovedTo != nil {
 			resp.MovedTo[i] = a.MovedTo
 		}
-		for _, hd := range a.Holders[:min(len(a.Holders), route.MaxHolders)] {
+		for _, hd := range a.Holders[:min(len(a.Holders), keymove.MaxHolders)] {
 			resp.Holders = append(resp.Holders, &sluicev1.PullHolder{Index: uint32(i), Addr: hd.Addr, Release: hd.Release})
 		}
 	}
@@ -289,7 +289,7 @@ func (e *counterEncoder) encode(cs []bucket.Counter) []*sluicev1.Counter {
 // formed: a count or key that does not match the question, a state that
 // does not decode, a moved_to of the wrong length or a bad holder is an
 // error and nothing is filled.
-func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
+func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error {
 	if len(ans) != len(keys) {
 		return fmt.Errorf("transport: pull: %d keys but %d answers", len(keys), len(ans))
 	}
@@ -305,7 +305,7 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 	dl, _ := ctx.Deadline()
 
 	got := make([]bucket.Counter, len(keys))
-	gotAns := make([]route.PullAnswer, len(keys))
+	gotAns := make([]keymove.PullAnswer, len(keys))
 	msgs := make([]sluicev1.CounterKey, len(keys))
 	ptrs := make([]*sluicev1.CounterKey, len(keys))
 	for i := range keys {
@@ -349,11 +349,11 @@ func (pc *PeerClient) Pull(ctx context.Context, addr string, keys []bucket.Count
 }
 
 // decodeHolders checks a pull answer's holders (each names one of the
-// keys asked, by index, and a host:port; at most route.MaxHolders per
+// keys asked, by index, and a host:port; at most keymove.MaxHolders per
 // key) and adds them to got. A bad entry refuses the whole answer.
-func decodeHolders(hs []*sluicev1.PullHolder, got []route.PullAnswer) error {
-	if len(hs) > route.MaxHolders*len(got) {
-		return fmt.Errorf("%d holders for %d keys (at most %d per key)", len(hs), len(got), route.MaxHolders)
+func decodeHolders(hs []*sluicev1.PullHolder, got []keymove.PullAnswer) error {
+	if len(hs) > keymove.MaxHolders*len(got) {
+		return fmt.Errorf("%d holders for %d keys (at most %d per key)", len(hs), len(got), keymove.MaxHolders)
 	}
 	per := make(map[uint32]int)
 	for j, h := range hs {
@@ -364,13 +364,13 @@ func decodeHolders(hs []*sluicev1.PullHolder, got []route.PullAnswer) error {
 		if err := checkHostPort(h.GetAddr()); err != nil {
 			return fmt.Errorf("holder %d: %w", j, err)
 		}
-		if per[i]++; per[i] > route.MaxHolders {
-			return fmt.Errorf("more than %d holders for key %d", route.MaxHolders, i)
+		if per[i]++; per[i] > keymove.MaxHolders {
+			return fmt.Errorf("more than %d holders for key %d", keymove.MaxHolders, i)
 		}
 	}
 	for _, h := range hs { // all checked: nothing is added from a refused answer
 		i := h.GetIndex()
-		got[i].Holders = append(got[i].Holders, route.Holder{Addr: h.GetAddr(), Release: h.GetRelease()})
+		got[i].Holders = append(got[i].Holders, keymove.Holder{Addr: h.GetAddr(), Release: h.GetRelease()})
 	}
 	return nil
 }

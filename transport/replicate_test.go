@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/ring/route"
 )
 
 // fakePeer is a PeerHandler over a map: it installs what is newer and
@@ -82,7 +82,7 @@ func (h *fakePeer) Replicate(_ context.Context, from string, handoff bool, count
 	return installed, stale
 }
 
-func (h *fakePeer) Pull(_ context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, _ []route.PullAnswer) {
+func (h *fakePeer) Pull(_ context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, _ []keymove.PullAnswer) {
 	h.mu.Lock()
 	h.pulls = append(h.pulls, pullCall{from, fromAddr, len(keys), release, ttl})
 	block := h.block
@@ -314,7 +314,7 @@ func TestReplicatePullUnimplementedWithoutPeer(t *testing.T) {
 	if _, _, err := pc.Replicate(ctx, s.GRPCAddr(), false, counters("k", 1, 1)); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("Replicate: %v, want Unimplemented", err)
 	}
-	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]route.PullAnswer, 1)); status.Code(err) != codes.Unimplemented {
+	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]keymove.PullAnswer, 1)); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("Pull: %v, want Unimplemented", err)
 	}
 	if err := pc.Close(); err != nil {
@@ -323,7 +323,7 @@ func TestReplicatePullUnimplementedWithoutPeer(t *testing.T) {
 	if _, _, err := pc.Replicate(ctx, s.GRPCAddr(), false, counters("k", 1, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Replicate after Close: %v, want ErrClosed", err)
 	}
-	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]route.PullAnswer, 1)); !errors.Is(err, ErrClosed) {
+	if err := pc.Pull(ctx, s.GRPCAddr(), []bucket.Counter{{Name: "a", Key: "k"}}, false, 0, make([]keymove.PullAnswer, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Pull after Close: %v, want ErrClosed", err)
 	}
 }
@@ -352,10 +352,10 @@ func TestReplicatePullDeadline(t *testing.T) {
 			return err
 		}},
 		{"pull/timeout", PeerConfig{Timeout: short, BulkTimeout: time.Hour}, 0, func(ctx context.Context, pc *PeerClient) error {
-			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1))
+			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]keymove.PullAnswer, 1))
 		}},
 		{"pull/ctx deadline", PeerConfig{Timeout: time.Millisecond, BulkTimeout: time.Millisecond}, short, func(ctx context.Context, pc *PeerClient) error {
-			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]route.PullAnswer, 1))
+			return pc.Pull(ctx, addr, []bucket.Counter{{Name: "a", Key: "k"}}, true, time.Second, make([]keymove.PullAnswer, 1))
 		}},
 	}
 	for _, tt := range tests {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback/key"
 )
 
@@ -65,12 +65,12 @@ func TestTableChangedRegistersTheMove(t *testing.T) {
 		t.Fatal("a key moved to the joiner is not unsettled")
 	}
 	srcs, settles := joiner.Moves().Plan(h, k, "c", cur, now, nil)
-	if len(settles) != 1 || !slices.Contains(srcs, route.Holder{Addr: "a:1", Release: true}) {
+	if len(settles) != 1 || !slices.Contains(srcs, keymove.Holder{Addr: "a:1", Release: true}) {
 		t.Fatalf("plan %v (for %d moves), want the previous owner a with release", srcs, len(settles))
 	}
 	var reps []ring.Member
 	for _, r := range cur.Replicas(h, reps) {
-		if r.Name != "c" && !slices.Contains(srcs, route.Holder{Addr: r.Addr, Release: true}) {
+		if r.Name != "c" && !slices.Contains(srcs, keymove.Holder{Addr: r.Addr, Release: true}) {
 			t.Errorf("plan %v: the key's current replica %s (the joiner entered with this change) not asked with release", srcs, r.Name)
 		}
 	}
@@ -127,7 +127,7 @@ func TestPlanAsksEveryMemberWhenNoHolderIsLeft(t *testing.T) {
 	}
 	srcs, _ := b.Moves().Plan(h, k, "a", cur, now, nil)
 	for _, m := range []string{"e:1", "f:1"} {
-		if !slices.Contains(srcs, route.Holder{Addr: m, Release: false}) && !slices.Contains(srcs, route.Holder{Addr: m, Release: true}) {
+		if !slices.Contains(srcs, keymove.Holder{Addr: m, Release: false}) && !slices.Contains(srcs, keymove.Holder{Addr: m, Release: true}) {
 			t.Errorf("plan %v: member %s not asked", srcs, m)
 		}
 	}
@@ -272,7 +272,7 @@ func TestBookRecordsAreBounded(t *testing.T) {
 // when the answer says the key went there.
 func TestFollow(t *testing.T) {
 	t.Parallel()
-	asked := []route.Holder{{Addr: "a:1", Release: true}, {Addr: "b:1", Release: false}}
+	asked := []keymove.Holder{{Addr: "a:1", Release: true}, {Addr: "b:1", Release: false}}
 	for _, c := range []struct {
 		to      string
 		release bool
@@ -282,7 +282,7 @@ func TestFollow(t *testing.T) {
 		{"b:1", false, false}, {"b:1", true, true}, {"c:1", true, true}, {"c:1", false, true},
 	} {
 		src, ok := Follow(asked, c.to, c.release, "self:1")
-		if ok != c.want || (ok && src != (route.Holder{Addr: c.to, Release: c.release})) {
+		if ok != c.want || (ok && src != (keymove.Holder{Addr: c.to, Release: c.release})) {
 			t.Errorf("follow %q (release %v): %v %v, want %v", c.to, c.release, src, ok, c.want)
 		}
 	}

@@ -4,8 +4,8 @@ package ownership
 // pulling), and where to look next when an answer says the key had moved on.
 
 import (
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
-	"github.com/sluicehq/sluice/ring/route"
 	"github.com/sluicehq/sluice/writeback/key"
 )
 
@@ -36,7 +36,7 @@ import (
 //
 // A node asked for several reasons is asked once, releasing when any
 // reason says so.
-func (ms Moves) Plan(h uint64, k key.Key, self string, cur *ring.Table, now int64, srcs []route.Holder) ([]route.Holder, Moves) {
+func (ms Moves) Plan(h uint64, k key.Key, self string, cur *ring.Table, now int64, srcs []keymove.Holder) ([]keymove.Holder, Moves) {
 	var settles Moves
 	var reps []ring.Member
 	for _, m := range ms {
@@ -85,18 +85,18 @@ func (ms Moves) Plan(h uint64, k key.Key, self string, cur *ring.Table, now int6
 
 // Ask adds addr to srcs, or makes an existing entry release when release is
 // set.
-func Ask(srcs []route.Holder, addr string, release bool) []route.Holder {
+func Ask(srcs []keymove.Holder, addr string, release bool) []keymove.Holder {
 	for j := range srcs {
 		if srcs[j].Addr == addr {
 			srcs[j].Release = srcs[j].Release || release
 			return srcs
 		}
 	}
-	return append(srcs, route.Holder{Addr: addr, Release: release})
+	return append(srcs, keymove.Holder{Addr: addr, Release: release})
 }
 
 // Asks reports whether addr is among srcs.
-func Asks(srcs []route.Holder, addr string) bool {
+func Asks(srcs []keymove.Holder, addr string) bool {
 	for _, s := range srcs {
 		if s.Addr == addr {
 			return true
@@ -113,14 +113,14 @@ func Asks(srcs []route.Holder, addr string) bool {
 // without release (a replica of the previous owner, in this node's older
 // table) that the answer names as where the key went is asked again with
 // release, or it would go on deciding the key beside this node.
-func Follow(srcs []route.Holder, addr string, release bool, selfAddr string) (route.Holder, bool) {
+func Follow(srcs []keymove.Holder, addr string, release bool, selfAddr string) (keymove.Holder, bool) {
 	if addr == "" || addr == selfAddr {
-		return route.Holder{}, false
+		return keymove.Holder{}, false
 	}
 	for _, s := range srcs {
 		if s.Addr == addr && (s.Release || !release) {
-			return route.Holder{}, false
+			return keymove.Holder{}, false
 		}
 	}
-	return route.Holder{Addr: addr, Release: release}, true
+	return keymove.Holder{Addr: addr, Release: release}, true
 }

@@ -16,9 +16,9 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
-	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // allowAll allows every valid check; it counts the checks it saw and

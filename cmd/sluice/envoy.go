@@ -1,8 +1,8 @@
 package main
 
 import (
-	"github.com/sluicehq/sluice/cluster/rules"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // envoyRules gives the transport's Envoy service the envoy-format rules in

@@ -14,7 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 const kubernetesDir = "../../deploy/kubernetes"

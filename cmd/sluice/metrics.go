@@ -19,9 +19,9 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/cluster/rules"
-	"github.com/sluicehq/sluice/ring/route"
+	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // The node's metrics live in a registry the node owns (never
@@ -621,7 +621,7 @@ func (o observedPeers) Replicate(ctx context.Context, addr string, handoff bool,
 	return installed, stale, err
 }
 
-func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []route.PullAnswer) error {
+func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error {
 	start := time.Now()
 	err := o.next.Pull(ctx, addr, keys, release, ttl, ans)
 	o.m.observe(rpcPull, addr, start, err)
@@ -654,10 +654,10 @@ func (o observedPeers) RegionGrant(ctx context.Context, addr string, q *bucket.R
 
 // Decided passes a paused node's question to a member on when the
 // transport carries it.
-func (o observedPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (route.DecidedAnswer, error) {
+func (o observedPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (keymove.DecidedAnswer, error) {
 	dp, ok := o.next.(cluster.DecidedPeers)
 	if !ok {
-		return route.DecidedAnswer{}, cluster.ErrNoPeers
+		return keymove.DecidedAnswer{}, cluster.ErrNoPeers
 	}
 	start := time.Now()
 	a, err := dp.Decided(ctx, addr, within, count, parts)

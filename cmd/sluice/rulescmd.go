@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/sluicehq/sluice/cluster/rules"
+	"github.com/sluicehq/sluice/transport/rules"
 )
 
 // rulesCmd is `sluice rules check FILE|DIR...`: it validates rules files

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
-	"github.com/sluicehq/sluice/cluster/rules"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/rules"
 	"github.com/sluicehq/sluice/writeback"
 )
 
