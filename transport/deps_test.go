@@ -8,9 +8,9 @@ import (
 
 // TestTransportImportsNoMetricsLibraryNorCluster keeps the package graph
 // of docs/architecture.md: transport reports to an Observer it declares and
-// never imports client_golang, cluster (the rules package, for the Envoy
-// rule, aside) or the public Go client (client), which applications import
-// without the node.
+// never imports client_golang, cluster (the words of a moving key of
+// cluster/keymove, a leaf, aside) or the public Go client (client), which
+// applications import without the node.
 func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 	t.Parallel()
 	goBin, err := exec.LookPath("go")
@@ -23,7 +23,7 @@ func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 	}
 	for dep := range strings.Lines(string(out)) {
 		dep = strings.TrimSpace(dep)
-		if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/transport/rules") || dep == "github.com/sluicehq/sluice/client" {
+		if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/cluster/keymove") || dep == "github.com/sluicehq/sluice/client" {
 			t.Errorf("transport depends on %s", dep)
 		}
 	}
