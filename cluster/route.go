@@ -246,7 +246,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved, o
 	if len(reqs) < 2 || !ms.Active(now) {
 		return nil
 	}
-	var items []settleItem
+	s := ownership.NewSettle(n.cfg.GRPCAddr, owner)
 	var o bucket.Outcome
 	for i := range reqs {
 		r := &reqs[i]
@@ -265,11 +265,11 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved, o
 				sk = writeback.SubKey(k, j)
 			}
 			if ms.Unsettled(h, sk, n.name, now) {
-				items = append(items, settleItem{h: h, k: sk})
+				s.Add(h, sk)
 			}
 		}
 	}
-	if len(items) == 0 {
+	if s.Len() == 0 {
 		return nil
 	}
 	// Under the gate, like a decision: a drain that starts meanwhile hands
@@ -278,7 +278,7 @@ func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved, o
 	// node that is leaving and has already handed its counters on.
 	n.gate.RLock()
 	if !n.draining() {
-		deferred = n.settleBatch(ctx, items, ms, now, owner)
+		deferred = n.settleBatch(ctx, s, ms, now)
 	}
 	n.gate.RUnlock()
 	return deferred

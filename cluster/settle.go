@@ -10,14 +10,12 @@ package cluster
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -44,7 +42,9 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, ms ownersh
 	if !ms.Unsettled(h, k, n.name, now) {
 		return true
 	}
-	return n.settleBatch(ctx, []settleItem{{h: h, k: k}}, ms, now, owner) == nil
+	s := ownership.NewSettle(n.cfg.GRPCAddr, owner)
+	s.Add(h, k)
+	return n.settleBatch(ctx, s, ms, now) == nil
 }
 
 // errUnsettled is the error of a check on a key that a ring change moved
@@ -57,142 +57,59 @@ func (n *Node) settle(ctx context.Context, h uint64, k writeback.Key, ms ownersh
 // outrank it, and lose every hit that count holds.
 const errUnsettled = abandoned + "no node that may hold a newer count of the key answered its pull"
 
-// settleItem is one cache key to settle, and what was found for it.
-type settleItem struct {
-	h     uint64
-	k     writeback.Key
-	asked []keymove.Holder // nodes asked, deduplicated by address
-	moves ownership.Moves  // the moves it is settled for
-	best  bucket.Counter
-	// unanswered holds the addresses whose last pull of the key failed
-	// (an error or no answer within PullTimeout); answered counts the
-	// answers that tell something of the key: a copy, or, from a node
-	// asked to release it (its previous owner), that there is none. An
-	// empty answer from a node asked without release (a replica of the
-	// key in this node's table, which may not have received it yet) does
-	// not count.
-	unanswered []string
-	answered   int
-}
-
-// maxPullRounds bounds the rounds of pulls settleBatch makes for a batch:
-// the nodes its plan names, then one round of the nodes their answers name
-// (moved_to, holders). Each round is bounded by PullTimeout, and two of
-// them (200 ms by default) fit in a forward's deadline (ForwardTimeout,
-// 250 ms), which a node settling a forwarded check must answer within.
-const maxPullRounds = 2
-
-// settleBatch settles the keys of a batch that recent ring changes moved
-// here: for each key it asks the nodes ownership.Moves.Plan names (the
-// previous owner and its replicas, and more in the cases Plan lists), then
-// the nodes the answers name: where a key had been handed on (moved_to),
-// and the holders a node that never settled the key would have asked.
-// It adopts the merge of the copies it got (mergeCopies), unless this node
-// released the key while the pulls were out: the node that took it then
-// holds this node's state and decides it, and a check here is pointed
-// there or pulls it back (decideGated). The pulls go one call per node for
-// the whole batch, to every node at once, so settling a batch costs about
-// two round trips however many keys it holds — a key-by-key settle of a
-// 100-item batch after a membership change would outlast the sender's
-// forward deadline, and the sender would have the batch decided again by a
-// replica.
+// settleBatch settles the keys of s, a batch that recent ring changes
+// moved here: ownership.Settle says whom to pull each key from (the nodes
+// ownership.Moves.Plan names, then the nodes the answers name) and, once
+// the pulls are done, which keys are settled; this node carries out the
+// pulls (pullRounds) and adopts the merge of the copies they brought
+// (mergeCopies), unless it released the key while the pulls were out: the
+// node that took it then holds this node's state and decides it, and a
+// check here is pointed there or pulls it back (decideGated). The pulls go
+// one call per node for the whole batch, to every node at once, so
+// settling a batch costs about two round trips however many keys it holds
+// — a key-by-key settle of a 100-item batch after a membership change
+// would outlast the sender's forward deadline, and the sender would have
+// the batch decided again by a replica.
 //
-// For the checks this node decides as the keys' owner (owner set: see
-// owning), a pull that fails is made again in the next round when the
-// caller's deadline leaves time for it, and a key that no node asked
-// answered for (answered), while one that did not is still a member of
-// this node's table, stays unsettled, to be pulled again on its next
-// touch: that member (its previous owner, slow to answer on a loaded
-// machine) may hold the newest count, and this node's own copy may be
-// minutes old.
-// settleBatch returns the ring hashes of those keys (nil when none),
-// which the caller must not decide now (errUnsettled). When a node asked
-// did answer (the previous owner's replica, say), its copy is at most a
-// replication round behind the owner's, as after a crash, and the key is
-// settled. A node asked that is no longer a member handed its counters on
-// when it left, or its replicas hold them. A stand-in's or a
-// failover's check (owner unset) is the fallback already: its keys are
-// settled once the pulls are done, answered or not, as a side of a
-// partition settles them, and it is decided from what this node holds.
-func (n *Node) settleBatch(ctx context.Context, items []settleItem, ms ownership.Moves, now int64, owner bool) (deferred []uint64) {
+// It returns the ring hashes of the keys an owner's settle leaves
+// unsettled for want of an answer (ownership.Settle.Finish; nil when
+// none), which the caller must not decide now (errUnsettled). Their checks
+// fail over to the key's first replica, which decides them as a stand-in:
+// the next decision here pulls that decision, even once the move's window
+// has ended (standins.go).
+func (n *Node) settleBatch(ctx context.Context, s *ownership.Settle, ms ownership.Moves, now int64) (deferred []uint64) {
 	cur := n.ring.Table()
-	for i := range items {
-		it := &items[i]
-		it.asked, it.moves = ms.Plan(it.h, it.k, n.name, cur, now, it.asked)
-	}
-	n.pullRounds(ctx, items, owner)
-	for i := range items {
-		it := &items[i]
+	s.Plan(ms, n.name, cur, now)
+	best := n.pullRounds(ctx, s)
+	for i := range best {
+		h, k := s.Key(i)
 		if n.debug {
-			n.log.Debug("settled", "name", it.k.Name, "key", it.k.Key, "asked", len(it.asked), "count", it.best.State.Count,
-				"version", it.best.Version, "moves", len(it.moves), "ctx_err", ctx.Err())
+			n.log.Debug("settled", "name", k.Name, "key", k.Key, "asked", s.Asked(i), "count", best[i].State.Count,
+				"version", best[i].Version, "ctx_err", ctx.Err())
 		}
-		if it.best.Version > 0 {
-			n.cache.InstallUnlessFencedSince(it.h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
+		if best[i].Version > 0 {
+			n.cache.InstallUnlessFencedSince(h, writeback.Record{Key: k, State: best[i].State, Version: best[i].Version}, now)
 		}
-		if ctx.Err() != nil {
-			// A key whose caller gave up is not settled: its pulls may have
-			// failed for that reason alone, and the next touch asks again.
-			continue
-		}
-		if addr, ok := memberOf(cur, it.unanswered); ok && owner && it.answered == 0 && !pauseOnly(it.moves) {
-			// The check fails over to the key's first replica, which decides
-			// it as a stand-in: the next decision here pulls that decision,
-			// even once the move's window has ended (standins.go).
-			n.stoodIn.note(it.k, now, now+int64(standInMemory))
-			n.stats.settlesDeferred.Add(1)
-			n.log.Debug("not settled: no node asked answered its pull", "name", it.k.Name, "key", it.k.Key, "member_addr", addr)
-			deferred = append(deferred, it.h)
-			continue
-		}
-		ownership.Settled(it.k, it.moves)
+	}
+	for _, d := range s.Finish(cur, ctx.Err() != nil) {
+		h, k := s.Key(d.Key)
+		n.stoodIn.note(k, now, now+int64(standInMemory))
+		n.stats.settlesDeferred.Add(1)
+		n.log.Debug("not settled: no node asked answered its pull", "name", k.Name, "key", k.Key, "member_addr", d.Member)
+		deferred = append(deferred, h)
 	}
 	return deferred
 }
 
-// pauseOnly reports whether every move in ms is a pause's. A node that
-// noticed a pause pulls every key it owns, and when it is starved (a
-// squeezed cgroup, a saturated machine) its own slowness makes those
-// pulls time out: deferring its checks to failover would add work where
-// it has least, and its checks past their deadlines (TestStarvedClusterStaysUp).
-// It decides from what it holds, as before; the pause's own guarantee
-// (docs/guarantees.md) covers the keys others decided meanwhile.
-func pauseOnly(ms ownership.Moves) bool {
-	for _, m := range ms {
-		if !m.Pause() {
-			return false
-		}
+// pullRounds carries out s's pulls, round by round until it asks for no
+// more (ownership.Settle.Next), and returns for each of its keys the merge
+// of the copies pulled (mergeCopies; Version 0: none).
+func (n *Node) pullRounds(ctx context.Context, s *ownership.Settle) []bucket.Counter {
+	best := make([]bucket.Counter, s.Len())
+	for pulls := s.Next(true); len(pulls) > 0; pulls = s.Next(n.timeForPull(ctx)) {
+		n.pullAll(ctx, s, pulls, best)
 	}
-	return len(ms) > 0
-}
-
-// memberOf returns the first of addrs that is the address of a member of
-// tbl.
-func memberOf(tbl *ring.Table, addrs []string) (string, bool) {
-	if len(addrs) == 0 {
-		return "", false
-	}
-	for _, m := range tbl.Members() {
-		if slices.Contains(addrs, m.Addr) {
-			return m.Addr, true
-		}
-	}
-	return "", false
-}
-
-// pullRounds pulls every item from the nodes in its asked list, then, for
-// up to maxPullRounds-1 more rounds, from the nodes the answers name: a
-// node asked had already handed the key on, or had not settled it itself
-// since a move, and the node it went to, or the nodes it would have pulled
-// it from, may hold a newer state (ownership.Follow). With retry, a pull
-// that failed is made again in the next round when ctx's deadline leaves
-// time for one more pull (timeForPull).
-func (n *Node) pullRounds(ctx context.Context, items []settleItem, retry bool) {
-	more := n.pullAll(ctx, items, func(it *settleItem) []keymove.Holder { return it.asked }, retry)
-	for round := 1; len(more) > 0 && round < maxPullRounds; round++ {
-		next := more
-		more = n.pullAll(ctx, items, func(it *settleItem) []keymove.Holder { return next[it] }, retry)
-	}
+	return best
 }
 
 // timeForPull reports whether ctx leaves time for one more pull and a
@@ -202,107 +119,60 @@ func (n *Node) timeForPull(ctx context.Context) bool {
 	return !ok || time.Until(dl) > n.cfg.PullTimeout*3/2
 }
 
-// pullAll pulls every item from the nodes targets names for it: one Pull
-// per node and release flag, all at once, each bounded by PullTimeout. It
-// keeps in best the merge of each item's copies (mergeCopies) and in
-// unanswered the nodes whose pull failed, and returns whom to pull next:
-// where released copies had already gone (addresses not asked yet, and
-// not this node), and, with retry, the nodes whose pull failed when ctx
-// leaves time to ask them again.
-func (n *Node) pullAll(ctx context.Context, items []settleItem, targets func(*settleItem) []keymove.Holder, retry bool) map[*settleItem][]keymove.Holder {
+// pullAll makes one round's pulls, all at once, each bounded by
+// PullTimeout, merges what they brought into best, and tells s how each
+// went.
+func (n *Node) pullAll(ctx context.Context, s *ownership.Settle, pulls []ownership.PullCall, best []bucket.Counter) {
 	type call struct {
-		to   keymove.Holder
-		its  []*settleItem
 		keys []bucket.Counter
 		ans  []keymove.PullAnswer
 		err  error
 	}
-	var calls []*call
-	for i := range items {
-		it := &items[i]
-		for _, to := range targets(it) {
-			var c *call
-			for _, x := range calls {
-				if x.to == to {
-					c = x
-					break
-				}
-			}
-			if c == nil {
-				c = &call{to: to}
-				calls = append(calls, c)
-			}
-			c.its = append(c.its, it)
-			c.keys = append(c.keys, writeback.CounterOf(it.k))
+	calls := make([]call, len(pulls))
+	pull := func(i int) {
+		p, c := pulls[i], &calls[i]
+		c.keys = make([]bucket.Counter, len(p.Keys))
+		for j, ki := range p.Keys {
+			_, k := s.Key(ki)
+			c.keys[j] = writeback.CounterOf(k)
 		}
-	}
-	pull := func(c *call) {
 		var ttl time.Duration
-		if c.to.Release {
+		if p.To.Release {
 			ttl = n.cfg.MoveWindow
 		}
 		c.ans = make([]keymove.PullAnswer, len(c.keys))
 		pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout)
-		c.err = n.peers.Pull(pctx, c.to.Addr, c.keys, c.to.Release, ttl, c.ans)
+		c.err = n.peers.Pull(pctx, p.To.Addr, c.keys, p.To.Release, ttl, c.ans)
 		cancel()
 	}
 	var wg sync.WaitGroup
-	for _, c := range calls[min(1, len(calls)):] {
+	for i := 1; i < len(pulls); i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pull(c)
+			pull(i)
 		}()
 	}
-	if len(calls) > 0 {
-		pull(calls[0])
-	}
+	pull(0)
 	wg.Wait()
-	var moved map[*settleItem][]keymove.Holder
-	retry = retry && n.timeForPull(ctx)
-	for _, c := range calls {
+	for i, p := range pulls {
+		c := &calls[i]
 		n.stats.pulls.Add(uint64(len(c.keys)))
 		if c.err != nil {
 			n.stats.pullErrors.Add(uint64(len(c.keys)))
 			if n.debug {
-				n.log.Debug("pull failed", "to", c.to.Addr, "keys", len(c.keys), "release", c.to.Release, "err", c.err)
+				n.log.Debug("pull failed", "to", p.To.Addr, "keys", len(c.keys), "release", p.To.Release, "err", c.err)
 			}
-			for _, it := range c.its {
-				if !slices.Contains(it.unanswered, c.to.Addr) {
-					it.unanswered = append(it.unanswered, c.to.Addr)
-				}
-				if retry {
-					if moved == nil {
-						moved = make(map[*settleItem][]keymove.Holder)
-					}
-					moved[it] = append(moved[it], c.to)
-				}
-			}
+			s.Failed(p)
 			continue
 		}
+		copies := make([]bool, len(c.keys))
 		for j, got := range c.keys {
-			it := c.its[j]
-			it.unanswered = slices.DeleteFunc(it.unanswered, func(a string) bool { return a == c.to.Addr })
-			if c.to.Release || got.Version > 0 {
-				it.answered++
-			}
-			it.best = mergeCopies(it.best, got)
-			follow := func(addr string, release bool) {
-				if src, ok := ownership.Follow(it.asked, addr, release, n.cfg.GRPCAddr); ok {
-					if moved == nil {
-						moved = make(map[*settleItem][]keymove.Holder)
-					}
-					it.asked = append(it.asked, src)
-					moved[it] = append(moved[it], src)
-				}
-			}
-			follow(c.ans[j].MovedTo, true)
-			for _, h := range c.ans[j].Holders {
-				follow(h.Addr, h.Release)
-			}
+			copies[j] = got.Version > 0
+			best[p.Keys[j]] = mergeCopies(best[p.Keys[j]], got)
 		}
+		s.Answered(p, copies, c.ans)
 	}
-	return moved
 }
 
 // mergeCopies combines two copies of a key pulled from different nodes
@@ -334,21 +204,22 @@ func mergeCopies(best, got bucket.Counter) bucket.Counter {
 // (pullRounds), and installs the merge of what it got. A failed pull is
 // counted and the decision goes on with what this node holds.
 func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
-	var items []settleItem
+	s := ownership.NewSettle(n.cfg.GRPCAddr, false)
+	from := keymove.Holder{Addr: addr, Release: true}
 	if len(lims.more) == 0 {
-		items = []settleItem{{h: h, k: k, asked: []keymove.Holder{{Addr: addr, Release: true}}}}
+		s.Add(h, k, from)
 	} else {
 		for i := range 1 + len(lims.more) {
-			items = append(items, settleItem{h: h, k: writeback.SubKey(k, i), asked: []keymove.Holder{{Addr: addr, Release: true}}})
+			s.Add(h, writeback.SubKey(k, i), from)
 		}
 	}
-	n.pullRounds(ctx, items, false)
-	for _, it := range items {
+	for i, got := range n.pullRounds(ctx, s) {
+		_, sk := s.Key(i)
 		if n.debug {
-			n.log.Debug("pulled back", "name", it.k.Name, "key", it.k.Key, "from", addr, "asked", len(it.asked), "count", it.best.State.Count, "version", it.best.Version)
+			n.log.Debug("pulled back", "name", sk.Name, "key", sk.Key, "from", addr, "asked", s.Asked(i), "count", got.State.Count, "version", got.Version)
 		}
-		if it.best.Version > 0 {
-			n.cache.Install(h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version})
+		if got.Version > 0 {
+			n.cache.Install(h, writeback.Record{Key: sk, State: got.State, Version: got.Version})
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/cluster/keymove"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -34,21 +35,24 @@ func TestSettleNeedsAnAnswerThatTellsSomething(t *testing.T) {
 		{"a member asked without release did not answer; an empty answer without release", []keymove.Holder{{Addr: memAddr(1)}, {Addr: memAddr(2)}}, true},
 		{"a member did not answer; the empty answer of one asked with release", []keymove.Holder{{Addr: memAddr(1)}, {Addr: memAddr(2), Release: true}}, false},
 	} {
-		items := []settleItem{{h: h, k: k, asked: append([]keymove.Holder(nil), tc.asked...)}}
-		deferred := x.settleBatch(context.Background(), items, nil, t0.UnixNano(), true)
+		s := ownership.NewSettle(x.cfg.GRPCAddr, true)
+		s.Add(h, k, tc.asked...)
+		deferred := x.settleBatch(context.Background(), s, nil, t0.UnixNano())
 		if got := len(deferred) > 0; got != tc.deferred {
 			t.Errorf("%s: deferred %v, want %v", tc.name, got, tc.deferred)
 		}
 		// A stand-in's or a failover's settle never defers.
-		items = []settleItem{{h: h, k: k, asked: append([]keymove.Holder(nil), tc.asked...)}}
-		if deferred := x.settleBatch(context.Background(), items, nil, t0.UnixNano(), false); len(deferred) > 0 {
+		s = ownership.NewSettle(x.cfg.GRPCAddr, false)
+		s.Add(h, k, tc.asked...)
+		if deferred := x.settleBatch(context.Background(), s, nil, t0.UnixNano()); len(deferred) > 0 {
 			t.Errorf("%s, not as the owner: deferred", tc.name)
 		}
 	}
 	// Once the member answers, nothing is deferred.
 	net.Heal()
-	items := []settleItem{{h: h, k: k, asked: []keymove.Holder{{Addr: memAddr(1), Release: true}, {Addr: memAddr(2)}}}}
-	if deferred := x.settleBatch(context.Background(), items, nil, t0.UnixNano(), true); len(deferred) > 0 {
+	s := ownership.NewSettle(x.cfg.GRPCAddr, true)
+	s.Add(h, k, keymove.Holder{Addr: memAddr(1), Release: true}, keymove.Holder{Addr: memAddr(2)})
+	if deferred := x.settleBatch(context.Background(), s, nil, t0.UnixNano()); len(deferred) > 0 {
 		t.Error("every node answered: deferred")
 	}
 }

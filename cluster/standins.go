@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cluster/keymove"
+	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -125,17 +126,17 @@ func (n *Node) pullStandIn(ctx context.Context, h uint64, k writeback.Key, lims 
 	if rep.Addr == "" {
 		return
 	}
-	items := make([]settleItem, len(keys))
-	for i, sk := range keys {
-		items[i] = settleItem{h: h, k: sk, asked: []keymove.Holder{{Addr: rep.Addr}}}
+	s := ownership.NewSettle(n.cfg.GRPCAddr, false)
+	for _, sk := range keys {
+		s.Add(h, sk, keymove.Holder{Addr: rep.Addr})
 	}
-	n.pullRounds(ctx, items, false)
-	for _, it := range items {
+	for i, got := range n.pullRounds(ctx, s) {
+		_, sk := s.Key(i)
 		if n.debug {
-			n.log.Debug("pulled a stand-in's copy", "name", it.k.Name, "key", it.k.Key, "from", rep.Name, "count", it.best.State.Count, "version", it.best.Version)
+			n.log.Debug("pulled a stand-in's copy", "name", sk.Name, "key", sk.Key, "from", rep.Name, "count", got.State.Count, "version", got.Version)
 		}
-		if it.best.Version > 0 {
-			n.cache.InstallUnlessFencedSince(h, writeback.Record{Key: it.k, State: it.best.State, Version: it.best.Version}, now)
+		if got.Version > 0 {
+			n.cache.InstallUnlessFencedSince(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, now)
 		}
 	}
 }

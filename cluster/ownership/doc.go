@@ -3,7 +3,9 @@
 // that change hands (Book: the moves a ring change brought here with the
 // keys settled since, and where released keys went), the reading of a
 // membership change (TableChanged, Paused, ReplicasGained), whom to pull a
-// moved key from (Moves.Plan), and Step, a pure function from a key's facts
+// moved key from (Moves.Plan), the settle of a batch of moved keys
+// (Settle: its rounds of pulls, what each answer tells, and which keys end
+// settled or stay unsettled), and Step, a pure function from a key's facts
 // and an event to the effects the node carries out.
 //
 // The package does no I/O, starts no goroutine and reads no clock, and
