@@ -11,17 +11,25 @@ import (
 )
 
 // facts reads what the step function needs about the key with ring hash h
-// at now, before a decision: the phase, whether this node owns it in tbl
-// (or tbl names nobody) and where its owner is, and whether a move still
-// has to settle it (k, or with more limits than one, any of their sub-keys).
+// at now: the phase, whether this node owns it in tbl (or tbl names
+// nobody) and where its owner is, and whether a move still has to settle
+// it (k, or with more limits than one, any of their sub-keys). Every
+// event's facts are read here (factsIn); the caller adds what only the
+// event tells (released).
 func (n *Node) facts(tbl *ring.Table, h uint64, k writeback.Key, lims limits, now int64) ownership.Facts {
+	return n.factsIn(n.book.Moves(), tbl, h, k, lims, now)
+}
+
+// factsIn is facts with the book's moves as ms, read once by a caller
+// that reads many keys' facts.
+func (n *Node) factsIn(ms ownership.Moves, tbl *ring.Table, h uint64, k writeback.Key, lims limits, now int64) ownership.Facts {
 	f := ownership.Facts{Phase: n.life.load(), SelfAddr: n.cfg.GRPCAddr, InRing: n.inRing.Load()}
 	owner, ok := tbl.Owner(h)
 	f.Owns = !ok || owner.Name == n.name
 	if !f.Owns {
 		f.OwnerAddr = owner.Addr
 	}
-	if ms := n.book.Moves(); len(ms) > 0 {
+	if len(ms) > 0 {
 		if len(lims.more) == 0 {
 			f.Unsettled = ms.Unsettled(h, k, n.name, now)
 		}

@@ -167,7 +167,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 	// say (ownership.Serve): a key it had released is taken back.
 	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrFenced) {
-		if eff := ownership.Step(n.released(ownership.Facts{}, k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
+		if eff := ownership.Step(n.released(n.facts(n.ring.Table(), rt.hash, k, rt.lims, now), k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
 			n.reclaim(rt.hash, k, rt.lims)
 		}
 		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)

@@ -103,7 +103,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if !ok || o.Name != n.name || c.Name == n.name {
 			return true
 		}
-		f := ownership.Facts{OwnerAddr: c.Addr, Unsettled: moves.Unsettled(h, r.Key, n.name, now)}
+		f := n.factsIn(moves, cur, h, r.Key, limits{}, now)
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Lost})
 		if !eff.Release {
 			return true // unsettled: the new owner pulls it on first touch
@@ -272,12 +272,12 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	if handoff {
 		ev.Kind = ownership.Push
 	}
-	phase := n.life.load()
+	moves := n.book.Moves()
+	now := n.now().UnixNano()
 	for _, c := range counters {
 		rec := writeback.RecordOf(c)
 		h := keyHash(rec.Key)
-		o, ok := tbl.Owner(h)
-		eff := ownership.Step(ownership.Facts{Phase: phase, Owns: !ok || o.Name == n.name}, ev)
+		eff := ownership.Step(n.factsIn(moves, tbl, h, rec.Key, limits{}, now), ev)
 		// A copy from a node that still believes it owns this key is
 		// refused (Stale): the owner's own state is authoritative; a copy
 		// never replaces it.
@@ -326,7 +326,6 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 			addr = n.addrOf(from)
 		}
 	}
-	phase := n.life.load()
 	moves, cur := n.book.Moves(), n.ring.Table()
 	for i := range keys {
 		k := writeback.KeyOf(keys[i])
@@ -334,7 +333,7 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 		var rec writeback.Record
 		var ok bool
 		var err error
-		f := ownership.Facts{Phase: phase, Unsettled: moves.Unsettled(h, k, n.name, now)}
+		f := n.factsIn(moves, cur, h, k, limits{}, now)
 		if to, ok := n.book.ReleasedTo(k); ok && release && to != addr {
 			// A key already released to another node: that node has the
 			// newer state; the answer says so, so that the puller asks it
