@@ -426,7 +426,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 			n.gate.RUnlock()
 			return n.ownerAddr(h)
 		}
-		if !(eff.Joining || eff.Redirect != "" || eff.PullFrom != "" || eff.Settle || eff.Reclaim) {
+		if eff.DecidesAsItStands() {
 			if hits := n.regions.book.Return(h, from, a.ReturnGrantedAt, a.Return); hits > 0 {
 				if back, err := n.cache.Refund(h, k, lims.one, hits, a.ReturnGrantedAt, now); err == nil {
 					out.Taken = back

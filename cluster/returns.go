@@ -132,8 +132,8 @@ func (n *Node) ReturnLeases(ctx context.Context, from string, rets []bucket.Leas
 		h := ring.Hash(r.Name, r.Key)
 		k := writeback.Key{Name: r.Name, Key: r.Key}
 		eff := ownership.Step(n.facts(tbl, h, k, lims, now), ownership.Event{Kind: ownership.Forwarded})
-		if eff.Joining || eff.Forward || eff.Redirect != "" || eff.PullFrom != "" || eff.Settle || eff.Reclaim {
-			continue // not decided here as it stands
+		if !eff.DecidesAsItStands() {
+			continue
 		}
 		hits := n.heat.Return(h, fh, rets[i].GrantedAt, r.Hits)
 		if hits == 0 {

@@ -152,6 +152,15 @@ type Effects struct {
 	Stale bool
 }
 
+// DecidesAsItStands reports whether the effects decide the check here with
+// nothing to carry out first: no joining answer, forward, redirect, pull,
+// settle or reclaim. A lease return is refunded only then: a key that is
+// not decided here as it stands has its count elsewhere, or a count this
+// node has yet to take in.
+func (e Effects) DecidesAsItStands() bool {
+	return e.Decide && !e.Joining && !e.Forward && e.Redirect == "" && e.PullFrom == "" && !e.Settle && !e.Reclaim
+}
+
 // Step returns the effects of event e on a key with facts f. It has no
 // side effects.
 func Step(f Facts, e Event) Effects {

@@ -197,3 +197,25 @@ func TestPhaseTransitions(t *testing.T) {
 		}
 	}
 }
+
+// A lease return is refunded only where the check is decided as things
+// stand: an owned, settled key; not one to settle, pull or take back
+// first, nor one owned elsewhere.
+func TestDecidesAsItStands(t *testing.T) {
+	t.Parallel()
+	fw := Event{Kind: Forwarded}
+	for _, tc := range []struct {
+		name string
+		f    Facts
+		want bool
+	}{
+		{"owned", Facts{Owns: true, InRing: true}, true},
+		{"owned, unsettled", Facts{Owns: true, InRing: true, Unsettled: true}, false},
+		{"owned, released to another node", Facts{Owns: true, InRing: true, Released: true, ReleasedTo: "x:1"}, false},
+		{"owned by another node", Facts{OwnerAddr: "x:1", InRing: true}, false},
+	} {
+		if got := Step(tc.f, fw).DecidesAsItStands(); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
