@@ -119,7 +119,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		if err != nil || !held || !eff.Push {
 			return true
 		}
-		n.book.NoteReleased(r.Key, eff.NoteTo, now)
+		n.book.Carried(r.Key, eff, now)
 		n.pushing.add(h, done)
 		hashes = append(hashes, h)
 		if n.debug {
@@ -293,7 +293,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 			// than it holds: a leaving node's stale replica copy, say. The
 			// key stays as it was: unsettled, it is still pulled on first
 			// touch; released, a check takes it back from where it went.
-			n.book.MarkSettled(rec.Key)
+			n.book.Carried(rec.Key, eff, now)
 		}
 		if n.debug && handoff {
 			n.log.Debug("handoff received", "name", rec.Key.Name, "key", rec.Key.Key, "from", from, "count", rec.State.Count, "version", rec.Version, "installed", installed1)
@@ -348,9 +348,7 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 		if eff.Release {
 			// Released keys are redirected to the puller from now on.
 			rec, ok, err = n.cache.Fence(h, k, now, ttl)
-			if eff.NoteTo != "" {
-				n.book.NoteReleased(k, eff.NoteTo, now)
-			}
+			n.book.Carried(k, eff, now)
 		} else {
 			rec, ok, err = n.cache.Get(h, k, now)
 		}

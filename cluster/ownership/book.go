@@ -86,7 +86,7 @@ type Book struct {
 	movesMu sync.Mutex // held by the writers of moves
 
 	releasedTo sync.Map // key.Key → gRPC address of the node that took it
-	// stores counts NoteReleased calls since the last prune of releasedTo,
+	// stores counts noteReleased calls since the last prune of releasedTo,
 	// sweepAt is the count that starts the next one, and pruning lets one
 	// prune run at a time.
 	stores, sweepAt atomic.Int64
@@ -236,8 +236,23 @@ func (ms Moves) Active(now int64) bool {
 	return false
 }
 
-// MarkSettled records that k arrived by handoff: no move pulls it again.
-func (b *Book) MarkSettled(k key.Key) {
+// Carried records in the book what the effects eff of an event on key k,
+// now carried out by the node, change there: the release of k to
+// eff.NoteTo (Release), and, for a handoff the node installed, that no
+// move pulls k again (MarkSettled). The node changes the book through
+// events only: TableChanged, Paused, Narrow, Sweep, a Settle's Finish and
+// this (TestOnlyEventsWriteTheBook).
+func (b *Book) Carried(k key.Key, eff Effects, now int64) {
+	if eff.Release && eff.NoteTo != "" {
+		b.noteReleased(k, eff.NoteTo, now)
+	}
+	if eff.MarkSettled {
+		b.markSettled(k)
+	}
+}
+
+// markSettled records that k arrived by handoff: no move pulls it again.
+func (b *Book) markSettled(k key.Key) {
 	ms := b.Moves()
 	if len(ms) == 0 {
 		return
@@ -248,8 +263,8 @@ func (b *Book) MarkSettled(k key.Key) {
 	}
 }
 
-// Settled records that k was pulled for the moves ms (those Plan returned).
-func Settled(k key.Key, ms Moves) {
+// settled records that k was pulled for the moves ms (those Plan returned).
+func settled(k key.Key, ms Moves) {
 	if len(ms) == 0 {
 		return
 	}
@@ -259,17 +274,17 @@ func Settled(k key.Key, ms Moves) {
 	}
 }
 
-// MinReleasedSweep is the fewest NoteReleased calls between two prunes of
+// MinReleasedSweep is the fewest noteReleased calls between two prunes of
 // the released-to records.
 const MinReleasedSweep = 1024
 
-// NoteReleased records that this node released k (at now) to the node at
+// noteReleased records that this node released k (at now) to the node at
 // addr. The record matters only while the cache holds the release, so
 // every max(MinReleasedSweep, twice the records kept by the last prune)
 // calls it drops the records of keys no longer released: the records stay
 // within about twice the releases in force instead of growing with every
 // key ever moved, at O(1) per call, amortised.
-func (b *Book) NoteReleased(k key.Key, addr string, now int64) {
+func (b *Book) noteReleased(k key.Key, addr string, now int64) {
 	b.releasedTo.Store(CloneKey(k), addr)
 	if b.stores.Add(1) < max(b.sweepAt.Load(), MinReleasedSweep) || !b.pruning.TryLock() {
 		return

@@ -2,6 +2,7 @@ package ownership
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestTableChangedRegistersTheMove(t *testing.T) {
 			t.Errorf("plan %v: the key's current replica %s (the joiner entered with this change) not asked with release", srcs, r.Name)
 		}
 	}
-	Settled(k, settles)
+	settled(k, settles)
 	if joiner.Unsettled(h, k, now) {
 		t.Error("a settled key is still unsettled")
 	}
@@ -85,9 +86,9 @@ func TestTableChangedRegistersTheMove(t *testing.T) {
 	if joiner.Unsettled(h2, k2, now+int64(window)+1) {
 		t.Error("a key is unsettled after its move's window ended")
 	}
-	joiner.MarkSettled(k2)
+	joiner.Carried(k2, Effects{MarkSettled: true}, now)
 	if joiner.Unsettled(h2, k2, now) {
-		t.Error("a key handed here (MarkSettled) is still unsettled")
+		t.Error("a key handed here (Carried with MarkSettled) is still unsettled")
 	}
 
 	loser := NewBook("a", window, noRelease)
@@ -173,7 +174,7 @@ func TestPauseMovesDoNotPileUp(t *testing.T) {
 	if len(srcs) == 0 || len(settles) != 1 {
 		t.Fatalf("plan after the pauses: sources %v, %d moves to settle; want some and 1", srcs, len(settles))
 	}
-	Settled(mine, settles)
+	settled(mine, settles)
 	if b.Unsettled(h, mine, now+1000) {
 		t.Fatal("settled key still unsettled")
 	}
@@ -241,10 +242,10 @@ func TestBookRecordsAreBounded(t *testing.T) {
 	b := NewBook("a", window, func(k key.Key, now int64) bool { return inForce[k] })
 	live := key.Key{Name: "api", Key: "live"}
 	inForce[live] = true
-	b.NoteReleased(live, "b:1", now0)
+	b.noteReleased(live, "b:1", now0)
 	const keys = 5 * MinReleasedSweep
 	for i := range keys {
-		b.NoteReleased(key.Key{Name: "api", Key: fmt.Sprint("k", i)}, "b:1", now0+int64(i))
+		b.noteReleased(key.Key{Name: "api", Key: fmt.Sprint("k", i)}, "b:1", now0+int64(i))
 	}
 	bound := MinReleasedSweep + 2
 	if got := b.ReleasedRecords(); got > bound {
@@ -346,5 +347,30 @@ func TestPlanAsksTheKeysCurrentReplicas(t *testing.T) {
 			}
 			t.Logf("%d moved keys planned", checked)
 		})
+	}
+}
+
+// The node changes the book only through events (a ring change, a pause,
+// the answers after one, time, a settle's end, carried-out effects) and
+// reads it otherwise: every exported method of Book is one of those. A
+// new one must be classified here, and a setter the node would call to
+// write the records itself has no place on the list.
+func TestOnlyEventsWriteTheBook(t *testing.T) {
+	t.Parallel()
+	events := map[string]bool{"TableChanged": true, "Paused": true, "Narrow": true, "Sweep": true, "Carried": true}
+	reads := map[string]bool{"Moves": true, "Unsettled": true, "ReleasedTo": true, "ReleasedRecords": true}
+	bt := reflect.TypeFor[*Book]()
+	for i := range bt.NumMethod() {
+		name := bt.Method(i).Name
+		if !events[name] && !reads[name] {
+			t.Errorf("Book.%s is neither an event nor a read: the records are the component's to change", name)
+		}
+	}
+	if st := reflect.TypeFor[Book](); st.NumField() > 0 {
+		for i := range st.NumField() {
+			if f := st.Field(i); f.IsExported() {
+				t.Errorf("Book.%s is an exported field: the records are the component's to change", f.Name)
+			}
+		}
 	}
 }

@@ -213,7 +213,7 @@ func (s *Settle) Finish(cur *ring.Table, cancelled bool) []Deferral {
 				continue
 			}
 		}
-		Settled(sk.k, sk.moves)
+		settled(sk.k, sk.moves)
 	}
 	return deferred
 }
