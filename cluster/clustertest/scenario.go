@@ -2,6 +2,8 @@ package clustertest
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,13 +31,32 @@ import (
 //	skip <reason>         stop here: the rest shows a known issue (the
 //	                      test skips, naming it)
 //
-// Every check must be answered (an error fails the scenario).
+// Every check must be answered (an error fails the scenario). A check's
+// line is followed by its expected output, as raft's datadriven tests
+// write it: a line "----", then the output, then a blank line:
+//
+//	check * k 30
+//	----
+//	admitted 10, refused 20; decided by n2
+//
+// The output names the nodes that decided the checks only when the
+// cluster is steady: after a settle, with no membership or network step
+// since (advance and checks keep it steady).
+//
+// TestScenarios fails on an output that differs, printing both, and
+// rewrites every file's outputs with -rewrite.
 
 // Step is one line of a scenario.
 type Step struct {
 	Line int    // 1-based line in the scenario text
 	Op   string // the first word
 	Args []string
+	// Want is the expected output written below the step ("----", the
+	// output, a blank line); Block says whether there was such a block,
+	// and end is the 0-based index of the line after it (Rewrite).
+	Want  string
+	Block bool
+	end   int
 }
 
 func (s Step) String() string { return strings.Join(append([]string{s.Op}, s.Args...), " ") }
@@ -56,7 +77,12 @@ func (e *SkipError) Error() string { return "skipped: " + e.Reason }
 // number of arguments; name (a file name) prefixes every error.
 func ParseScenario(name, text string) ([]Step, error) {
 	var steps []Step
-	for i, line := range strings.Split(text, "\n") {
+	lines := strings.Split(text, "\n")
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if strings.TrimSpace(line) == blockMark {
+			return nil, fmt.Errorf("%s:%d: %s without a step above it", name, i+1, blockMark)
+		}
 		if j := strings.IndexByte(line, '#'); j >= 0 {
 			line = line[:j]
 		}
@@ -71,9 +97,43 @@ func ParseScenario(name, text string) ([]Step, error) {
 		if n := len(f) - 1; n < ar[0] || (ar[1] >= 0 && n > ar[1]) {
 			return nil, fmt.Errorf("%s:%d: %s takes %s arguments, got %d", name, i+1, f[0], arityText(ar), n)
 		}
-		steps = append(steps, Step{Line: i + 1, Op: f[0], Args: f[1:]})
+		st := Step{Line: i + 1, Op: f[0], Args: f[1:], end: i + 1}
+		if i+1 < len(lines) && strings.TrimSpace(lines[i+1]) == blockMark {
+			j := i + 2
+			for j < len(lines) && strings.TrimSpace(lines[j]) != "" {
+				j++
+			}
+			st.Block, st.Want, st.end = true, strings.Join(lines[i+2:j], "\n"), j
+			i = j - 1
+		}
+		steps = append(steps, st)
 	}
 	return steps, nil
+}
+
+// blockMark opens a step's expected output.
+const blockMark = "----"
+
+// Rewrite returns text, whose steps ParseScenario returned, with each
+// step's output block replaced by out[step line], or removed when the
+// step has no output; everything else is kept as it is.
+func Rewrite(text string, steps []Step, out map[int]string) string {
+	lines := strings.Split(text, "\n")
+	var b strings.Builder
+	next := 0 // lines[:next] are written
+	for _, st := range steps {
+		b.WriteString(strings.Join(lines[next:st.Line], "\n"))
+		b.WriteByte('\n')
+		next = st.end
+		if o, ok := out[st.Line]; ok {
+			b.WriteString(blockMark + "\n" + o + "\n")
+			if next >= len(lines) || strings.TrimSpace(lines[next]) != "" {
+				b.WriteByte('\n') // a block ends at a blank line
+			}
+		}
+	}
+	b.WriteString(strings.Join(lines[next:], "\n"))
+	return b.String()
 }
 
 func arityText(ar [2]int) string {
@@ -106,8 +166,16 @@ type Runner struct {
 	Admitted, Refused map[string]int64
 	// Events lists the membership and network steps with their time.
 	Events []Event
-	next   int // round-robin position of check *
-	seq    int // the last Seq given
+	// Out is each step's output by its line: a check's admitted and
+	// refused hits and the nodes that decided them.
+	Out  map[int]string
+	next int // round-robin position of check *
+	seq  int // the last Seq given
+	// steady: a settle ran, and no membership or network step since. Only
+	// then does a check's output name the nodes that decided it: while
+	// views converge, which node a check reaches first depends on when
+	// each node learns of a change, which the seed does not fix.
+	steady bool
 }
 
 // Event is a step that changed the cluster or its network.
@@ -119,7 +187,7 @@ type Event struct {
 
 // NewRunner returns a runner on c with the default limit of 10.
 func NewRunner(c *Cluster) *Runner {
-	return &Runner{C: c, Limit: 10, Admitted: map[string]int64{}, Refused: map[string]int64{}}
+	return &Runner{C: c, Limit: 10, Admitted: map[string]int64{}, Refused: map[string]int64{}, Out: map[int]string{}}
 }
 
 // Run runs steps in order and returns the first failure, naming its line.
@@ -145,6 +213,7 @@ func (r *Runner) Step(s Step) error {
 		}
 	case "settle":
 		err = c.Settle()
+		r.steady = err == nil
 	case "limit":
 		r.Limit, err = strconv.ParseInt(s.Args[0], 10, 64)
 		if err == nil && r.Limit <= 0 {
@@ -189,6 +258,9 @@ func (r *Runner) Step(s Step) error {
 	default:
 		return fmt.Errorf("unknown step %q", s.Op)
 	}
+	if s.Op != "settle" {
+		r.steady = false
+	}
 	r.seq++
 	r.Events = append(r.Events, Event{Seq: r.seq, At: time.Now(), Step: s})
 	return err
@@ -203,6 +275,15 @@ func (r *Runner) check(s Step) error {
 			return fmt.Errorf("count %q is not a positive integer", s.Args[2])
 		}
 	}
+	var admitted, refused int
+	owners := map[string]bool{}
+	defer func() {
+		out := fmt.Sprintf("admitted %d, refused %d", admitted, refused)
+		if r.steady {
+			out += "; decided by " + strings.Join(slices.Sorted(maps.Keys(owners)), ", ")
+		}
+		r.Out[s.Line] = out
+	}()
 	for range count {
 		v := via
 		if via == "*" {
@@ -219,10 +300,13 @@ func (r *Runner) check(s Step) error {
 		}
 		r.seq++
 		r.Answers = append(r.Answers, Answer{Seq: r.seq, At: time.Now(), Line: s.Line, Via: v, Key: key, Limit: r.Limit, Admitted: o.Allowed(), Owner: o.Owner})
+		owners[o.Owner] = true
 		if o.Allowed() {
 			r.Admitted[key]++
+			admitted++
 		} else {
 			r.Refused[key]++
+			refused++
 		}
 	}
 	return nil
