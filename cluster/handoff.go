@@ -87,6 +87,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	now := n.now().UnixNano()
 	start := time.Now()
 	batches := map[string][]bucket.Counter{}
+	copies := map[string][]bucket.Counter{} // sent as replica copies, not handoffs
 	moves := n.book.Moves()
 	// done is closed once the push is over: a check that would take a
 	// released key back waits for it (pushing).
@@ -105,8 +106,14 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		}
 		f := n.factsIn(moves, cur, h, r.Key, limits{}, now)
 		eff := ownership.Step(f, ownership.Event{Kind: ownership.Lost})
+		if eff.SendCopy {
+			// Unsettled: the new owner pulls it on first touch, and
+			// meanwhile holds this copy.
+			copies[c.Addr] = append(copies[c.Addr], r.Counter())
+			return true
+		}
 		if !eff.Release {
-			return true // unsettled: the new owner pulls it on first touch
+			return true
 		}
 		// Fenced only if this node still decides the key: one it had
 		// released to another node meanwhile is not handed off
@@ -135,6 +142,26 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 	if err != nil {
 		n.log.Warn("handoff failed; the new owners will pull on first touch", "err", err)
 	}
+	n.sendCopies(ctx, copies)
+}
+
+// sendCopies sends the copies of keys this node lost without having
+// settled them (ownership.Effects.SendCopy) to their new owners, as
+// replication does, in parallel. A failed send is counted and logged: the
+// new owner pulls the key on first touch all the same.
+func (n *Node) sendCopies(ctx context.Context, copies map[string][]bucket.Counter) {
+	var wg sync.WaitGroup
+	for addr, cs := range copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := n.peers.Replicate(ctx, addr, false, cs); err != nil {
+				n.stats.handoffErrors.Add(uint64(len(cs)))
+				n.log.Debug("copies of unsettled moved keys not sent", "to", addr, "counters", len(cs), "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // push sends batches (by gRPC address) as handoffs, in parallel, and

@@ -141,6 +141,10 @@ type Effects struct {
 	Holders bool
 	// Push: push the released record to NoteTo (handoff).
 	Push bool
+	// SendCopy: send the record to OwnerAddr as a copy (a replicate, not
+	// a handoff): the new owner installs it when newer and still pulls the
+	// key on first touch, but no longer needs this node alive for it.
+	SendCopy bool
 	// Adopt: install the record, ending a release when it is newer than
 	// what is held (a stale copy changes nothing); MarkSettled: once it
 	// installed, no move
@@ -190,9 +194,12 @@ func Step(f Facts, e Event) Effects {
 		}
 		return Effects{Next: Owned, Adopt: true, MarkSettled: true}
 	case Replicate:
-		if f.Owns && !f.Phase.Drains() {
+		if f.Owns && !f.Unsettled && !f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
 		}
+		// An owner that has not settled the key since a move gave it here
+		// takes the copy as it would a pull's answer: the newer version, or
+		// the merge. Its pull on first touch still runs.
 		return Effects{Next: f.State(), Merge: true}
 	case Lost:
 		if f.Released {
@@ -209,7 +216,10 @@ func Step(f Facts, e Event) Effects {
 			// stale. A handoff would make the new owner take it as settled
 			// and skip its pulls (among them the key's replicas, which
 			// hold the newer count); the new owner pulls it on first touch.
-			return Effects{Next: Unowned}
+			// But it gets the copy now, as a replica's: should this node
+			// crash before that touch, the copy it held, perhaps the only
+			// one (model seed 99184), is not lost with it.
+			return Effects{Next: Unowned, SendCopy: true}
 		}
 		return Effects{Next: ReleasedTo, Release: true, NoteTo: f.OwnerAddr, Push: true}
 	}

@@ -81,12 +81,13 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"draining, push received: refused", draining(unowned), Event{Kind: Push}, Effects{Next: Unowned, Stale: true}},
 		{"replica, replicate received: merged", replica, Event{Kind: Replicate}, Effects{Next: Replica, Merge: true}},
 		{"owned, replicate received: refused", owned, Event{Kind: Replicate}, Effects{Next: Owned, Stale: true}},
+		{"unsettled, replicate received: merged (as a pull's answer)", unsettled, Event{Kind: Replicate}, Effects{Next: Unsettled, Merge: true}},
 		{"draining owner, replicate received: merged", draining(owned), Event{Kind: Replicate}, Effects{Next: Owned, Merge: true}},
 
 		// Table changes that take the key away.
 		{"owned, partition moved to X: released, pushed", with(owned, func(f *Facts) { f.Owns, f.OwnerAddr = false, other }), Event{Kind: Lost}, Effects{Next: ReleasedTo, Release: true, NoteTo: other, Push: true}},
 		{"released to X, partition moved to another node: not handed off", with(releasedUnowned, func(f *Facts) {}), Event{Kind: Lost}, Effects{Next: ReleasedTo}},
-		{"unsettled, partition moved on: not handed off", with(unowned, func(f *Facts) { f.Unsettled = true }), Event{Kind: Lost}, Effects{Next: Unowned}},
+		{"unsettled, partition moved on: not handed off, its copy sent", with(unowned, func(f *Facts) { f.Unsettled = true }), Event{Kind: Lost}, Effects{Next: Unowned, SendCopy: true}},
 	}
 	for _, c := range cases {
 		got := Step(c.f, c.e)
