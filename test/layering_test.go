@@ -44,9 +44,16 @@ var layers = []layer{
 	// The rules files, which the public API resolves: bucket and YAML only.
 	{pkg: "transport/rules", may: []string{"bucket", "go.yaml.in/yaml/v3"},
 		mustNot: []string{"transport$", "proto/sluice/v1", "cluster"}},
-	// The rules file's Envoy rule is one type: the Envoy service answers
-	// with rules.EnvoyRule, from the rules package.
-	{pkg: "transport", may: []string{"bucket", "cluster/keymove", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	// What secures the wire: TLS material, the proofs of gossip-key
+	// holders and who may call the internal RPCs. Nothing of Sluice's: the
+	// public API and the peer protocol both build on it.
+	{pkg: "transport/security", may: []string{"google.golang.org/grpc", "google.golang.org/protobuf"},
+		mustNot: []string{"bucket", "ring", "writeback", "cluster", "client", "transport$", "transport/peer", "transport/rules", "proto/sluice/v1", "github.com/prometheus"}},
+	// The public API: the servers of a node, which register the peer
+	// protocol's service and are guarded by transport/security. The rules
+	// file's Envoy rule is one type: the Envoy service answers with
+	// rules.EnvoyRule, from the rules package.
+	{pkg: "transport", may: []string{"bucket", "cluster/keymove", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the

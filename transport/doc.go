@@ -48,17 +48,11 @@
 //
 // # Security
 //
-// ServerConfig.TLS (a *TLS from LoadTLS, whose Reload swaps the material
-// for new handshakes) serves gRPC and HTTP over TLS 1.2+ and makes the
-// internal RPCs (Peer, Admin), the status page and pprof require a client
-// certificate chaining to the node CA (PERMISSION_DENIED, HTTP 403); with a
-// client CA every caller needs a certificate. Without TLS, ServerConfig.Prover
-// makes the internal RPCs require a proof (ProofHeader: an HMAC of the
-// method, a time, a nonce and the request's digest under a key derived from
-// the gossip key, valid DefaultProofValidity and once; UNAUTHENTICATED
-// otherwise). PeerConfig.TLS and PeerConfig.Prover are the client side.
-// Refusals change nothing, are counted (Server.AuthRefused) and logged once
-// per caller host. docs/security.md has the threat model.
+// ServerConfig.TLS and ServerConfig.Prover secure the server as package
+// transport/security describes: the internal RPCs (Peer, Admin), the status
+// page and pprof are for members of the cluster only, a security.Guard
+// decides, and refusals are counted (Server.AuthRefused) and logged once
+// per caller host.
 //
 // # Envoy
 //

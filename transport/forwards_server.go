@@ -196,17 +196,17 @@ func checkEnvelope(env *sluicev1.ForwardEnvelope) error {
 // checkProof, when members prove themselves with the gossip key, refuses an
 // envelope without a valid proof (counted and logged like a refused call).
 func (g peerServer) checkProof(ctx context.Context, env *sluicev1.ForwardEnvelope) error {
-	p := g.s.guard.prover
-	if p == nil {
+	gd := g.s.guard
+	if !gd.Proofs() {
 		return nil
 	}
 	proof := env.Proof
 	env.Proof = ""
-	err := p.Verify(g.s.guard.now(), forwardsMethod, env, proof)
+	err := gd.VerifyProof(forwardsMethod, env, proof)
 	env.Proof = proof
 	if err != nil {
 		err = status.Errorf(codes.Unauthenticated, "%s envelope refused: %v", forwardsMethod, err)
-		g.s.refuse(ctx, forwardsMethod, err)
+		gd.Refuse(ctx, forwardsMethod, err)
 		return err
 	}
 	return nil
@@ -229,24 +229,4 @@ func replyErr(r *sluicev1.ForwardReply) error {
 		return nil
 	}
 	return status.Error(codes.Code(r.GetCode()), r.GetMessage())
-}
-
-// authorizeStream is authorizeUnary for streams: opening an internal stream
-// needs a node certificate (with TLS) or a valid proof for the method and an
-// empty message (with a gossip key and no TLS; each Forwards envelope is
-// proven as well), and a panic in the handler becomes INTERNAL.
-func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("panic in gRPC handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			err = status.Error(codes.Internal, "internal error")
-		}
-	}()
-	if internalMethod(info.FullMethod) && !s.guard.open() {
-		if err := s.guard.checkGRPC(ss.Context(), info.FullMethod, streamOpening); err != nil {
-			s.refuse(ss.Context(), info.FullMethod, err)
-			return err
-		}
-	}
-	return next(srv, ss)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // rpcCounter counts the unary Peer/Forward calls and the Peer/Forwards
@@ -127,11 +128,11 @@ func TestForwardsFallBackToUnaryForAnOldPeer(t *testing.T) {
 
 // rawForwards opens a Forwards stream to s by hand, proving its opening
 // with p when p is set.
-func rawForwards(t *testing.T, addr string, p *Prover) grpc.BidiStreamingClient[sluicev1.ForwardEnvelope, sluicev1.ForwardReply] {
+func rawForwards(t *testing.T, addr string, p *security.Prover) grpc.BidiStreamingClient[sluicev1.ForwardEnvelope, sluicev1.ForwardReply] {
 	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if p != nil {
-		opts = append(opts, withStreamProofs(p))
+		opts = append(opts, security.WithStreamProofs(p))
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
@@ -200,11 +201,11 @@ func TestForwardsRefuseMalformedEnvelopes(t *testing.T) {
 // a wrong one, or with one already used is refused and decides nothing.
 func TestForwardsEnvelopeProofs(t *testing.T) {
 	t.Parallel()
-	good, _ := NewProver([][]byte{testKey(1)}, 10*time.Second)
-	other, _ := NewProver([][]byte{testKey(2)}, 10*time.Second)
+	good, _ := security.NewProver([][]byte{testKey(1)}, 10*time.Second)
+	other, _ := security.NewProver([][]byte{testKey(2)}, 10*time.Second)
 	h := &fakeHandler{}
 	var c rpcCounter
-	server, _ := NewProver([][]byte{testKey(1)}, 10*time.Second)
+	server, _ := security.NewProver([][]byte{testKey(1)}, 10*time.Second)
 	s := startServer(t, h, func(cfg *ServerConfig) { cfg.Prover = server; cfg.GRPCOptions = c.options() })
 
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Prover: good})

@@ -44,16 +44,16 @@ func (s *Server) httpHandler() http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /{$}", s.operatorOnly(http.HandlerFunc(s.serveStatusPage)))
+	mux.Handle("GET /{$}", s.guard.OperatorOnly(http.HandlerFunc(s.serveStatusPage)))
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.cfg.Metrics)
 	}
 	if s.cfg.Pprof {
-		mux.Handle("/debug/pprof/", s.operatorOnly(http.HandlerFunc(pprof.Index)))
-		mux.Handle("/debug/pprof/cmdline", s.operatorOnly(http.HandlerFunc(pprof.Cmdline)))
-		mux.Handle("/debug/pprof/profile", s.operatorOnly(http.HandlerFunc(pprof.Profile)))
-		mux.Handle("/debug/pprof/symbol", s.operatorOnly(http.HandlerFunc(pprof.Symbol)))
-		mux.Handle("/debug/pprof/trace", s.operatorOnly(http.HandlerFunc(pprof.Trace)))
+		mux.Handle("/debug/pprof/", s.guard.OperatorOnly(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/cmdline", s.guard.OperatorOnly(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("/debug/pprof/profile", s.guard.OperatorOnly(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", s.guard.OperatorOnly(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", s.guard.OperatorOnly(http.HandlerFunc(pprof.Trace)))
 	}
 	return mux
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // Defaults of PeerConfig.
@@ -85,10 +86,10 @@ type PeerConfig struct {
 	// TLS, when set, makes every connection to a peer TLS: it presents the
 	// node's certificate and accepts peers whose certificate chains to the
 	// node CA.
-	TLS *TLS
+	TLS *security.TLS
 	// Prover, when set and TLS is not, signs every call with a proof of
 	// cluster membership (the receiver's ServerConfig.Prover checks it).
-	Prover *Prover
+	Prover *security.Prover
 	// DialOptions are added after the defaults (insecure transport
 	// credentials, StreamWindowSize and ConnWindowSize, reconnect backoff of
 	// at most 1 s), so they override them:
@@ -131,8 +132,8 @@ type PeerClient struct {
 	traced      bool // Tracing set: queued forwards keep their caller's span
 	// unaryForwards: every forward is a unary Forward call (PeerConfig).
 	unaryForwards bool
-	prover        *Prover   // proves Forwards envelopes (no TLS, a gossip key)
-	replyChans    sync.Pool // chan *sluicev1.ForwardReply, capacity 1
+	prover        *security.Prover // proves Forwards envelopes (no TLS, a gossip key)
+	replyChans    sync.Pool        // chan *sluicev1.ForwardReply, capacity 1
 
 	ctx    context.Context // parent of queued batches' RPCs; canceled by Close
 	cancel context.CancelFunc
@@ -194,7 +195,7 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	case cfg.TLS != nil:
 		pc.dialOpts = append(pc.dialOpts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS.PeerClientConfig())))
 	case cfg.Prover != nil:
-		pc.dialOpts = append(pc.dialOpts, WithProofs(cfg.Prover), withStreamProofs(cfg.Prover))
+		pc.dialOpts = append(pc.dialOpts, security.WithProofs(cfg.Prover), security.WithStreamProofs(cfg.Prover))
 		pc.prover = cfg.Prover
 	}
 	pc.unaryForwards = cfg.UnaryForwards

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // DefaultMaxRecvMsgSize is the largest message the server accepts (docs/architecture.md §5),
@@ -92,16 +93,17 @@ type ServerConfig struct {
 	// (Peer, Admin) and the operator pages (GET /, /debug/pprof/) require a
 	// client certificate of its node CA; API callers need a certificate
 	// only when its ClientCA is set.
-	TLS *TLS
+	TLS *security.TLS
 	// Prover, when set and TLS is not, makes the internal RPCs require a
-	// proof signed with the cluster's gossip key (ProofHeader).
-	Prover *Prover
+	// proof signed with the cluster's gossip key (security.ProofHeader).
+	Prover *security.Prover
 	// Rules, when set, gives the windows of rules-based limits for the
 	// RateLimit-Policy header of HTTP answers; nil leaves out w= there.
 	Rules RuleLimits
 	// Pprof serves /debug/pprof/ on the HTTP server (operator-only with TLS).
 	Pprof bool
-	// Now is the clock proofs are checked against; nil means time.Now.
+	// Now is the clock proofs are checked against, and the status page's;
+	// nil means time.Now.
 	Now func() time.Time
 	// Logger receives serve errors and recovered panics; nil discards.
 	Logger *slog.Logger
@@ -142,12 +144,13 @@ type Server struct {
 	log     *slog.Logger
 	obs     Observer
 	maxRecv int
+	now     func() time.Time // ServerConfig.Now, or time.Now
 
 	grpc   *grpc.Server
 	health *health.Server
 	http   *http.Server // nil without HTTP
 
-	guard guard
+	guard *security.Guard // who may call the internal RPCs and operator pages
 
 	bufs   sync.Pool // *checkBuf
 	bodies sync.Pool // *bytes.Buffer for HTTP bodies
@@ -182,13 +185,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.maxRecv = DefaultMaxRecvMsgSize
 	}
 	s.bufs.New = func() any { return new(checkBuf) }
-	s.guard.tls, s.guard.now = cfg.TLS, cfg.Now
-	if cfg.TLS == nil {
-		s.guard.prover = cfg.Prover
+	s.now = cfg.Now
+	if s.now == nil {
+		s.now = time.Now
 	}
-	if s.guard.now == nil {
-		s.guard.now = time.Now
-	}
+	s.guard = security.NewGuard(cfg.TLS, cfg.Prover, s.now, s.log)
 
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.maxRecv),
@@ -208,7 +209,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		opts = append(opts, grpc.NumStreamWorkers(uint32(min(workers, 1<<16))))
 	}
 	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.serverConfig("h2"))))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.ServerConfig("h2"))))
 	}
 	if cfg.Tracing != nil {
 		opts = append(opts, grpc.StatsHandler(cfg.Tracing.serverHandler()))
@@ -234,7 +235,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		}
 		if cfg.TLS != nil {
-			s.http.TLSConfig = cfg.TLS.serverConfig("h2", "http/1.1")
+			s.http.TLSConfig = cfg.TLS.ServerConfig("h2", "http/1.1")
 		}
 	}
 	return s, nil

@@ -1,4 +1,4 @@
-package transport
+package security
 
 import (
 	"bytes"
@@ -199,9 +199,10 @@ var tls12Suites = []uint16{
 	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 }
 
-// serverConfig returns a tls.Config for a listener advertising protos by
-// ALPN; each handshake takes the material in force at that moment.
-func (t *TLS) serverConfig(protos ...string) *tls.Config {
+// ServerConfig returns the tls.Config of a listener (transport.Server's
+// gRPC and HTTP) advertising protos by ALPN; each handshake takes the
+// material in force at that moment.
+func (t *TLS) ServerConfig(protos ...string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
