@@ -34,4 +34,4 @@ func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 
 // wirePackages are the packages TestTransportImportsNoMetricsLibraryNorCluster
 // keeps free of the metrics library, the node and the public client.
-var wirePackages = []string{"transport", "transport/security"}
+var wirePackages = []string{"transport", "transport/peer", "transport/security"}

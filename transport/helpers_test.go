@@ -180,29 +180,8 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// peerState reads a peer's batching state (0, 0 when not dialled yet).
-func peerState(pc *PeerClient, addr string) (inflight, queued int) {
-	v, ok := pc.peers.Load(addr)
-	if !ok {
-		return 0, 0
-	}
-	p := v.(*peer)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.inflight, len(p.queue)
-}
-
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// testKey is a gossip key of 32 bytes, distinct for each b.
-func testKey(b byte) []byte {
-	k := make([]byte, 32)
-	for i := range k {
-		k[i] = b + byte(i)
-	}
-	return k
 }

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 	"github.com/sluicehq/sluice/transport/security"
 )
 
@@ -61,7 +62,7 @@ type ServerConfig struct {
 	// only what this node knows of them.
 	Members MemberStatus
 	// Peer answers Peer/Replicate and Peer/Pull; nil answers Unimplemented.
-	Peer PeerHandler
+	Peer peer.PeerHandler
 	// ClusterName is this node's cluster. Peer calls that carry another
 	// cluster name are refused with FAILED_PRECONDITION and change nothing.
 	ClusterName string
@@ -84,7 +85,8 @@ type ServerConfig struct {
 	// KiB to a few tens of KiB.
 	StreamWorkers int
 	// GRPCOptions are added after the gRPC server's defaults (MaxRecvMsgSize,
-	// the panic-recovering interceptor, StreamWindowSize and ConnWindowSize,
+	// the panic-recovering interceptor, peer.StreamWindowSize and
+	// peer.ConnWindowSize,
 	// StreamWorkers),
 	// so they override them (e.g. TLS credentials, keepalive).
 	GRPCOptions []grpc.ServerOption
@@ -136,9 +138,10 @@ func (c *ServerConfig) Validate() error {
 	return nil
 }
 
-// Server serves the gRPC services (RateLimiter, Admin, Peer, health,
-// reflection) and the HTTP API of one node. NewServer starts nothing; Start
-// starts serving; Shutdown stops and waits for every goroutine Start started.
+// Server serves the gRPC services (RateLimiter, Admin, health, reflection,
+// and package peer's Peer) and the HTTP API of one node. NewServer starts
+// nothing; Start starts serving; Shutdown stops and waits for every
+// goroutine Start started.
 type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
@@ -195,12 +198,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.MaxRecvMsgSize(s.maxRecv),
 		grpc.ChainUnaryInterceptor(s.recoverUnary, s.authorizeUnary),
 		grpc.ChainStreamInterceptor(s.authorizeStream),
-		grpc.InitialWindowSize(StreamWindowSize),
-		grpc.InitialConnWindowSize(ConnWindowSize),
+		grpc.InitialWindowSize(peer.StreamWindowSize),
+		grpc.InitialConnWindowSize(peer.ConnWindowSize),
 		// Peers ping an idle connection with calls pending every
-		// PeerKeepaliveTime; gRPC's default policy (5 min) would answer
+		// peer.PeerKeepaliveTime; gRPC's default policy (5 min) would answer
 		// them with GOAWAY.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: PeerKeepaliveTime / 2}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: peer.PeerKeepaliveTime / 2}),
 	}
 	switch workers := cfg.StreamWorkers; {
 	case workers == 0:
@@ -218,7 +221,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.grpc = grpc.NewServer(opts...)
 	sluicev1.RegisterRateLimiterServer(s.grpc, rateLimiterServer{s: s})
 	sluicev1.RegisterAdminServer(s.grpc, adminServer{s: s})
-	sluicev1.RegisterPeerServer(s.grpc, peerServer{s: s})
+	sluicev1.RegisterPeerServer(s.grpc, peer.NewServer(peer.ServerConfig{
+		Handler: cfg.Handler, Peer: cfg.Peer, ClusterName: cfg.ClusterName,
+		Guard: s.guard, Logger: s.log, Draining: s.drain, Stopping: s.stopping.Load,
+	}))
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, envoyServer{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // One peer connection and its batching: the queue of forwards waiting for
 // an in-flight slot, and the batches sent from it (see PeerClient).

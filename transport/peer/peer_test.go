@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"context"
@@ -454,7 +454,7 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	h := &fakeHandler{}
 	ln := listen(t)
 	addr := ln.Addr().String()
-	s, err := NewServer(ServerConfig{GRPCListener: ln, HTTPListener: listen(t), Handler: h})
+	s, err := newTestServer(testConfig{GRPCListener: ln, Handler: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +482,7 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Skipf("the port was taken meanwhile: %v", err)
 	}
-	startServer(t, h, func(c *ServerConfig) { c.GRPCListener = ln2 })
+	startServer(t, h, func(c *testConfig) { c.GRPCListener = ln2 })
 	pc.ResetBackoff(addr)
 	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatalf("first forward after the peer came back and ResetBackoff: %v", err)
@@ -496,9 +496,9 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 // sees (docs/guarantees.md, "Restart after a crash").
 func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 	t.Parallel()
-	serveOn := func(ln net.Listener) *Server {
+	serveOn := func(ln net.Listener) *testServer {
 		t.Helper()
-		s, err := NewServer(ServerConfig{GRPCListener: ln, HTTPListener: listen(t), Handler: &fakeHandler{}})
+		s, err := newTestServer(testConfig{GRPCListener: ln, Handler: &fakeHandler{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -507,7 +507,7 @@ func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 		}
 		return s
 	}
-	shutdown := func(s *Server) {
+	shutdown := func(s *testServer) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.Shutdown(ctx); err != nil {

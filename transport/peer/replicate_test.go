@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of Replicate (chunks, sums, malformed batches, deadlines) and the
 // fake peer and counters the peer tests share.
@@ -142,9 +142,9 @@ func bigCounter(t testing.TB, k string) bucket.Counter {
 	return bucket.Counter{Name: "log", Key: k, State: s, Version: 7}
 }
 
-func startPeerServer(t testing.TB, h PeerHandler, edit ...func(*ServerConfig)) *Server {
+func startPeerServer(t testing.TB, h PeerHandler, edit ...func(*testConfig)) *testServer {
 	t.Helper()
-	return startServer(t, &fakeHandler{}, append([]func(*ServerConfig){func(c *ServerConfig) { c.Peer = h }}, edit...)...)
+	return startServer(t, &fakeHandler{}, append([]func(*testConfig){func(c *testConfig) { c.Peer = h }}, edit...)...)
 }
 
 // rawPeer dials addr with the generated client, to send what PeerClient
@@ -246,7 +246,7 @@ func TestReplicateRefusesMalformed(t *testing.T) {
 	t.Parallel()
 	h := &fakePeer{}
 	var logs lockedBuffer
-	s := startPeerServer(t, h, func(c *ServerConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	s := startPeerServer(t, h, func(c *testConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	raw := rawPeer(t, s.GRPCAddr())
 	ctx := testCtx(t)
 

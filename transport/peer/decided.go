@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Peer/Decided: a node that noticed a pause asks a member which of its
 // keys that member decided while it did not run (docs/ownership.md).
@@ -24,7 +24,7 @@ const (
 	MaxDecidedPartitions = 1 << 20
 )
 
-// DecidedLedger is a Handler that answers Peer/Decided: which keys of the
+// DecidedLedger is a ForwardHandler that answers Peer/Decided: which keys of the
 // partitions asked (of a ring of count partitions) it decided in the last
 // within as a stand-in, under the owner-unavailable policy, or as their
 // new owner after a ring change, and whether it took the member from out
@@ -55,8 +55,8 @@ func validateDecided(req *sluicev1.DecidedRequest) error {
 
 // Decided answers a member that noticed a pause. A malformed request is
 // refused (InvalidArgument, saying what is wrong) and answers nothing.
-func (g peerServer) Decided(ctx context.Context, req *sluicev1.DecidedRequest) (*sluicev1.DecidedResponse, error) {
-	h, ok := g.s.cfg.Handler.(DecidedLedger)
+func (g *Server) Decided(ctx context.Context, req *sluicev1.DecidedRequest) (*sluicev1.DecidedResponse, error) {
+	h, ok := g.cfg.Handler.(DecidedLedger)
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "decided keys are not recorded on this server")
 	}
@@ -65,7 +65,7 @@ func (g peerServer) Decided(ctx context.Context, req *sluicev1.DecidedRequest) (
 		return nil, err
 	}
 	if err := validateDecided(req); err != nil {
-		g.s.log.Warn("refused decided-keys request", "from", from, "reason", err)
+		g.log.Warn("refused decided-keys request", "from", from, "reason", err)
 		return nil, status.Errorf(codes.InvalidArgument, "decided: %v", err)
 	}
 	a := h.Decided(ctx, from, time.Duration(req.GetWithinMs())*time.Millisecond, int(req.GetPartitionCount()), req.GetPartitions())

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of moved_to: a forwarded check's answer saying which keys moved
 // to another owner, on direct sends and on queued batches.

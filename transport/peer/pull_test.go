@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of the Pull RPC: asking a peer for the counters it holds of given
 // keys, and an answer over the message limit asked again in halves.

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of Peer/Decided: a node that noticed a pause asks which of its
 // keys a member decided meanwhile.

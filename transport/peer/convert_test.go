@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"reflect"
@@ -227,4 +227,26 @@ func TestFillRequestReused(t *testing.T) {
 func validateProto(m *sluicev1.RateLimitRequest) error {
 	r := RequestFromProto(m)
 	return r.Validate()
+}
+
+func TestRequestFromProtoAlgorithm(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   sluicev1.Algorithm
+		want bucket.Algorithm
+	}{
+		{0, bucket.AlgorithmUnspecified}, {1, bucket.SlidingWindow}, {6, bucket.GCRA},
+		{7, 7}, {255, 255}, {256, 255}, {257, 255}, {-1, 255}, {1<<31 - 1, 255},
+	} {
+		if got := RequestFromProto(&sluicev1.RateLimitRequest{Algorithm: tc.in}).Algorithm; got != tc.want {
+			t.Errorf("RequestFromProto(algorithm %d) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+	if r := RequestFromProto(nil); r.Validate() == nil {
+		t.Error("nil request converted to a valid one")
+	}
+	o := OutcomeFromProto(&sluicev1.RateLimitResponse{Status: 9})
+	if o.Status != bucket.StatusUnspecified || o.Err == "" {
+		t.Errorf("unknown status became %+v", o)
+	}
 }

@@ -1,7 +1,8 @@
-package transport
+package peer
 
-// The HTTP/2 flow-control windows of every connection this package makes
-// (PeerClient) or accepts (Server), in bytes. Setting them turns
+// The HTTP/2 flow-control windows of every connection a node makes
+// (PeerClient) or accepts (transport.Server, which serves this package's
+// Server), in bytes. Setting them turns
 // off gRPC's dynamic windows and with them its bandwidth-delay probe, which
 // answers nearly every message with a PING and its ack: on an otherwise idle
 // connection a one-check call cost 4 PING frames and 12 allocations more

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of what crosses the peer connection from the other side: malformed
 // answers and counters refused by the client, and peer calls from another
@@ -173,7 +173,7 @@ func FuzzCounterFromProto(f *testing.F) {
 func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
 	t.Parallel()
 	h, p := &fakeHandler{}, &fakePeer{}
-	addr := startServer(t, h, func(c *ServerConfig) { c.Peer, c.ClusterName = p, "blue" }).GRPCAddr()
+	addr := startServer(t, h, func(c *testConfig) { c.Peer, c.ClusterName = p, "blue" }).GRPCAddr()
 	ctx := testCtx(t)
 	counters := []bucket.Counter{{Name: "n", Key: "k", Version: 1, State: bucket.State{Count: 1}}}
 

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Tests of Peer/Return: lease holders give back unspent leased hits.
 

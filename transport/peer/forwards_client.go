@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // The sending end of Peer/Forwards (forwards_server.go is the receiving
 // end): one stream per peer, opened on the first forward and kept; a reader

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // The receiving end of Peer/Forwards: forwards carried on one long-lived
 // stream per pair of nodes instead of one unary call each (the sending end
@@ -50,8 +50,7 @@ type forwardsStream struct {
 // envelopes (those that arrive later are answered UNAVAILABLE, undecided,
 // and their senders fail over) and returns once the envelopes it took have
 // been answered, or the stream's context ends.
-func (g peerServer) Forwards(stream grpc.BidiStreamingServer[sluicev1.ForwardEnvelope, sluicev1.ForwardReply]) error {
-	s := g.s
+func (g *Server) Forwards(stream grpc.BidiStreamingServer[sluicev1.ForwardEnvelope, sluicev1.ForwardReply]) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	fs := &forwardsStream{stream: stream, running: map[uint64]context.CancelFunc{}}
@@ -73,7 +72,7 @@ func (g peerServer) Forwards(stream grpc.BidiStreamingServer[sluicev1.ForwardEnv
 		if errors.Is(err, io.EOF) {
 			err = nil // the sender closed the stream
 		}
-	case <-s.drain:
+	case <-g.cfg.Draining:
 		err = status.Error(codes.Unavailable, "node shutting down")
 	}
 	// Answer what was taken, unless the stream is gone (the sender's calls
@@ -90,7 +89,7 @@ func (g peerServer) Forwards(stream grpc.BidiStreamingServer[sluicev1.ForwardEnv
 // take handles one envelope as it arrives: a cancellation at once; a
 // forward is decided on a goroutine of its own, under a context that ends
 // at its timeout or its cancellation.
-func (g peerServer) take(ctx context.Context, fs *forwardsStream, env *sluicev1.ForwardEnvelope) {
+func (g *Server) take(ctx context.Context, fs *forwardsStream, env *sluicev1.ForwardEnvelope) {
 	id := env.GetId()
 	if env.GetCancel() {
 		if g.checkProof(ctx, env) != nil {
@@ -107,7 +106,7 @@ func (g peerServer) take(ctx context.Context, fs *forwardsStream, env *sluicev1.
 		fs.reply(errorReply(id, err))
 		return
 	}
-	if g.s.stopping.Load() {
+	if g.stopping() {
 		fs.reply(&sluicev1.ForwardReply{Id: id, Code: int32(codes.Unavailable), Message: "node shutting down"})
 		return
 	}
@@ -164,11 +163,11 @@ func (fs *forwardsStream) idleWait(ctx context.Context) {
 // serveEnvelope decides one well-formed envelope and returns its reply: the
 // answer, or the error a unary Forward would have returned. A panic
 // becomes INTERNAL.
-func (g peerServer) serveEnvelope(ctx context.Context, env *sluicev1.ForwardEnvelope) (reply *sluicev1.ForwardReply) {
+func (g *Server) serveEnvelope(ctx context.Context, env *sluicev1.ForwardEnvelope) (reply *sluicev1.ForwardReply) {
 	id := env.GetId()
 	defer func() {
 		if r := recover(); r != nil {
-			g.s.log.Error("panic in gRPC handler", "method", forwardsMethod, "panic", r, "stack", string(debug.Stack()))
+			g.log.Error("panic in gRPC handler", "method", forwardsMethod, "panic", r, "stack", string(debug.Stack()))
 			reply = &sluicev1.ForwardReply{Id: id, Code: int32(codes.Internal), Message: "internal error"}
 		}
 	}()
@@ -195,8 +194,8 @@ func checkEnvelope(env *sluicev1.ForwardEnvelope) error {
 
 // checkProof, when members prove themselves with the gossip key, refuses an
 // envelope without a valid proof (counted and logged like a refused call).
-func (g peerServer) checkProof(ctx context.Context, env *sluicev1.ForwardEnvelope) error {
-	gd := g.s.guard
+func (g *Server) checkProof(ctx context.Context, env *sluicev1.ForwardEnvelope) error {
+	gd := g.cfg.Guard
 	if !gd.Proofs() {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Peer/RegionGrant: a node of one region asks a global limit's home
 // region for slices of it (docs/regions.md).
@@ -15,7 +15,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// RegionGranter is a Handler that lends slices of global limits to other
+// RegionGranter is a ForwardHandler that lends slices of global limits to other
 // regions (Peer/RegionGrant). GrantRegion fills ans (len(ans) ==
 // len(q.Asks)) and returns its own region's name. Every ask has passed
 // validateRegionAsk. Called concurrently.
@@ -54,8 +54,8 @@ func validateRegionAsk(m *sluicev1.RegionAsk) (bucket.RegionAsk, error) {
 // RegionGrant lends slices of global limits. One malformed ask refuses the
 // whole call (InvalidArgument, naming it), and nothing is lent or taken
 // back.
-func (g peerServer) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantRequest) (*sluicev1.RegionGrantResponse, error) {
-	h, ok := g.s.cfg.Handler.(RegionGranter)
+func (g *Server) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantRequest) (*sluicev1.RegionGrantResponse, error) {
+	h, ok := g.cfg.Handler.(RegionGranter)
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "region grants are not served here")
 	}
@@ -67,14 +67,14 @@ func (g peerServer) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantRe
 		return nil, status.Error(codes.InvalidArgument, "region grant: region and to_region are required")
 	}
 	if len(ms) > MaxCounters {
-		g.s.log.Warn("refused region grant", "from", from, "asks", len(ms))
+		g.log.Warn("refused region grant", "from", from, "asks", len(ms))
 		return nil, tooManyCounters(len(ms))
 	}
 	q := &bucket.RegionQuery{From: from, Region: req.GetRegion(), ToRegion: req.GetToRegion(), Routed: req.GetRouted(), Asks: make([]bucket.RegionAsk, len(ms))}
 	for i, m := range ms {
 		a, err := validateRegionAsk(m)
 		if err != nil {
-			g.s.log.Warn("refused region grant", "from", from, "region", q.Region, "index", i, "reason", err)
+			g.log.Warn("refused region grant", "from", from, "region", q.Region, "index", i, "reason", err)
 			return nil, status.Errorf(codes.InvalidArgument, "ask %d: %v", i, err)
 		}
 		q.Asks[i] = a

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"context"
@@ -26,9 +26,10 @@ const (
 )
 
 // maxChunkBytes bounds the estimated wire size of one Replicate RPC: half the
-// receiver's default message limit, so chunks of large states (a sliding log
-// holds up to 10 000 timestamps, about 80 KB) stay well under it too.
-const maxChunkBytes = DefaultMaxRecvMsgSize / 2
+// receiver's default message limit (transport.DefaultMaxRecvMsgSize, 4 MiB),
+// so chunks of large states (a sliding log holds up to 10 000 timestamps,
+// about 80 KB) stay well under it too.
+const maxChunkBytes = 2 << 20
 
 // counterOverhead bounds a Counter's wire bytes beyond its name, key and
 // state: tags, lengths, the version, the message's own tag and length.
@@ -64,8 +65,8 @@ func releaseTTLMS(ttl time.Duration) int64 {
 // Replicate decodes the counters; a malformed one is refused (counted,
 // logged once per call with the first bad index and why) and not given to
 // the PeerHandler, which gets the valid ones.
-func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) (*sluicev1.ReplicateResponse, error) {
-	h := g.s.cfg.Peer
+func (g *Server) Replicate(ctx context.Context, req *sluicev1.ReplicateRequest) (*sluicev1.ReplicateResponse, error) {
+	h := g.cfg.Peer
 	if h == nil {
 		return nil, status.Error(codes.Unimplemented, "replication is not available on this server")
 	}
@@ -74,7 +75,7 @@ func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateReques
 		return nil, err
 	}
 	if len(ms) > MaxCounters {
-		g.s.log.Warn("refused replication", "from", from, "counters", len(ms))
+		g.log.Warn("refused replication", "from", from, "counters", len(ms))
 		return nil, tooManyCounters(len(ms))
 	}
 	var handoff bool
@@ -83,7 +84,7 @@ func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateReques
 	case sluicev1.ReplicateRequest_KIND_HANDOFF:
 		handoff = true
 	default:
-		g.s.log.Warn("refused replication", "from", from, "kind", int32(k))
+		g.log.Warn("refused replication", "from", from, "kind", int32(k))
 		return nil, status.Errorf(codes.InvalidArgument, "unknown replication kind %d", k)
 	}
 
@@ -102,7 +103,7 @@ func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateReques
 		counters = append(counters, c)
 	}
 	if refused > 0 {
-		g.s.log.Warn("refused malformed counters", "from", from, "refused", refused, "of", len(ms), "index", first, "reason", why)
+		g.log.Warn("refused malformed counters", "from", from, "refused", refused, "of", len(ms), "index", first, "reason", why)
 	}
 	var installed, stale int
 	if len(counters) > 0 {
@@ -113,8 +114,8 @@ func (g peerServer) Replicate(ctx context.Context, req *sluicev1.ReplicateReques
 
 // Pull validates every key (one bad key refuses the call), asks the
 // PeerHandler and answers one Counter per key, in order.
-func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1.PullResponse, error) {
-	h := g.s.cfg.Peer
+func (g *Server) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluicev1.PullResponse, error) {
+	h := g.cfg.Peer
 	if h == nil {
 		return nil, status.Error(codes.Unimplemented, "pull is not available on this server")
 	}
@@ -123,20 +124,20 @@ func (g peerServer) Pull(ctx context.Context, req *sluicev1.PullRequest) (*sluic
 		return nil, err
 	}
 	if len(ks) > MaxCounters {
-		g.s.log.Warn("refused pull", "from", from, "keys", len(ks))
+		g.log.Warn("refused pull", "from", from, "keys", len(ks))
 		return nil, tooManyCounters(len(ks))
 	}
 	fromAddr := req.GetFromAddr()
 	if fromAddr != "" {
 		if err := checkHostPort(fromAddr); err != nil {
-			g.s.log.Warn("refused pull", "from", from, "reason", "from_addr: "+err.Error())
+			g.log.Warn("refused pull", "from", from, "reason", "from_addr: "+err.Error())
 			return nil, status.Errorf(codes.InvalidArgument, "from_addr: %v", err)
 		}
 	}
 	keys := make([]bucket.Counter, len(ks))
 	for i, k := range ks {
 		if err := bucket.ValidateCounterKey(k.GetName(), k.GetKey()); err != nil {
-			g.s.log.Warn("refused pull", "from", from, "index", i, "reason", err)
+			g.log.Warn("refused pull", "from", from, "index", i, "reason", err)
 			return nil, status.Errorf(codes.InvalidArgument, "key %d: %v", i, err)
 		}
 		keys[i] = bucket.Counter{Name: k.GetName(), Key: k.GetKey()}

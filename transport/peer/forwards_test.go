@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"context"
@@ -69,7 +69,7 @@ func TestForwardsTravelOnOneStream(t *testing.T) {
 			t.Parallel()
 			h := &fakeHandler{}
 			var c rpcCounter
-			s := startServer(t, h, func(cfg *ServerConfig) { cfg.GRPCOptions = c.options() })
+			s := startServer(t, h, func(cfg *testConfig) { cfg.GRPCOptions = c.options() })
 			pc := NewPeerClient(PeerConfig{NodeName: "a", UnaryForwards: unary})
 			defer pc.Close()
 			const n = 200
@@ -92,7 +92,7 @@ func TestForwardsTravelOnOneStream(t *testing.T) {
 }
 
 // oldPeer is a node of a release without Forwards.
-type oldPeer struct{ peerServer }
+type oldPeer struct{ *Server }
 
 func (oldPeer) Forwards(grpc.BidiStreamingServer[sluicev1.ForwardEnvelope, sluicev1.ForwardReply]) error {
 	return status.Error(codes.Unimplemented, "method Forwards not implemented")
@@ -104,13 +104,9 @@ func (oldPeer) Forwards(grpc.BidiStreamingServer[sluicev1.ForwardEnvelope, sluic
 func TestForwardsFallBackToUnaryForAnOldPeer(t *testing.T) {
 	t.Parallel()
 	h := &fakeHandler{}
-	s, err := NewServer(ServerConfig{GRPCListener: listen(t), Handler: h})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var c rpcCounter
 	gs := grpc.NewServer(c.options()...)
-	sluicev1.RegisterPeerServer(gs, oldPeer{peerServer{s: s}})
+	sluicev1.RegisterPeerServer(gs, oldPeer{NewServer(ServerConfig{Handler: h})})
 	lis := listen(t)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
@@ -206,7 +202,7 @@ func TestForwardsEnvelopeProofs(t *testing.T) {
 	h := &fakeHandler{}
 	var c rpcCounter
 	server, _ := security.NewProver([][]byte{testKey(1)}, 10*time.Second)
-	s := startServer(t, h, func(cfg *ServerConfig) { cfg.Prover = server; cfg.GRPCOptions = c.options() })
+	s := startServer(t, h, func(cfg *testConfig) { cfg.Prover = server; cfg.GRPCOptions = c.options() })
 
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Prover: good})
 	defer pc.Close()
@@ -300,7 +296,7 @@ func TestForwardsCancelReachesThePeer(t *testing.T) {
 	t.Parallel()
 	h := &fakeHandler{}
 	var c rpcCounter
-	s := startServer(t, h, func(cfg *ServerConfig) { cfg.GRPCOptions = c.options() })
+	s := startServer(t, h, func(cfg *testConfig) { cfg.GRPCOptions = c.options() })
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Minute})
 	defer pc.Close()
 	forwardN(t, pc, s.GRPCAddr(), 3) // the stream is open
@@ -410,11 +406,7 @@ func FuzzForwardEnvelope(f *testing.F) {
 	seed(&sluicev1.ForwardEnvelope{Id: 4, Cancel: true})
 	seed(&sluicev1.ForwardEnvelope{Id: 5, Request: oneItem("k"), TimeoutMicros: -1, Proof: "v1:x"})
 	h := &fakeHandler{}
-	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", Handler: h})
-	if err != nil {
-		f.Fatal(err)
-	}
-	g := peerServer{s: s}
+	g := NewServer(ServerConfig{Handler: h})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var env sluicev1.ForwardEnvelope
 		if proto.Unmarshal(data, &env) != nil {

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"context"
@@ -17,7 +17,8 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// recordingHandler is the Handler and PeerHandler of FuzzServiceMessages:
+// recordingHandler is the ForwardHandler (with the handlers of the other
+// calls) and the PeerHandler of FuzzServiceMessages:
 // it records what the transport gave it, checks what PeerHandler promises
 // (every counter valid), and decides nothing.
 type recordingHandler struct {
@@ -102,10 +103,6 @@ func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Dura
 	return keymove.DecidedAnswer{Hashes: hs, Complete: true}
 }
 
-func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
-	h.outcomes(reqs, out, nil, nil, false)
-}
-
 func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
 	h.outcomes(reqs, out, pullFrom, movedTo, true)
 }
@@ -152,10 +149,10 @@ func (h *recordingHandler) Pull(_ context.Context, _, _ string, keys []bucket.Co
 	h.note(err)
 }
 
-// FuzzServiceMessages gives the gRPC services' handlers (RateLimiter.Check,
-// Peer.Forward, Peer.Replicate, Peer.Pull, Peer.Return, Peer.RegionGrant,
-// Peer.Decided) messages decoded from random
-// bytes, as grpc-go would hand them over, and checks the contract of each:
+// FuzzServiceMessages gives the Peer service's handlers (Peer.Forward,
+// Peer.Replicate, Peer.Pull, Peer.Return, Peer.RegionGrant, Peer.Decided;
+// RateLimiter.Check is package transport's FuzzCheckMessages) messages
+// decoded from random bytes, as grpc-go would hand them over, and checks the contract of each:
 // no panic; a call refused with InvalidArgument or FailedPrecondition and a
 // message reaches neither handler; an accepted call answers one item per
 // request, key or valid counter, and counts every malformed counter it
@@ -171,7 +168,6 @@ func FuzzServiceMessages(f *testing.F) {
 		}
 		f.Add(kind, b)
 	}
-	seed(0, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{req, {Name: "", Key: "k"}}})
 	seed(1, &sluicev1.ForwardRequest{Requests: []*sluicev1.RateLimitRequest{req}, From: "n1", Cluster: "fuzz", StandIn: true, PullFrom: []string{"10.0.0.1:8081"}})
 	seed(1, &sluicev1.ForwardRequest{Requests: []*sluicev1.RateLimitRequest{req}, From: "n1", Cluster: "other"})
 	var st bucket.State
@@ -189,10 +185,7 @@ func FuzzServiceMessages(f *testing.F) {
 	// hundredth as fast); the fuzz function runs one input at a time per
 	// process, and the handler's record is reset for each.
 	h := &recordingHandler{}
-	s, err := NewServer(ServerConfig{GRPCAddr: "127.0.0.1:0", Handler: h, Peer: h, ClusterName: "fuzz"})
-	if err != nil {
-		f.Fatal(err)
-	}
+	s := NewServer(ServerConfig{Handler: h, Peer: h, ClusterName: "fuzz"})
 	f.Fuzz(func(t *testing.T, kind uint8, data []byte) {
 		h.mu.Lock()
 		h.calls, h.invalid = 0, nil
@@ -206,14 +199,9 @@ func FuzzServiceMessages(f *testing.F) {
 		)
 		switch kind % 7 {
 		case 0:
-			var m sluicev1.CheckRequest
-			if proto.Unmarshal(data, &m) != nil {
-				return
-			}
-			n = len(m.Requests)
-			sure = n > bucket.MaxBatchSize
-			resp, err := rateLimiterServer{s: s}.Check(ctx, &m)
-			callErr, got = err, len(resp.GetResponses())
+			// RateLimiter.Check: the public API's, fuzzed in package
+			// transport (FuzzCheckMessages).
+			return
 		case 1:
 			var m sluicev1.ForwardRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -221,7 +209,7 @@ func FuzzServiceMessages(f *testing.F) {
 			}
 			n = len(m.Requests)
 			sure = m.Cluster != "fuzz" || n > bucket.MaxBatchSize || (len(m.PullFrom) != 0 && len(m.PullFrom) != n)
-			resp, err := peerServer{s: s}.Forward(ctx, &m)
+			resp, err := s.Forward(ctx, &m)
 			callErr, got = err, len(resp.GetResponses())
 			if mt := resp.GetMovedTo(); mt != nil && len(mt) != n {
 				t.Fatalf("moved_to has %d entries for %d requests", len(mt), n)
@@ -234,7 +222,7 @@ func FuzzServiceMessages(f *testing.F) {
 			n = len(m.Counters)
 			sure = m.Cluster != "fuzz" || n > MaxCounters ||
 				(m.Kind != sluicev1.ReplicateRequest_KIND_REPLICA && m.Kind != sluicev1.ReplicateRequest_KIND_HANDOFF)
-			resp, err := peerServer{s: s}.Replicate(ctx, &m)
+			resp, err := s.Replicate(ctx, &m)
 			callErr = err
 			if err == nil {
 				bad := 0
@@ -261,7 +249,7 @@ func FuzzServiceMessages(f *testing.F) {
 			for _, k := range m.Keys {
 				sure = sure || bucket.ValidateCounterKey(k.GetName(), k.GetKey()) != nil
 			}
-			resp, err := peerServer{s: s}.Pull(ctx, &m)
+			resp, err := s.Pull(ctx, &m)
 			callErr, got = err, len(resp.GetCounters())
 		case 4:
 			var m sluicev1.ReturnRequest
@@ -274,7 +262,7 @@ func FuzzServiceMessages(f *testing.F) {
 				_, e := validateReturn(r)
 				sure = sure || e != nil
 			}
-			resp, err := peerServer{s: s}.Return(ctx, &m)
+			resp, err := s.Return(ctx, &m)
 			callErr, got = err, len(resp.GetTaken())
 		case 5:
 			var m sluicev1.RegionGrantRequest
@@ -287,7 +275,7 @@ func FuzzServiceMessages(f *testing.F) {
 				_, e := validateRegionAsk(a)
 				sure = sure || e != nil
 			}
-			resp, err := peerServer{s: s}.RegionGrant(ctx, &m)
+			resp, err := s.RegionGrant(ctx, &m)
 			callErr, got = err, len(resp.GetTaken())
 		case 6:
 			var m sluicev1.DecidedRequest
@@ -300,7 +288,7 @@ func FuzzServiceMessages(f *testing.F) {
 			for _, p := range m.Partitions {
 				sure = sure || p >= m.PartitionCount
 			}
-			resp, err := peerServer{s: s}.Decided(ctx, &m)
+			resp, err := s.Decided(ctx, &m)
 			callErr, got = err, len(resp.GetHashes())
 		}
 		h.mu.Lock()

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -64,7 +65,8 @@ type PeerConfig struct {
 	// receiver looks it up by NodeName among the members it knows.
 	NodeAddr string
 	// ClusterName is sent with every call (ForwardRequest.cluster, …); a
-	// receiver whose ServerConfig.ClusterName differs refuses the call.
+	// receiver whose transport.ServerConfig.ClusterName differs refuses the
+	// call.
 	ClusterName string
 	// Timeout bounds each Forward when ctx has no earlier deadline;
 	// 0 means DefaultForwardTimeout (250 ms).
@@ -88,7 +90,8 @@ type PeerConfig struct {
 	// node CA.
 	TLS *security.TLS
 	// Prover, when set and TLS is not, signs every call with a proof of
-	// cluster membership (the receiver's ServerConfig.Prover checks it).
+	// cluster membership (the receiver's transport.ServerConfig.Prover
+	// checks it).
 	Prover *security.Prover
 	// DialOptions are added after the defaults (insecure transport
 	// credentials, StreamWindowSize and ConnWindowSize, reconnect backoff of
@@ -96,14 +99,24 @@ type PeerConfig struct {
 	// pass grpc.WithTransportCredentials for TLS.
 	DialOptions []grpc.DialOption
 	// Tracing, when set, traces the RPCs made in a traced context and
-	// carries the trace on them (tracing.go); nil installs nothing.
-	Tracing *Tracing
+	// carries the trace on them (a *transport.Tracing); nil, or one whose
+	// ClientHandler is nil, installs nothing.
+	Tracing ClientTracing
 	// UnaryForwards makes every forward its own unary Peer/Forward call,
 	// as before forwards were streamed (Peer/Forwards, one stream per
 	// peer): for comparison, and for peers whose proxies do not carry
 	// long-lived streams. A peer that does not serve Forwards gets unary
 	// calls without it.
 	UnaryForwards bool
+}
+
+// ClientTracing traces the RPCs a PeerClient makes in a traced context
+// (PeerConfig.Tracing). transport.Tracing implements it; this package
+// declares it rather than import the package of the public API.
+type ClientTracing interface {
+	// ClientHandler is the gRPC stats handler of the client's connections;
+	// nil traces nothing.
+	ClientHandler() stats.Handler
 }
 
 // PeerClient forwards checks to the nodes that own their keys over the
@@ -199,9 +212,11 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 		pc.prover = cfg.Prover
 	}
 	pc.unaryForwards = cfg.UnaryForwards
-	if cfg.Tracing != nil && cfg.Tracing.Provider != nil {
-		pc.dialOpts = append(pc.dialOpts, grpc.WithStatsHandler(cfg.Tracing.clientHandler()))
-		pc.traced = true
+	if cfg.Tracing != nil {
+		if h := cfg.Tracing.ClientHandler(); h != nil {
+			pc.dialOpts = append(pc.dialOpts, grpc.WithStatsHandler(h))
+			pc.traced = true
+		}
 	}
 	pc.dialOpts = append(pc.dialOpts, cfg.DialOptions...)
 	pc.ctx, pc.cancel = context.WithCancel(context.Background())

@@ -1,4 +1,4 @@
-package transport
+package peer
 
 // Peer/Return: a lease holder gives back the hits of quota leases it did
 // not spend (docs/leases.md).
@@ -18,7 +18,7 @@ import (
 // lease carries.
 const MaxReturnHits = 1 << 20
 
-// LeaseReturner is a Handler that takes back hits of leases it granted
+// LeaseReturner is a ForwardHandler that takes back hits of leases it granted
 // (Peer/Return). ReturnLeases fills taken[i] (len(taken) == len(rets))
 // with the hits of rets[i] it took back into the key's counter. Called
 // concurrently; every return has passed validateReturn.
@@ -49,8 +49,8 @@ func validateReturn(m *sluicev1.LeaseReturn) (bucket.LeaseReturn, error) {
 // Return takes back the hits of leases the sender did not spend. One
 // malformed return refuses the whole call (InvalidArgument, naming it),
 // and nothing is taken back.
-func (g peerServer) Return(ctx context.Context, req *sluicev1.ReturnRequest) (*sluicev1.ReturnResponse, error) {
-	h, ok := g.s.cfg.Handler.(LeaseReturner)
+func (g *Server) Return(ctx context.Context, req *sluicev1.ReturnRequest) (*sluicev1.ReturnResponse, error) {
+	h, ok := g.cfg.Handler.(LeaseReturner)
 	if !ok {
 		return nil, status.Error(codes.Unimplemented, "lease returns are not taken on this server")
 	}
@@ -59,14 +59,14 @@ func (g peerServer) Return(ctx context.Context, req *sluicev1.ReturnRequest) (*s
 		return nil, err
 	}
 	if len(ms) > MaxCounters {
-		g.s.log.Warn("refused lease returns", "from", from, "returns", len(ms))
+		g.log.Warn("refused lease returns", "from", from, "returns", len(ms))
 		return nil, tooManyCounters(len(ms))
 	}
 	rets := make([]bucket.LeaseReturn, len(ms))
 	for i, m := range ms {
 		r, err := validateReturn(m)
 		if err != nil {
-			g.s.log.Warn("refused lease returns", "from", from, "index", i, "reason", err)
+			g.log.Warn("refused lease returns", "from", from, "index", i, "reason", err)
 			return nil, status.Errorf(codes.InvalidArgument, "return %d: %v", i, err)
 		}
 		rets[i] = r
