@@ -86,9 +86,8 @@ type ServerConfig struct {
 	StreamWorkers int
 	// GRPCOptions are added after the gRPC server's defaults (MaxRecvMsgSize,
 	// the panic-recovering interceptor, peer.StreamWindowSize and
-	// peer.ConnWindowSize,
-	// StreamWorkers),
-	// so they override them (e.g. TLS credentials, keepalive).
+	// peer.ConnWindowSize, StreamWorkers), so they override them (e.g. TLS
+	// credentials, keepalive).
 	GRPCOptions []grpc.ServerOption
 	// TLS, when set, serves gRPC and HTTP over TLS with its material
 	// (reloaded by whoever calls TLS.Reload) and makes the internal RPCs
@@ -201,8 +200,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		grpc.InitialWindowSize(peer.StreamWindowSize),
 		grpc.InitialConnWindowSize(peer.ConnWindowSize),
 		// Peers ping an idle connection with calls pending every
-		// peer.PeerKeepaliveTime; gRPC's default policy (5 min) would answer
-		// them with GOAWAY.
+		// peer.PeerKeepaliveTime; gRPC's default policy (5 min) would
+		// answer them with GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: peer.PeerKeepaliveTime / 2}),
 	}
 	switch workers := cfg.StreamWorkers; {

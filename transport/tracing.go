@@ -17,8 +17,9 @@ import (
 )
 
 // Tracing turns on OpenTelemetry spans in a Server (ServerConfig.Tracing)
-// and a peer.PeerClient (peer.PeerConfig.Tracing, through ClientHandler). A nil *Tracing, the default,
-// installs nothing: no stats handler, no wrapper, no cost on the hot path.
+// and a peer.PeerClient (peer.PeerConfig.Tracing, through ClientHandler). A
+// nil *Tracing, the default, installs nothing: no stats handler, no wrapper,
+// no cost on the hot path.
 //
 // With it, a Server starts a span for every call of the public API (gRPC
 // sluice.v1.RateLimiter/Check, Envoy ShouldRateLimit, HTTP POST /v1/check

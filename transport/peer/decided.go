@@ -24,12 +24,12 @@ const (
 	MaxDecidedPartitions = 1 << 20
 )
 
-// DecidedLedger is a ForwardHandler that answers Peer/Decided: which keys of the
-// partitions asked (of a ring of count partitions) it decided in the last
-// within as a stand-in, under the owner-unavailable policy, or as their
-// new owner after a ring change, and whether it took the member from out
-// of its ring in that time. Called concurrently; partitions is valid
-// (each below count, no more than count) and belongs to the transport.
+// DecidedLedger is a ForwardHandler that answers Peer/Decided: which keys
+// of the partitions asked (of a ring of count partitions) it decided in the
+// last within as a stand-in, under the owner-unavailable policy, or as
+// their new owner after a ring change, and whether it took the member from
+// out of its ring in that time. Called concurrently; partitions is valid
+// (each below count, no more than count) and belongs to the Server.
 type DecidedLedger interface {
 	Decided(ctx context.Context, from string, within time.Duration, count int, partitions []uint32) keymove.DecidedAnswer
 }

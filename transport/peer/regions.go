@@ -15,8 +15,8 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// RegionGranter is a ForwardHandler that lends slices of global limits to other
-// regions (Peer/RegionGrant). GrantRegion fills ans (len(ans) ==
+// RegionGranter is a ForwardHandler that lends slices of global limits to
+// other regions (Peer/RegionGrant). GrantRegion fills ans (len(ans) ==
 // len(q.Asks)) and returns its own region's name. Every ask has passed
 // validateRegionAsk. Called concurrently.
 type RegionGranter interface {

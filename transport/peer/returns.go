@@ -18,10 +18,10 @@ import (
 // lease carries.
 const MaxReturnHits = 1 << 20
 
-// LeaseReturner is a ForwardHandler that takes back hits of leases it granted
-// (Peer/Return). ReturnLeases fills taken[i] (len(taken) == len(rets))
-// with the hits of rets[i] it took back into the key's counter. Called
-// concurrently; every return has passed validateReturn.
+// LeaseReturner is a ForwardHandler that takes back hits of leases it
+// granted (Peer/Return). ReturnLeases fills taken[i] (len(taken) ==
+// len(rets)) with the hits of rets[i] it took back into the key's counter.
+// Called concurrently; every return has passed validateReturn.
 type LeaseReturner interface {
 	ReturnLeases(ctx context.Context, from string, rets []bucket.LeaseReturn, taken []int64)
 }
