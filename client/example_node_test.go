@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // startNode runs one real Sluice node in this process, on loopback ports
@@ -38,7 +39,7 @@ func startNode() (addr string, stop func()) {
 	cfg.GRPCAddr = ln.Addr().String()
 	cfg.DataDir = dir
 	cfg.Log = slog.New(slog.DiscardHandler)
-	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: ml.Name, NodeAddr: cfg.GRPCAddr, ClusterName: cfg.ClusterName, Timeout: cfg.ForwardTimeout})
+	peers := peer.NewPeerClient(peer.PeerConfig{NodeName: ml.Name, NodeAddr: cfg.GRPCAddr, ClusterName: cfg.ClusterName, Timeout: cfg.ForwardTimeout})
 	n, err := cluster.New(cfg, peers)
 	if err != nil {
 		log.Fatal(err)

@@ -66,7 +66,7 @@ type Config struct {
 	// node with another name is dropped, so two clusters never merge, not
 	// even when one's member reuses an address the other still tries to
 	// reconnect to. The peer transport should carry it too
-	// (transport.PeerConfig.ClusterName). Default DefaultClusterName; at
+	// (peer.PeerConfig.ClusterName). Default DefaultClusterName; at
 	// most 255 bytes.
 	ClusterName string
 	// GRPCAddr is the host:port at which peers reach this node's gRPC
@@ -155,9 +155,10 @@ type Config struct {
 	// regions are this node's and those. RegionSync is how often a node
 	// asks the home regions of the global keys it decides for slices
 	// (default 100 ms); RegionLeaseTTL the longest a slice lasts (default
-	// 1 s, at most transport's 10 s; a windowed limit's also ends with its
-	// window); RegionCutAfter how long after its last answer, with a
-	// failed call since, a home region counts as cut off (default 1 s);
+	// 1 s, at most peer.MaxRegionLeaseTTL, 10 s; a windowed limit's also
+	// ends with its window); RegionCutAfter how long after its last
+	// answer, with a failed call since, a home region counts as cut off
+	// (default 1 s);
 	// RegionFallbackShare the share of a global limit a region decides
 	// alone while cut off from the key's home region, past what it holds
 	// (0: 1 / the number of regions).

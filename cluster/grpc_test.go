@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // grpcCluster runs k nodes in this process over real loopback sockets: real
@@ -23,7 +24,7 @@ func grpcCluster(t testing.TB, k int) ([]*cluster.Node, []*transport.Server) {
 	t.Helper()
 	cfgs := make([]cluster.Config, k)
 	lns := make([]net.Listener, k)
-	peers := make([]*transport.PeerClient, k)
+	peers := make([]*peer.PeerClient, k)
 	t0 := time.Date(2026, 11, 22, 12, 0, 30, 0, time.UTC)
 	for i := range cfgs {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -37,7 +38,7 @@ func grpcCluster(t testing.TB, k int) ([]*cluster.Node, []*transport.Server) {
 		// The peer client's deadline is the node's, as `sluice serve` wires
 		// them (the harness's 2 s leaves room for -race on a busy machine;
 		// the client's own default, 250 ms, did not).
-		peers[i] = transport.NewPeerClient(transport.PeerConfig{NodeName: name, NodeAddr: cfgs[i].GRPCAddr, ClusterName: cfgs[i].ClusterName, Timeout: cfgs[i].ForwardTimeout})
+		peers[i] = peer.NewPeerClient(peer.PeerConfig{NodeName: name, NodeAddr: cfgs[i].GRPCAddr, ClusterName: cfgs[i].ClusterName, Timeout: cfgs[i].ForwardTimeout})
 		t.Cleanup(func() { peers[i].Close() })
 	}
 	nodes := cluster.StartNodes(t, cfgs, func(i int) cluster.Peers { return peers[i] })

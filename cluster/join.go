@@ -296,7 +296,7 @@ func (n *Node) joinUnknownSeeds() {
 }
 
 // PeerWaker is implemented by Peers that keep a connection per peer
-// (transport.PeerClient): when a member comes back after a crash or a
+// (peer.PeerClient): when a member comes back after a crash or a
 // leave, its connection, possibly waiting out a reconnect backoff, is told
 // to reconnect at once.
 type PeerWaker interface {

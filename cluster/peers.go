@@ -9,7 +9,7 @@ import (
 	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
-// Peers sends checks and counters to other nodes. transport.PeerClient
+// Peers sends checks and counters to other nodes. peer.PeerClient
 // implements it over gRPC; MemNetwork implements it in memory with failure
 // controls. Every method is called concurrently by many goroutines and must
 // return before ctx's deadline, with an error when the peer could not answer.

@@ -356,7 +356,7 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 }
 
 // GrantRegion answers another region's asks for slices of global keys
-// homed in this node's region (transport.RegionGranter). For each key it
+// homed in this node's region (peer.RegionGranter). For each key it
 // decides here, it first takes back the returned hits of an earlier slice
 // (as lease returns are), then lends at most half of what the limit has
 // left, for at most RegionLeaseTTL and never past the window's end — or a

@@ -104,7 +104,7 @@ func (n *Node) sendReturns() bool {
 }
 
 // ReturnLeases takes back the hits of leases this node granted the node
-// from that it did not spend (transport.LeaseReturner): for each return,
+// from that it did not spend (peer.LeaseReturner): for each return,
 // when this node decides the key now, has a record of the grant
 // (Heat.Return: at most what is left of it, once) and the counter still
 // counts the grant's window (bucket.Refund). taken[i] is what came back

@@ -19,7 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // TestGossipKeyProofs runs three nodes that authenticate each other by the
@@ -48,7 +48,7 @@ func TestGossipKeyProofs(t *testing.T) {
 	right := prover(t, key)
 	wrong := prover(t, gossipKey(t))
 	peerRPC := sluicev1.NewPeerClient(clients[0].Conn())
-	replicate := func(p *transport.Prover, at time.Time, proof string) error {
+	replicate := func(p *security.Prover, at time.Time, proof string) error {
 		req := resetAttack(t, "victim")
 		if p != nil {
 			var err error
@@ -59,7 +59,7 @@ func TestGossipKeyProofs(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if proof != "" {
-			ctx = metadata.AppendToOutgoingContext(ctx, transport.ProofHeader, proof)
+			ctx = metadata.AppendToOutgoingContext(ctx, security.ProofHeader, proof)
 		}
 		_, err := peerRPC.Replicate(ctx, req)
 		return err
@@ -83,7 +83,7 @@ func TestGossipKeyProofs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []codes.Code{codes.OK, codes.Unauthenticated} {
-		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), transport.ProofHeader, proof), 5*time.Second)
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), security.ProofHeader, proof), 5*time.Second)
 		_, err := peerRPC.Pull(ctx, pull)
 		cancel()
 		if status.Code(err) != want {
@@ -111,7 +111,7 @@ func TestGossipKeyProofs(t *testing.T) {
 	if n := countLines(x.log.String(), "cannot join: the seeds do not share this node's gossip key"); n != 1 {
 		t.Errorf("the wrong-key node said why it cannot join %d times, want once:\n%s", n, x.log.String())
 	}
-	st, err := dial(t, ps[1].grpc, transport.WithProofs(right)).Status(context.Background())
+	st, err := dial(t, ps[1].grpc, security.WithProofs(right)).Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestGossipKeyProofs(t *testing.T) {
 	}
 }
 
-func prover(t *testing.T, keyFile string) *transport.Prover {
+func prover(t *testing.T, keyFile string) *security.Prover {
 	t.Helper()
 	b, err := os.ReadFile(keyFile)
 	if err != nil {
@@ -139,7 +139,7 @@ func prover(t *testing.T, keyFile string) *transport.Prover {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := transport.NewProver([][]byte{k}, 0)
+	p, err := security.NewProver([][]byte{k}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,5 +149,5 @@ func prover(t *testing.T, keyFile string) *transport.Prover {
 // waitMembersProof is waitMembers for nodes whose Admin calls need a proof.
 func waitMembersProof(t *testing.T, ps []*proc, keyFile string) {
 	t.Helper()
-	waitMembers(t, ps, transport.WithProofs(prover(t, keyFile)))
+	waitMembers(t, ps, security.WithProofs(prover(t, keyFile)))
 }

@@ -22,8 +22,8 @@ var layers = []layer{
 	{pkg: "bucket"},
 	{pkg: "ring", may: []string{"github.com/buraksezer/consistent", "github.com/cespare/xxhash/v2"}},
 	// The words of a key moving between nodes, shared by the ownership
-	// protocol and the peer protocol (cluster and transport, which may not
-	// import each other): a leaf.
+	// protocol and the peer protocol (cluster and transport/peer, which may
+	// not import each other): a leaf.
 	{pkg: "cluster/keymove", mustNot: []string{"bucket", "ring", "writeback", "cluster", "transport", "proto/sluice/v1"}},
 	{pkg: "writeback", may: []string{"bucket", "writeback/key", "github.com/hashicorp/golang-lru/v2", "github.com/cockroachdb/pebble"}},
 	// The name of a counter, shared by the store and the ownership
@@ -44,9 +44,24 @@ var layers = []layer{
 	// The rules files, which the public API resolves: bucket and YAML only.
 	{pkg: "transport/rules", may: []string{"bucket", "go.yaml.in/yaml/v3"},
 		mustNot: []string{"transport$", "proto/sluice/v1", "cluster"}},
-	// The rules file's Envoy rule is one type: the Envoy service answers
-	// with rules.EnvoyRule, from the rules package.
-	{pkg: "transport", may: []string{"bucket", "cluster/keymove", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	// What secures the wire: TLS material, the proofs of gossip-key
+	// holders and who may call the internal RPCs. Nothing of Sluice's: the
+	// public API and the peer protocol both build on it.
+	{pkg: "transport/security", may: []string{"google.golang.org/grpc", "google.golang.org/protobuf"},
+		mustNot: []string{"bucket", "ring", "writeback", "cluster", "client", "transport$", "transport/peer", "transport/rules", "proto/sluice/v1", "github.com/prometheus"}},
+	// The peer protocol, both sides of sluice.v1.Peer: the client and the
+	// server with the interfaces it calls. Never the public API's package,
+	// which registers its server, nor the node, nor the public client.
+	{pkg: "transport/peer", may: []string{"bucket", "cluster/keymove", "proto/sluice/v1", "transport/security", "google.golang.org/grpc", "google.golang.org/protobuf",
+		"google.golang.org/genproto/googleapis/rpc",
+		"go.opentelemetry.io/otel", "go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"},
+		mustNot: []string{"transport$", "transport/rules", "cluster$", "cluster/ownership", "cluster/lease", "cluster/clustertest", "writeback", "client", "ring",
+			"github.com/envoyproxy/go-control-plane", "github.com/prometheus", "go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}},
+	// The public API: the servers of a node, which register the peer
+	// protocol's service and are guarded by transport/security. The rules
+	// file's Envoy rule is one type: the Envoy service answers with
+	// rules.EnvoyRule, from the rules package.
+	{pkg: "transport", may: []string{"bucket", "cluster/keymove", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the

@@ -25,7 +25,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // pki is a development PKI made by `sluice certs`.
@@ -153,7 +153,7 @@ func remaining(t *testing.T, c *client.Node, key string, limit int64) int64 {
 // The cluster name is no secret (it is the gossip label), so the attacker
 // sends the right one.
 func resetAttack(t *testing.T, key string) *sluicev1.ReplicateRequest {
-	fresh := transport.CounterToProto(bucket.Counter{Name: "sec", Key: key, State: bucket.State{Algorithm: bucket.SlidingLog}, Version: 1 << 62})
+	fresh := peer.CounterToProto(bucket.Counter{Name: "sec", Key: key, State: bucket.State{Algorithm: bucket.SlidingLog}, Version: 1 << 62})
 	return &sluicev1.ReplicateRequest{From: "attacker", Cluster: t.Name(), Kind: sluicev1.ReplicateRequest_KIND_HANDOFF, Counters: []*sluicev1.Counter{fresh}}
 }
 

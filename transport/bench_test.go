@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // trivialHandler allows everything; it counts forwarded RPCs.
@@ -89,7 +90,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 			b.Run("inflight="+strconv.Itoa(inflight)+"/"+m.name, func(b *testing.B) {
 				h := &trivialHandler{}
 				s := startServer(b, h)
-				pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: inflight, UnaryForwards: m.unary})
+				pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "a", MaxInFlight: inflight, UnaryForwards: m.unary})
 				b.Cleanup(func() { pc.Close() })
 				addr := s.GRPCAddr()
 				if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
@@ -125,7 +126,7 @@ func BenchmarkForwardSerial(b *testing.B) {
 	for _, m := range forwardModes {
 		b.Run(m.name, func(b *testing.B) {
 			s := startServer(b, &trivialHandler{})
-			pc := NewPeerClient(PeerConfig{NodeName: "a", UnaryForwards: m.unary})
+			pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "a", UnaryForwards: m.unary})
 			b.Cleanup(func() { pc.Close() })
 			rs, out := keys("k", 1), make([]bucket.Outcome, 1)
 			ctx := context.Background()
@@ -155,7 +156,7 @@ func BenchmarkServerDecide(b *testing.B) {
 	m := protoReqs(keys("k", 100))
 	b.ReportAllocs()
 	for b.Loop() {
-		if resp := s.decide(context.Background(), m.Requests, false, ""); len(resp.Responses) != 100 {
+		if resp := s.decide(context.Background(), m.Requests); len(resp.Responses) != 100 {
 			b.Fatal(len(resp.Responses))
 		}
 	}
@@ -193,7 +194,7 @@ func BenchmarkCheckUnaryParallel(b *testing.B) {
 // to the peer that owns it, like cluster.Node (without its cache).
 type forwardingHandler struct {
 	trivialHandler
-	peers *PeerClient
+	peers *peer.PeerClient
 	addrs [2]string // the other two owners
 }
 
@@ -204,7 +205,7 @@ func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, ou
 			h.trivialHandler.Check(ctx, reqs[i:i+1], out[i:i+1])
 			continue
 		}
-		fctx, cancel := context.WithTimeout(ctx, DefaultForwardTimeout)
+		fctx, cancel := context.WithTimeout(ctx, peer.DefaultForwardTimeout)
 		if err := h.peers.Forward(fctx, h.addrs[owner-1], reqs[i:i+1], out[i:i+1], make([]string, 1)); err != nil {
 			out[i] = bucket.Outcome{Err: err.Error()}
 		}
@@ -228,7 +229,7 @@ func BenchmarkClusterShapeTraced(b *testing.B) { benchClusterShape(b, benchTraci
 func benchClusterShape(b *testing.B, tr *Tracing) {
 	traced := func(c *ServerConfig) { c.Tracing = tr }
 	owners := [2]*Server{startServer(b, &trivialHandler{}, traced), startServer(b, &trivialHandler{}, traced)}
-	pc := NewPeerClient(PeerConfig{NodeName: "entry", Tracing: tr})
+	pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "entry", Tracing: tr})
 	b.Cleanup(func() { pc.Close() })
 	h := &forwardingHandler{peers: pc, addrs: [2]string{owners[0].GRPCAddr(), owners[1].GRPCAddr()}}
 	entry := startServer(b, h, traced)

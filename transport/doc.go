@@ -1,15 +1,26 @@
-// Package transport is everything of Sluice on the wire: the gRPC server
-// (sluice.v1.RateLimiter, Admin and the internal Peer service, with
-// grpc.health.v1 and server reflection), the HTTP/JSON API, and the
-// PeerClient that forwards checks to the node owning their keys. The Go
-// client of applications is package client, which imports none of this
-// package.
+// Package transport is the public face of a Sluice node on the wire: the
+// gRPC server (sluice.v1.RateLimiter and Admin, with grpc.health.v1 and
+// server reflection), the HTTP/JSON API with forward-auth and the status
+// page, Envoy's rate limit service, and what they report (Observer) and
+// trace (Tracing). The Go client of applications is package client, which
+// imports none of this package.
 //
-// It imports the generated sluicev1 package, bucket's value types and the
-// words of a moving key of cluster/keymove (Holder, PullAnswer), never
+// Three packages share the wire. transport composes a node's one
+// grpc.Server and HTTP mux (NewServer): it registers on that grpc.Server the
+// internal sluice.v1.Peer service of transport/peer, the peer protocol
+// (the Server that answers other nodes and the PeerClient that calls them),
+// and guards the internal RPCs and the operator pages with
+// transport/security (TLS material, the proofs of gossip-key holders, who
+// may call what). transport imports both, peer imports security, security
+// imports neither; the wire conversions the public API shares with the
+// peer protocol (peer.RequestFromProto, …) are peer's.
+//
+// It imports the generated sluicev1 package and bucket's value types, never
 // cluster: it declares what it calls — Handler (decides checks; cluster.Node
-// implements it), PeerHandler (installs and hands out counters; cluster.Node
-// too) and StatusSource — and cmd/sluice connects the two.
+// implements it, and its peer.ForwardHandler part decides the checks other
+// nodes forward), StatusSource and OwnerSource, as peer declares
+// PeerHandler and the other handlers of the Peer service — and cmd/sluice
+// connects the two.
 //
 // # Server
 //
@@ -48,17 +59,11 @@
 //
 // # Security
 //
-// ServerConfig.TLS (a *TLS from LoadTLS, whose Reload swaps the material
-// for new handshakes) serves gRPC and HTTP over TLS 1.2+ and makes the
-// internal RPCs (Peer, Admin), the status page and pprof require a client
-// certificate chaining to the node CA (PERMISSION_DENIED, HTTP 403); with a
-// client CA every caller needs a certificate. Without TLS, ServerConfig.Prover
-// makes the internal RPCs require a proof (ProofHeader: an HMAC of the
-// method, a time, a nonce and the request's digest under a key derived from
-// the gossip key, valid DefaultProofValidity and once; UNAUTHENTICATED
-// otherwise). PeerConfig.TLS and PeerConfig.Prover are the client side.
-// Refusals change nothing, are counted (Server.AuthRefused) and logged once
-// per caller host. docs/security.md has the threat model.
+// ServerConfig.TLS and ServerConfig.Prover secure the server as package
+// transport/security describes: the internal RPCs (Peer, Admin), the status
+// page and pprof are for members of the cluster only, a security.Guard
+// decides, and refusals are counted (Server.AuthRefused) and logged once
+// per caller host.
 //
 // # Envoy
 //
@@ -94,34 +99,6 @@
 // decide (owner and replica unreachable, node not in a cluster) fails the
 // call with Unavailable, so Envoy's failure_mode_deny decides.
 //
-// # Replication
-//
-// Peer/Replicate carries counters (bucket.Counter: name, key, encoded
-// bucket.State, version) to a replica, or to a key's new owner (handoff);
-// Peer/Pull fetches them, and with release makes the receiver redirect those
-// keys to the puller for a TTL (clamped to 0..MaxReleaseTTL, 10 min). Both
-// answer Unimplemented without ServerConfig.Peer. On the wire a counter of
-// version 0 means "none held" and has no state bytes (CounterToProto,
-// CounterFromProto).
-//
-// The server refuses a Replicate or Pull of more than MaxCounters (100 000)
-// items whole (InvalidArgument). In a Replicate, each malformed counter (name
-// or key outside docs/architecture.md §5, a state bucket.State.UnmarshalBinary refuses,
-// state bytes with version 0) is counted in refused and left out, with one
-// log line per call naming the sender and the first bad index and why; the
-// others go to the PeerHandler. In a Pull, one invalid key refuses the call
-// (InvalidArgument naming its index).
-//
-// PeerClient.Replicate and Pull use the peer's connection but not the
-// Forward batcher (their callers batch). Replicate sends RPCs of at most
-// PeerConfig.MaxCounters (default 5000) counters and about 2 MiB, one after another,
-// and sums the answers; a refused counter is an error. Pull sends at most
-// PeerConfig.MaxCounters keys per RPC, halving an RPC whose answer exceeds the 4 MiB
-// message limit, and fills keys (and the answers' moved_to and holders, as
-// keymove.PullAnswer) only when every answer is well formed. Both
-// end by ctx's deadline, or when ctx has none, after BulkTimeout (default
-// 10 s) for Replicate and Timeout for Pull.
-//
 // # Metrics
 //
 // The server tells an Observer (ServerConfig.Observer) about every call to
@@ -137,30 +114,9 @@
 //
 // # Concurrency
 //
-// Handler, PeerHandler, StatusSource and Observer methods are called concurrently. The
-// slices given to a Handler or PeerHandler belong to the call: a Handler
-// must fill every out element before returning, and neither may keep a
-// slice. Server and PeerClient are safe for concurrent use.
-//
-// # Forwarding
-//
-// PeerClient keeps one lazily made grpc.ClientConn per peer address. Forwards
-// to one peer are batched without a timer: if fewer than MaxInFlight
-// (default 1) batches are on the wire to that peer, a Forward goes at once on
-// the caller's goroutine; otherwise it queues, and whichever batch finishes
-// next sends the whole queue (up to MaxBatch, default 1000 items) as one RPC.
-// A lone caller pays one round trip; under load the number of RPCs follows the
-// round-trip time, not the number of callers. Every Forward ends by
-// min(ctx deadline, now+Timeout) (default 250 ms) — with the peer's answers,
-// the RPC's error, or ctx.Err() — and a caller that gives up while queued
-// returns at once. An item whose key the receiver has handed to another node
-// comes back undecided with that node's address in its movedTo entry
-// (ForwardResponse.moved_to, sent only when some item moved, then one entry
-// per item); a moved_to whose length does not match fails the call. RPCs
-// fail fast (no wait-for-ready) when the peer's connection is down;
-// reconnect backoff is capped at 1 s. A
-// connection whose sent data goes unacknowledged for PeerAckTimeout (or 4
-// forward timeouts) is dropped and redialled (TCP_USER_TIMEOUT, through
-// gRPC's keepalive), so a link that lost packets for a while is usable
-// again as soon as it is back, not after TCP's retransmission backoff.
+// Handler, StatusSource, OwnerSource, MemberStatus and Observer methods are
+// called concurrently. The slices given to a Handler belong to the call: it
+// must fill every out element before returning, and may not keep a slice.
+// Server is safe for concurrent use. (transport/peer says the same of its
+// handlers and of PeerClient.)
 package transport

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // DefaultForwardAuthDenyStatus is the status of a forward-auth refusal
@@ -74,7 +75,7 @@ func (s *Server) serveForwardAuth(w http.ResponseWriter, r *http.Request) {
 	// connection can be reused.
 	io.Copy(io.Discard, io.LimitReader(r.Body, 64<<10))
 
-	resp := s.decide(r.Context(), []*sluicev1.RateLimitRequest{req}, false, "")
+	resp := s.decide(r.Context(), []*sluicev1.RateLimitRequest{req})
 	o := resp.Responses[0]
 	res = responseResult(o)
 	if req.Limit == 0 {
@@ -148,7 +149,7 @@ func forwardAuthRequest(q url.Values, h http.Header, deny int) (*sluicev1.RateLi
 		}
 		req.Algorithm = sluicev1.Algorithm(a)
 	}
-	if b := RequestFromProto(req); b.Validate() != nil {
+	if b := peer.RequestFromProto(req); b.Validate() != nil {
 		return nil, 0, b.Validate()
 	}
 	return req, deny, nil

@@ -16,19 +16,13 @@ import (
 // fakeHandler decides like a limiter with no memory: a valid request is over
 // its limit when Hits > Limit. Owner echoes the key (prefixed with the sender
 // for forwarded calls), so tests can check each answer belongs to its item.
+// (Package peer's tests have their own, which records more of the forwards.)
 type fakeHandler struct {
 	calls     atomic.Int64 // Check calls
-	forwards  atomic.Int64 // CheckForwarded calls (= Forward RPCs)
-	standIns  atomic.Int64 // CheckStandIn calls
-	ctxEnded  atomic.Int64 // CheckForwarded calls that stopped waiting on block because their context ended
+	forwards  atomic.Int64 // CheckForwarded and CheckStandIn calls (= Forward RPCs)
 	mu        sync.Mutex
-	sizes     []int            // items per CheckForwarded call, in order
 	last      []bucket.Request // copy of the last Check's requests
-	lastFwd   []bucket.Request // copy of the last CheckForwarded's requests
-	lastPull  []string         // copy of the last CheckStandIn's pullFrom
-	lastFrom  string
-	block     chan struct{} // when set, CheckForwarded waits on it (or ctx, unless hang)
-	hang      bool          // wait on block even when the RPC's context ends
+	block     chan struct{}    // when set, CheckForwarded waits on it or ctx
 	panicking bool
 }
 
@@ -45,39 +39,23 @@ func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bu
 	decide(reqs, out, "")
 }
 
-// CheckStandIn records the call, then answers like CheckForwarded.
-func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
-	h.standIns.Add(1)
-	h.mu.Lock()
-	h.lastPull = append([]string(nil), pullFrom...)
-	h.mu.Unlock()
+// CheckStandIn answers like CheckForwarded.
+func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) {
 	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
 func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.mu.Lock()
-	h.sizes = append(h.sizes, len(reqs))
-	h.lastFwd = append(h.lastFwd[:0], reqs...)
-	h.lastFrom = from
 	block := h.block
 	h.mu.Unlock()
-	if block != nil && h.hang {
-		<-block
-	} else if block != nil {
+	if block != nil {
 		select {
 		case <-block:
 		case <-ctx.Done():
-			h.ctxEnded.Add(1)
 		}
 	}
 	decide(reqs, out, from+"/")
-}
-
-func (h *fakeHandler) forwardSizes() []int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]int(nil), h.sizes...)
 }
 
 func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
@@ -178,18 +156,6 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond) // polling interval, not synchronisation
 	}
-}
-
-// peerState reads a peer's batching state (0, 0 when not dialled yet).
-func peerState(pc *PeerClient, addr string) (inflight, queued int) {
-	v, ok := pc.peers.Load(addr)
-	if !ok {
-		return 0, 0
-	}
-	p := v.(*peer)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.inflight, len(p.queue)
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // hits is optional on the wire: absent means 1, an explicit 0 peeks.
@@ -19,12 +20,12 @@ func TestHitsAbsentMeansOne(t *testing.T) {
 		hits *int64
 		want int64
 	}{{nil, 1}, {proto.Int64(0), 0}, {proto.Int64(7), 7}} {
-		if got := RequestFromProto(&sluicev1.RateLimitRequest{Hits: c.hits}).Hits; got != c.want {
+		if got := peer.RequestFromProto(&sluicev1.RateLimitRequest{Hits: c.hits}).Hits; got != c.want {
 			t.Errorf("hits %v: %d, want %d", c.hits, got, c.want)
 		}
 	}
 	// What goes to a peer says hits explicitly, 0 included.
-	if m := RequestToProto(RequestFromProto(&sluicev1.RateLimitRequest{Hits: proto.Int64(0)})); m.Hits == nil || *m.Hits != 0 {
+	if m := peer.RequestToProto(peer.RequestFromProto(&sluicev1.RateLimitRequest{Hits: proto.Int64(0)})); m.Hits == nil || *m.Hits != 0 {
 		t.Fatalf("a peek to a peer: %v", m.Hits)
 	}
 

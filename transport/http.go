@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // The JSON forms of the API: requests accept proto field names and
@@ -44,16 +45,16 @@ func (s *Server) httpHandler() http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /{$}", s.operatorOnly(http.HandlerFunc(s.serveStatusPage)))
+	mux.Handle("GET /{$}", s.guard.OperatorOnly(http.HandlerFunc(s.serveStatusPage)))
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.cfg.Metrics)
 	}
 	if s.cfg.Pprof {
-		mux.Handle("/debug/pprof/", s.operatorOnly(http.HandlerFunc(pprof.Index)))
-		mux.Handle("/debug/pprof/cmdline", s.operatorOnly(http.HandlerFunc(pprof.Cmdline)))
-		mux.Handle("/debug/pprof/profile", s.operatorOnly(http.HandlerFunc(pprof.Profile)))
-		mux.Handle("/debug/pprof/symbol", s.operatorOnly(http.HandlerFunc(pprof.Symbol)))
-		mux.Handle("/debug/pprof/trace", s.operatorOnly(http.HandlerFunc(pprof.Trace)))
+		mux.Handle("/debug/pprof/", s.guard.OperatorOnly(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/cmdline", s.guard.OperatorOnly(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("/debug/pprof/profile", s.guard.OperatorOnly(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", s.guard.OperatorOnly(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", s.guard.OperatorOnly(http.HandlerFunc(pprof.Trace)))
 	}
 	return mux
 }
@@ -147,7 +148,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 	resp := s.refuseInvalid(req.Requests)
 	refused := resp != nil
 	if !refused {
-		resp = s.decide(r.Context(), req.Requests, false, "")
+		resp = s.decide(r.Context(), req.Requests)
 	}
 	out, err := jsonOut.Marshal(resp)
 	s.observeNative(APIHTTP, start, req.Requests, resp.Responses)
@@ -202,7 +203,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 // validateCheck says whether the Handler would decide r (CheckValidator),
 // or, for a Handler that cannot say, whether r is valid at all.
 func (s *Server) validateCheck(r *sluicev1.RateLimitRequest) error {
-	b := RequestFromProto(r)
+	b := peer.RequestFromProto(r)
 	if v, ok := s.cfg.Handler.(CheckValidator); ok {
 		return v.ValidateCheck(&b)
 	}

@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // DefaultMaxRecvMsgSize is the largest message the server accepts (docs/architecture.md §5),
@@ -60,7 +62,7 @@ type ServerConfig struct {
 	// only what this node knows of them.
 	Members MemberStatus
 	// Peer answers Peer/Replicate and Peer/Pull; nil answers Unimplemented.
-	Peer PeerHandler
+	Peer peer.PeerHandler
 	// ClusterName is this node's cluster. Peer calls that carry another
 	// cluster name are refused with FAILED_PRECONDITION and change nothing.
 	ClusterName string
@@ -83,25 +85,26 @@ type ServerConfig struct {
 	// KiB to a few tens of KiB.
 	StreamWorkers int
 	// GRPCOptions are added after the gRPC server's defaults (MaxRecvMsgSize,
-	// the panic-recovering interceptor, StreamWindowSize and ConnWindowSize,
-	// StreamWorkers),
-	// so they override them (e.g. TLS credentials, keepalive).
+	// the panic-recovering interceptor, peer.StreamWindowSize and
+	// peer.ConnWindowSize, StreamWorkers), so they override them (e.g. TLS
+	// credentials, keepalive).
 	GRPCOptions []grpc.ServerOption
 	// TLS, when set, serves gRPC and HTTP over TLS with its material
 	// (reloaded by whoever calls TLS.Reload) and makes the internal RPCs
 	// (Peer, Admin) and the operator pages (GET /, /debug/pprof/) require a
 	// client certificate of its node CA; API callers need a certificate
 	// only when its ClientCA is set.
-	TLS *TLS
+	TLS *security.TLS
 	// Prover, when set and TLS is not, makes the internal RPCs require a
-	// proof signed with the cluster's gossip key (ProofHeader).
-	Prover *Prover
+	// proof signed with the cluster's gossip key (security.ProofHeader).
+	Prover *security.Prover
 	// Rules, when set, gives the windows of rules-based limits for the
 	// RateLimit-Policy header of HTTP answers; nil leaves out w= there.
 	Rules RuleLimits
 	// Pprof serves /debug/pprof/ on the HTTP server (operator-only with TLS).
 	Pprof bool
-	// Now is the clock proofs are checked against; nil means time.Now.
+	// Now is the clock proofs are checked against, and the status page's;
+	// nil means time.Now.
 	Now func() time.Time
 	// Logger receives serve errors and recovered panics; nil discards.
 	Logger *slog.Logger
@@ -134,20 +137,22 @@ func (c *ServerConfig) Validate() error {
 	return nil
 }
 
-// Server serves the gRPC services (RateLimiter, Admin, Peer, health,
-// reflection) and the HTTP API of one node. NewServer starts nothing; Start
-// starts serving; Shutdown stops and waits for every goroutine Start started.
+// Server serves the gRPC services (RateLimiter, Admin, health, reflection,
+// and package peer's Peer) and the HTTP API of one node. NewServer starts
+// nothing; Start starts serving; Shutdown stops and waits for every
+// goroutine Start started.
 type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
 	obs     Observer
 	maxRecv int
+	now     func() time.Time // ServerConfig.Now, or time.Now
 
 	grpc   *grpc.Server
 	health *health.Server
 	http   *http.Server // nil without HTTP
 
-	guard guard
+	guard *security.Guard // who may call the internal RPCs and operator pages
 
 	bufs   sync.Pool // *checkBuf
 	bodies sync.Pool // *bytes.Buffer for HTTP bodies
@@ -182,24 +187,22 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.maxRecv = DefaultMaxRecvMsgSize
 	}
 	s.bufs.New = func() any { return new(checkBuf) }
-	s.guard.tls, s.guard.now = cfg.TLS, cfg.Now
-	if cfg.TLS == nil {
-		s.guard.prover = cfg.Prover
+	s.now = cfg.Now
+	if s.now == nil {
+		s.now = time.Now
 	}
-	if s.guard.now == nil {
-		s.guard.now = time.Now
-	}
+	s.guard = security.NewGuard(cfg.TLS, cfg.Prover, s.now, s.log)
 
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.maxRecv),
 		grpc.ChainUnaryInterceptor(s.recoverUnary, s.authorizeUnary),
 		grpc.ChainStreamInterceptor(s.authorizeStream),
-		grpc.InitialWindowSize(StreamWindowSize),
-		grpc.InitialConnWindowSize(ConnWindowSize),
+		grpc.InitialWindowSize(peer.StreamWindowSize),
+		grpc.InitialConnWindowSize(peer.ConnWindowSize),
 		// Peers ping an idle connection with calls pending every
-		// PeerKeepaliveTime; gRPC's default policy (5 min) would answer
-		// them with GOAWAY.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: PeerKeepaliveTime / 2}),
+		// peer.PeerKeepaliveTime; gRPC's default policy (5 min) would
+		// answer them with GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: peer.PeerKeepaliveTime / 2}),
 	}
 	switch workers := cfg.StreamWorkers; {
 	case workers == 0:
@@ -208,7 +211,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		opts = append(opts, grpc.NumStreamWorkers(uint32(min(workers, 1<<16))))
 	}
 	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.serverConfig("h2"))))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS.ServerConfig("h2"))))
 	}
 	if cfg.Tracing != nil {
 		opts = append(opts, grpc.StatsHandler(cfg.Tracing.serverHandler()))
@@ -217,7 +220,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.grpc = grpc.NewServer(opts...)
 	sluicev1.RegisterRateLimiterServer(s.grpc, rateLimiterServer{s: s})
 	sluicev1.RegisterAdminServer(s.grpc, adminServer{s: s})
-	sluicev1.RegisterPeerServer(s.grpc, peerServer{s: s})
+	sluicev1.RegisterPeerServer(s.grpc, peer.NewServer(peer.ServerConfig{
+		Handler: cfg.Handler, Peer: cfg.Peer, ClusterName: cfg.ClusterName,
+		Guard: s.guard, Logger: s.log, Draining: s.drain, Stopping: s.stopping.Load,
+	}))
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, envoyServer{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -234,7 +240,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		}
 		if cfg.TLS != nil {
-			s.http.TLSConfig = cfg.TLS.serverConfig("h2", "http/1.1")
+			s.http.TLSConfig = cfg.TLS.ServerConfig("h2", "http/1.1")
 		}
 	}
 	return s, nil

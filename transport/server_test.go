@@ -18,12 +18,13 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 func protoReqs(rs []bucket.Request) *sluicev1.CheckRequest {
 	m := &sluicev1.CheckRequest{}
 	for _, r := range rs {
-		m.Requests = append(m.Requests, RequestToProto(r))
+		m.Requests = append(m.Requests, peer.RequestToProto(r))
 	}
 	return m
 }
@@ -78,10 +79,7 @@ func TestCheckBatchLimits(t *testing.T) {
 		t.Fatalf("1000 items after the refusal: %d answers, %v", len(resp.GetResponses()), err)
 	}
 	// The Peer service refuses the same.
-	pc := NewPeerClient(PeerConfig{NodeName: "a"})
-	defer pc.Close()
-	p, _ := pc.peer(s.GRPCAddr())
-	_, err = p.client.Forward(ctx, &sluicev1.ForwardRequest{Requests: protoReqs(keys("k", 1001)).Requests})
+	_, err = sluicev1.NewPeerClient(c.Conn()).Forward(ctx, &sluicev1.ForwardRequest{Requests: protoReqs(keys("k", 1001)).Requests})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("forward of 1001 items: got %v, want InvalidArgument", err)
 	}
@@ -134,28 +132,6 @@ func TestInvalidAlgorithmNeverBecomesValid(t *testing.T) {
 		if got[i].Validate() == nil || resp.Responses[i].Error == "" {
 			t.Errorf("wire algorithm %d was not refused: %v", a, resp.Responses[i])
 		}
-	}
-}
-
-func TestRequestFromProtoAlgorithm(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		in   sluicev1.Algorithm
-		want bucket.Algorithm
-	}{
-		{0, bucket.AlgorithmUnspecified}, {1, bucket.SlidingWindow}, {6, bucket.GCRA},
-		{7, 7}, {255, 255}, {256, 255}, {257, 255}, {-1, 255}, {1<<31 - 1, 255},
-	} {
-		if got := RequestFromProto(&sluicev1.RateLimitRequest{Algorithm: tc.in}).Algorithm; got != tc.want {
-			t.Errorf("RequestFromProto(algorithm %d) = %d, want %d", tc.in, got, tc.want)
-		}
-	}
-	if r := RequestFromProto(nil); r.Validate() == nil {
-		t.Error("nil request converted to a valid one")
-	}
-	o := OutcomeFromProto(&sluicev1.RateLimitResponse{Status: 9})
-	if o.Status != bucket.StatusUnspecified || o.Err == "" {
-		t.Errorf("unknown status became %+v", o)
 	}
 }
 
@@ -252,7 +228,7 @@ func TestForwardRPCPassesSender(t *testing.T) {
 	t.Parallel()
 	h := &fakeHandler{}
 	s := startServer(t, h)
-	pc := NewPeerClient(PeerConfig{NodeName: "node-b"})
+	pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "node-b"})
 	defer pc.Close()
 	rs := keys("k", 3)
 	out := make([]bucket.Outcome, len(rs))
@@ -282,7 +258,7 @@ func TestShutdownCutsOffAtDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.SetReady(true)
-	pc := NewPeerClient(PeerConfig{Timeout: time.Minute})
+	pc := peer.NewPeerClient(peer.PeerConfig{Timeout: time.Minute})
 	defer pc.Close()
 	errc := make(chan error, 1)
 	go func() {
@@ -341,9 +317,10 @@ func TestNewServerValidates(t *testing.T) {
 	}
 }
 
-// The server allocates only the response messages: the request and outcome
-// slices the Handler works on are pooled.
-func TestDecideAllocs(t *testing.T) {
+// The server allocates only the response messages of a client's check:
+// the request and outcome slices the Handler works on are pooled. (The
+// forwarded checks of the Peer service: TestDecideAllocs in package peer.)
+func TestCheckDecideAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items under the race detector")
 	}
@@ -352,11 +329,12 @@ func TestDecideAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := protoReqs(keys("k", 100))
-	s.decide(context.Background(), m.Requests, true, "b") // warm the pool
-	allocs := testing.AllocsPerRun(100, func() { s.decide(context.Background(), m.Requests, true, "b") })
+	s.decide(context.Background(), m.Requests) // warm the pool
+	allocs := testing.AllocsPerRun(100, func() { s.decide(context.Background(), m.Requests) })
 	// CheckResponse, its pointer slice, one array of 100 messages; the fake
-	// handler's owner strings (100) and its record of sizes (amortised).
-	if allocs > 3+100+1 {
+	// handler's owner strings are the keys, and its record of the requests
+	// is amortised.
+	if allocs > 3+1 {
 		t.Fatalf("decide of 100 items: %.0f allocations", allocs)
 	}
 }
@@ -447,5 +425,61 @@ func TestStreamWorkersNeverQueueCalls(t *testing.T) {
 				t.Errorf("workers %d: %s", workers, e)
 			}
 		})
+	}
+}
+
+// fullRequest is a valid request that sets every field of bucket.Request,
+// the options of the inline limit and three further limits (as package
+// peer's tests of the conversions have it).
+func fullRequest() bucket.Request {
+	return bucket.Request{
+		Name: "login", Key: "user:42", Hits: 3,
+		Limit: bucket.Limit{
+			Algorithm: bucket.SlidingWindow, Limit: 1000, WindowMS: 3_600_000, SubWindows: 60,
+			Mode: bucket.ModeSoft, SoftPercent: 10, CountRefused: true,
+		},
+		More: []bucket.Limit{
+			{Algorithm: bucket.LeakyBucket, Limit: 5, WindowMS: 1000, Burst: 10, Shaping: true},
+			{Algorithm: bucket.GCRA, Limit: 20, WindowMS: 60_000, Burst: 5, Mode: bucket.ModeElastic, ElasticCeiling: 40, ElasticLoadPercent: 70},
+			{Algorithm: bucket.FixedWindow, Limit: 10_000, WindowMS: 86_400_000, Calendar: bucket.CalendarMonth, CountRefused: true},
+		},
+	}
+}
+
+// leasingHandler grants a lease of 5 hits for 50 ms on every forwarded
+// item whose key starts with "hot" (peer.LeasingHandler), and records
+// whether the leasing path was taken.
+type leasingHandler struct {
+	fakeHandler
+	mu      sync.Mutex
+	leasing int
+}
+
+func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+	h.mu.Lock()
+	h.leasing++
+	h.mu.Unlock()
+	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
+	for i := range reqs {
+		if strings.HasPrefix(reqs[i].Key, "hot") {
+			out[i].Lease = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
+		}
+	}
+}
+
+// A public check never carries a lease, nor takes the leasing path of a
+// Handler that grants leases to the forwards of other nodes (their leases:
+// TestForwardCarriesLeases in package peer).
+func TestPublicCheckTakesNoLease(t *testing.T) {
+	t.Parallel()
+	h := &leasingHandler{}
+	s := startServer(t, h)
+	c := dial(t, s.GRPCAddr())
+	resp, err := c.Check(testCtx(t), &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{peer.RequestToProto(req("hot3", 1))}})
+	h.mu.Lock()
+	leasing := h.leasing
+	h.mu.Unlock()
+	if err != nil || len(resp.Responses) != 1 || leasing != 0 {
+		t.Fatalf("public check: %v, %v, leasing calls %d", resp, err, leasing)
 	}
 }

@@ -273,7 +273,7 @@ func (s *Server) pageOwners(ctx context.Context) *sluicev1.OwnersResponse {
 // pageData is the HTML page's data; ot, when given, draws the ring as the
 // owner table lays it out (ringArcs).
 func (s *Server) pageData(st *sluicev1.StatusResponse, err error, ot *sluicev1.OwnersResponse) statusPage {
-	now := s.guard.now()
+	now := s.now()
 	p := statusPage{
 		Refresh: statusPageRefresh, Title: "sluice", Ready: s.ready.Load(), ReadyWord: s.readyWord(),
 		Endpoints: s.endpoints(), Rendered: now.UTC().Format(time.RFC3339),

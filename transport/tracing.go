@@ -12,11 +12,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
+
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // Tracing turns on OpenTelemetry spans in a Server (ServerConfig.Tracing)
-// and a PeerClient (PeerConfig.Tracing). A nil *Tracing, the default,
-// installs nothing: no stats handler, no wrapper, no cost on the hot path.
+// and a peer.PeerClient (peer.PeerConfig.Tracing, through ClientHandler). A
+// nil *Tracing, the default, installs nothing: no stats handler, no wrapper,
+// no cost on the hot path.
 //
 // With it, a Server starts a span for every call of the public API (gRPC
 // sluice.v1.RateLimiter/Check, Envoy ShouldRateLimit, HTTP POST /v1/check
@@ -56,6 +59,8 @@ func (t *Tracing) otelOptions() []otelgrpc.Option {
 	}
 }
 
+var _ peer.ClientTracing = (*Tracing)(nil)
+
 // tracedMethods are the public API's gRPC methods: traced even when the
 // caller sends no trace context.
 var tracedMethods = map[string]bool{
@@ -76,9 +81,14 @@ func (t *Tracing) serverHandler() stats.Handler {
 	}}
 }
 
-// clientHandler is a peer connection's stats handler: otelgrpc's, for the
-// calls made in a traced context.
-func (t *Tracing) clientHandler() stats.Handler {
+// ClientHandler is the stats handler of a peer.PeerClient's connections
+// (peer.PeerConfig.Tracing): otelgrpc's, for the calls made in a traced
+// context. It is nil for a nil t or one without a Provider, with which a
+// PeerClient traces nothing.
+func (t *Tracing) ClientHandler() stats.Handler {
+	if t == nil || t.Provider == nil {
+		return nil
+	}
 	return &gatedHandler{next: otelgrpc.NewClientHandler(t.otelOptions()...), traced: func(ctx context.Context, _ *stats.RPCTagInfo) bool {
 		return trace.SpanContextFromContext(ctx).IsValid()
 	}}

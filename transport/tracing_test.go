@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,61 +30,6 @@ func serverSpans(exp *tracetest.InMemoryExporter, name string) []trace.TraceID {
 		}
 	}
 	return ids
-}
-
-// A forward that waits in the batch queue rides in an RPC whose span
-// continues its caller's trace (the first waiting caller's); a forward
-// from an untraced context starts no span at either end.
-func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
-	t.Parallel()
-	tr, exp := memTracing(t)
-	h := &fakeHandler{block: make(chan struct{})}
-	s := startServer(t, h, func(c *ServerConfig) { c.Tracing = tr })
-	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxInFlight: 1, Timeout: time.Minute, Tracing: tr})
-	defer pc.Close()
-	addr := s.GRPCAddr()
-	tracer := tr.Provider.Tracer("test")
-
-	ctxA, spanA := tracer.Start(testCtx(t), "caller A")
-	ctxB, spanB := tracer.Start(testCtx(t), "caller B")
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	forward := func(ctx context.Context, key string) {
-		out := make([]bucket.Outcome, 1)
-		errs <- pc.Forward(ctx, addr, []bucket.Request{req(key, 1)}, out, make([]string, len(out)))
-	}
-	wg.Go(func() { forward(ctxA, "a") })
-	waitFor(t, 10*time.Second, "A's RPC in flight", func() bool { in, _ := peerState(pc, addr); return in == 1 && h.forwards.Load() == 1 })
-	wg.Go(func() { forward(ctxB, "b") })
-	waitFor(t, 10*time.Second, "B queued", func() bool { _, q := peerState(pc, addr); return q == 1 })
-	close(h.block)
-	wg.Wait()
-	spanA.End()
-	spanB.End()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, 10*time.Second, "two Forward server spans", func() bool { return len(serverSpans(exp, "sluice.v1.Peer/Forward")) == 2 })
-	got := map[trace.TraceID]bool{}
-	for _, id := range serverSpans(exp, "sluice.v1.Peer/Forward") {
-		got[id] = true
-	}
-	if !got[spanA.SpanContext().TraceID()] || !got[spanB.SpanContext().TraceID()] {
-		t.Errorf("server spans in traces %v; want A's %s (sent at once) and B's %s (queued)", got, spanA.SpanContext().TraceID(), spanB.SpanContext().TraceID())
-	}
-
-	// Untraced: no span anywhere.
-	exp.Reset()
-	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(testCtx(t), addr, []bucket.Request{req("c", 1)}, out, make([]string, len(out))); err != nil {
-		t.Fatal(err)
-	}
-	if ss := exp.GetSpans(); len(ss) != 0 {
-		t.Errorf("an untraced forward made %d spans (%s...)", len(ss), ss[0].Name)
-	}
 }
 
 // The public API is traced without trace context; HTTP keeps the caller's.

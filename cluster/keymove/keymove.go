@@ -1,13 +1,13 @@
 // Package keymove holds the words of a key moving between nodes, which the
 // ownership protocol (cluster, cluster/ownership) and the peer protocol
-// (transport) both speak, and which cluster and transport, which may not
-// import each other, share from here: the nodes that may hold a newer
-// state of a key (Holder), what a pull's answer says about a key besides
-// its record (PullAnswer), and a member's answer to a node back from a
-// pause (DecidedAnswer). Addresses are gRPC host:port strings; a forward's
-// moved-to and a stand-in's pull-from addresses travel as plain strings
-// beside the requests (cluster.Peers, transport.Handler). This package
-// imports nothing of Sluice's.
+// (transport/peer) both speak, and which cluster and transport/peer, which
+// may not import each other, share from here: the nodes that may hold a
+// newer state of a key (Holder), what a pull's answer says about a key
+// besides its record (PullAnswer), and a member's answer to a node back
+// from a pause (DecidedAnswer). Addresses are gRPC host:port strings; a
+// forward's moved-to and a stand-in's pull-from addresses travel as plain
+// strings beside the requests (cluster.Peers, peer.ForwardHandler). This
+// package imports nothing of Sluice's.
 package keymove
 
 // Holder is a node that may hold a newer state of a key: its gRPC

@@ -16,7 +16,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // jsonOut prints protobuf messages as docs/architecture.md §4 asks: proto field names,
@@ -169,7 +169,7 @@ func (cf *checkFlags) request(set map[string]bool) (*sluicev1.RateLimitRequest, 
 		}
 		inline = bucket.Limit{}
 	}
-	return transport.RequestToProto(bucket.Request{Name: cf.name, Key: cf.key, Hits: cf.hits, Limit: inline, More: more}), nil
+	return peer.RequestToProto(bucket.Request{Name: cf.name, Key: cf.key, Hits: cf.hits, Limit: inline, More: more}), nil
 }
 
 // printCheck prints the answer r of the node at addr, as JSON or for a

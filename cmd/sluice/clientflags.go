@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/client"
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // clientFlags are the security flags of the commands that call a node
@@ -43,11 +43,11 @@ func (c *clientFlags) dialOptions() ([]grpc.DialOption, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := transport.NewProver(keys, 0)
+		p, err := security.NewProver(keys, 0)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, transport.WithProofs(p))
+		opts = append(opts, security.WithProofs(p))
 	}
 	return opts, nil
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
-	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/security"
 )
 
 // maxKeyFile bounds a gossip key file: a few keys of one line each.
@@ -76,16 +76,16 @@ func keygen(args []string, stdout io.Writer) error {
 }
 
 // secrets is a serving node's security material and its reloading: the
-// TLS files (in transport.TLS) and the gossip key file (memberlist's
+// TLS files (in security.TLS) and the gossip key file (memberlist's
 // keyring and the Prover of peer calls). Each reload that finds a file
 // changed and valid puts it in force; a bad file is refused with one log
 // line per distinct content, and the material in force stays.
 type secrets struct {
 	log     *slog.Logger
-	tls     *transport.TLS // nil without --tls-cert
-	keyFile string         // "" without --gossip-key-file
+	tls     *security.TLS // nil without --tls-cert
+	keyFile string        // "" without --gossip-key-file
 	keyring *memberlist.Keyring
-	prover  *transport.Prover
+	prover  *security.Prover
 	keysSum [sha256.Size]byte // of the key file in force
 	badTLS  string            // last TLS error logged
 	badKeys [sha256.Size]byte // sum of the last refused key file
@@ -96,7 +96,7 @@ type secrets struct {
 func loadSecrets(f *serveFlags, lg *slog.Logger) (*secrets, error) {
 	s := &secrets{log: lg, keyFile: f.gossipKeyFile}
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" || f.clientCA != "" {
-		t, err := transport.LoadTLS(transport.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientCA: f.clientCA})
+		t, err := security.LoadTLS(security.TLSFiles{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientCA: f.clientCA})
 		if err != nil {
 			return nil, err
 		}
@@ -117,7 +117,7 @@ func loadSecrets(f *serveFlags, lg *slog.Logger) (*secrets, error) {
 		if s.keyring, err = memberlist.NewKeyring(keys, keys[0]); err != nil {
 			return nil, fmt.Errorf("--gossip-key-file: %w", err)
 		}
-		if s.prover, err = transport.NewProver(keys, 0); err != nil {
+		if s.prover, err = security.NewProver(keys, 0); err != nil {
 			return nil, fmt.Errorf("--gossip-key-file: %w", err)
 		}
 		s.keysSum = sha256.Sum256(b)
@@ -137,7 +137,7 @@ func sameFile(a, b string) bool {
 
 // proverForPeers is the Prover peer calls are signed and checked with: only
 // without TLS (with TLS, node certificates identify members).
-func (s *secrets) proverForPeers() *transport.Prover {
+func (s *secrets) proverForPeers() *security.Prover {
 	if s.tls != nil {
 		return nil
 	}

@@ -17,6 +17,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 	"github.com/sluicehq/sluice/transport/rules"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -274,7 +275,7 @@ func serveConfig(args []string, stderr io.Writer) (*serveFlags, cluster.Config, 
 // newServing builds, without starting them, the node of cfg and its
 // server: it listens on --grpc-addr and makes the peer client (the
 // caller closes it) and the metrics. On an error it closes what it made.
-func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logger, tr *transport.Tracing) (*cluster.Node, *transport.Server, *transport.PeerClient, error) {
+func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logger, tr *transport.Tracing) (*cluster.Node, *transport.Server, *peer.PeerClient, error) {
 	grpcLn, err := net.Listen("tcp", f.grpcAddr)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--grpc-addr: %w", err)
@@ -284,7 +285,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		grpcLn.Close()
 		return nil, nil, nil, err
 	}
-	peers := transport.NewPeerClient(transport.PeerConfig{NodeName: cfg.Name, NodeAddr: cfg.GRPCAddr, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
+	peers := peer.NewPeerClient(peer.PeerConfig{NodeName: cfg.Name, NodeAddr: cfg.GRPCAddr, ClusterName: cfg.ClusterName, Timeout: f.forwardTimeout,
 		UnaryForwards: !f.forwardStreams, TLS: sec.tls, Prover: sec.proverForPeers(), Tracing: tr})
 	metrics := newNodeMetrics(watcher(cfg.Rules))
 	cfg.Cache.OnFlush = metrics.observeFlush
@@ -549,6 +550,6 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 var (
 	_ transport.Handler        = (*cluster.Node)(nil)
 	_ transport.CheckValidator = (*cluster.Node)(nil)
-	_ transport.PeerHandler    = (*cluster.Node)(nil)
-	_ cluster.Peers            = (*transport.PeerClient)(nil)
+	_ peer.PeerHandler         = (*cluster.Node)(nil)
+	_ cluster.Peers            = (*peer.PeerClient)(nil)
 )

@@ -21,6 +21,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/peer"
 	"google.golang.org/grpc"
 )
 
@@ -50,8 +51,8 @@ func main() {
 	// The window sizes and stream workers a Sluice node's server uses
 	// (transport.NewServer); no interceptors, no TLS.
 	s := grpc.NewServer(
-		grpc.InitialWindowSize(transport.StreamWindowSize),
-		grpc.InitialConnWindowSize(transport.ConnWindowSize),
+		grpc.InitialWindowSize(peer.StreamWindowSize),
+		grpc.InitialConnWindowSize(peer.ConnWindowSize),
 		grpc.NumStreamWorkers(transport.DefaultStreamWorkers),
 	)
 	sluicev1.RegisterRateLimiterServer(s, floor{})
