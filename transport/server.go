@@ -30,8 +30,9 @@ import (
 )
 
 // DefaultMaxRecvMsgSize is the largest message the server accepts (docs/architecture.md §5),
-// on gRPC and as an HTTP body.
-const DefaultMaxRecvMsgSize = 4 << 20
+// on gRPC and as an HTTP body: the peer protocol's, whose client sizes its
+// calls by it.
+const DefaultMaxRecvMsgSize = peer.DefaultMaxRecvMsgSize
 
 // DefaultStreamWorkers is how many goroutines a Server keeps to run gRPC
 // calls on (ServerConfig.StreamWorkers). A call that finds them all busy

@@ -38,12 +38,6 @@ func (s *Server) putBuf(b *checkBuf) {
 	s.bufs.Put(b)
 }
 
-// batchTooLarge refuses a client's call of more than bucket.MaxBatchSize
-// checks, as package peer refuses a forward of as many.
-func batchTooLarge(n int) error {
-	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, bucket.MaxBatchSize)
-}
-
 // decide converts a client's reqs, runs the Handler's Check on pooled
 // slices and returns the response. (The Peer service decides forwarded
 // checks on its own: peer.Server.)
@@ -72,7 +66,7 @@ func (g rateLimiterServer) Check(ctx context.Context, req *sluicev1.CheckRequest
 	start := time.Now()
 	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
 		g.s.observeRefused(APIGRPC, start)
-		return nil, batchTooLarge(n)
+		return nil, peer.BatchTooLarge(n)
 	}
 	resp := g.s.decide(ctx, req.GetRequests())
 	g.s.observeNative(APIGRPC, start, req.GetRequests(), resp.Responses)

@@ -25,11 +25,15 @@ const (
 	MaxReleaseTTL = 10 * time.Minute
 )
 
+// DefaultMaxRecvMsgSize is the largest message a node's gRPC server
+// accepts by default (transport.DefaultMaxRecvMsgSize is this value): the
+// peer client sizes its Replicate chunks and halves its Pulls by it.
+const DefaultMaxRecvMsgSize = 4 << 20
+
 // maxChunkBytes bounds the estimated wire size of one Replicate RPC: half the
-// receiver's default message limit (transport.DefaultMaxRecvMsgSize, 4 MiB),
-// so chunks of large states (a sliding log holds up to 10 000 timestamps,
-// about 80 KB) stay well under it too.
-const maxChunkBytes = 2 << 20
+// receiver's default message limit, so chunks of large states (a sliding
+// log holds up to 10 000 timestamps, about 80 KB) stay well under it too.
+const maxChunkBytes = DefaultMaxRecvMsgSize / 2
 
 // counterOverhead bounds a Counter's wire bytes beyond its name, key and
 // state: tags, lengths, the version, the message's own tag and length.

@@ -97,9 +97,10 @@ func (g *Server) putBuf(b *checkBuf) {
 	g.bufs.Put(b)
 }
 
-// batchTooLarge refuses a forward of more than bucket.MaxBatchSize checks,
-// as transport refuses a client's call of as many.
-func batchTooLarge(n int) error {
+// BatchTooLarge is the refusal of a call of n checks, more than
+// bucket.MaxBatchSize: of a forward here, of a client's call in package
+// transport.
+func BatchTooLarge(n int) error {
 	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, bucket.MaxBatchSize)
 }
 
@@ -167,7 +168,7 @@ func (g *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	}
 	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
 		g.log.Warn("refused forwarded batch", "from", req.GetFrom(), "requests", n)
-		return nil, batchTooLarge(n)
+		return nil, BatchTooLarge(n)
 	}
 	resp := &sluicev1.ForwardResponse{}
 	if pf := req.GetPullFrom(); len(pf) != 0 && len(pf) != len(req.GetRequests()) {
