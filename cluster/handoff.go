@@ -54,6 +54,9 @@ type handoffJob struct {
 	old, cur *ring.Table
 	lost     bool
 	gained   []bool
+	// copyTo names, by partition, the new owner this node's copies of the
+	// keys go to (ownership.CopiesFollow, sendCopiesTo); "" for none.
+	copyTo []string
 }
 
 func (n *Node) handoffLoop() {
@@ -77,6 +80,11 @@ func (n *Node) runHandoff(job handoffJob) {
 	if job.lost {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
 		n.handOffMoved(ctx, job.old, job.cur)
+		cancel()
+	}
+	if job.copyTo != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
+		n.sendCopiesTo(ctx, job.cur, job.copyTo)
 		cancel()
 	}
 }
@@ -157,7 +165,9 @@ func (n *Node) sendCopies(ctx context.Context, copies map[string][]bucket.Counte
 			defer wg.Done()
 			if _, _, err := n.peers.Replicate(ctx, addr, false, cs); err != nil {
 				n.stats.handoffErrors.Add(uint64(len(cs)))
-				n.log.Debug("copies of unsettled moved keys not sent", "to", addr, "counters", len(cs), "err", err)
+				n.log.Debug("copies not sent", "to", addr, "counters", len(cs), "err", err)
+			} else if n.debug {
+				n.log.Debug("copies sent", "to", addr, "counters", len(cs))
 			}
 		}()
 	}
@@ -548,4 +558,19 @@ func (p *pushing) wait(ctx context.Context, h uint64) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// sendCopiesTo sends the records in memory of the keys whose partitions
+// (in tbl) copyTo names a node for to that node, as replica copies: it
+// merges them without settling the keys (ownership.Step, Replicate), and
+// still pulls each on first touch.
+func (n *Node) sendCopiesTo(ctx context.Context, tbl *ring.Table, copyTo []string) {
+	batches := map[string][]bucket.Counter{}
+	n.cache.Range(n.now().UnixNano(), func(r writeback.Record) bool {
+		if p := tbl.Partition(keyHash(r.Key)); p < len(copyTo) && copyTo[p] != "" && copyTo[p] != n.cfg.GRPCAddr {
+			batches[copyTo[p]] = append(batches[copyTo[p]], r.Counter())
+		}
+		return true
+	})
+	n.sendCopies(ctx, batches)
 }

@@ -389,15 +389,17 @@ func (n *Node) rebuild() {
 		(*h)(cur)
 	}
 	var gained []bool
+	var copyTo []string
 	if !n.draining() {
 		gained = ownership.ReplicasGained(old, cur, n.name)
+		copyTo = ownership.CopiesFollow(old, cur, n.name)
 	}
-	if lost || gained != nil {
+	if lost || gained != nil || copyTo != nil {
 		// After the table is current: the handoff releases the keys that
 		// moved away, and checks must by then be routed to their new
 		// owners.
 		select {
-		case n.handoffs <- handoffJob{old: old, cur: cur, lost: lost, gained: gained}:
+		case n.handoffs <- handoffJob{old: old, cur: cur, lost: lost, gained: gained, copyTo: copyTo}:
 		default:
 			n.log.Warn("handoff queue full; new owners will pull on first touch, and new replicas get only the keys that change")
 		}

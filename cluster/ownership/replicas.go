@@ -42,3 +42,36 @@ func RowHas(row []ring.Member, name string) bool {
 	}
 	return false
 }
+
+// CopiesFollow returns, indexed by partition, the gRPC address of the
+// node to which this node (self) sends its copies of the partition's keys
+// after a table change from old to cur ("" for none; nil when none): the
+// partition's new owner in cur, where self was one of its replicas in old,
+// not its owner, and is not its owner in cur. The old owner hands its keys
+// on (Lost), but when it crashed, or never held them (it restarted, or
+// never settled them), a replica's copy may be the only one left, and the
+// new owner pulls it only on first touch: should the replica crash first,
+// the count would be lost. The new owner merges the copies without
+// settling the keys (Step, Replicate).
+func CopiesFollow(old, cur *ring.Table, self string) []string {
+	if old == nil || cur == nil || old.Partitions() != cur.Partitions() {
+		return nil
+	}
+	var to []string
+	var oldRow []ring.Member
+	for p := range cur.Partitions() {
+		o, ok := cur.PartitionOwner(p)
+		if !ok || o.Name == self {
+			continue
+		}
+		oldRow = old.PartitionReplicas(p, oldRow[:0])
+		if len(oldRow) < 2 || oldRow[0].Name == o.Name || oldRow[0].Name == self || !RowHas(oldRow[1:], self) {
+			continue
+		}
+		if to == nil {
+			to = make([]string, cur.Partitions())
+		}
+		to[p] = o.Addr
+	}
+	return to
+}

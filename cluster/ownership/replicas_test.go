@@ -41,3 +41,41 @@ func TestReplicasGained(t *testing.T) {
 		}
 	}
 }
+
+// A replica's copies follow a partition's new owner: only where self was
+// a replica (not the owner) in the old row and the owner changed to
+// another node; checked against the rows for every partition.
+func TestCopiesFollow(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		old, cur *ring.Table
+		some     bool // some partition's copies must go somewhere
+	}{
+		{"same table", table(t, "a", "b", "c"), table(t, "a", "b", "c"), false},
+		{"a join", table(t, "a", "b", "c"), table(t, "a", "b", "c", "d"), true},
+		{"a member gone", table(t, "a", "b", "c", "d"), table(t, "a", "c", "d"), false},
+		{"alone", table(t, "a"), table(t, "a"), false},
+	} {
+		to := CopiesFollow(c.old, c.cur, "a")
+		if c.some && to == nil {
+			t.Errorf("%s: no copies sent", c.name)
+			continue
+		}
+		for p := range c.cur.Partitions() {
+			own, _ := c.cur.PartitionOwner(p)
+			oldRow := c.old.PartitionReplicas(p, nil)
+			want := ""
+			if own.Name != "a" && len(oldRow) > 1 && oldRow[0].Name != own.Name && oldRow[0].Name != "a" && RowHas(oldRow[1:], "a") {
+				want = own.Addr
+			}
+			got := ""
+			if to != nil {
+				got = to[p]
+			}
+			if got != want {
+				t.Errorf("%s: partition %d copies to %q, want %q", c.name, p, got, want)
+			}
+		}
+	}
+}
