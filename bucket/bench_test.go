@@ -30,16 +30,6 @@ func BenchmarkDecideSlidingWindow(b *testing.B) {
 	})
 }
 
-func BenchmarkValidate(b *testing.B) {
-	b.ReportAllocs()
-	r := Request{Name: "api.create_url", Key: "user:4242424242", Hits: 1, Limit: sw(100, 60_000)}
-	for b.Loop() {
-		if err := r.Validate(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func BenchmarkEncode(b *testing.B) {
 	b.ReportAllocs()
 	s := State{Algorithm: SlidingWindow, Start: t0, Count: 3, Prev: 4, Expires: t0 + 2*sec}

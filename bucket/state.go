@@ -67,7 +67,7 @@ func FreshAt(expires, now int64) bool {
 // nanoseconds), updates s when hits are admitted and returns the decision.
 // Refused hits change nothing unless lim.CountRefused; hits 0 peeks: it
 // changes nothing and reports OverLimit when no hit is left. lim must have
-// passed Limit.Validate: a Request whose limit is all zero (take it from the
+// passed Limit.Validate: a check.Request whose limit is all zero (take it from the
 // rules) must be resolved first. Decide never panics or overflows on valid
 // input, for any now ≥ 0 and any state UnmarshalBinary accepts. It
 // allocates nothing, except for the sliding log and the sub-window counter,

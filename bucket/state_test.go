@@ -168,10 +168,9 @@ func FuzzDecide(f *testing.F) {
 		if lim.Algorithm == FixedWindow {
 			lim.Calendar = Calendar(opts>>4) & 3
 		}
-		req := Request{Name: "n", Key: "k", Hits: hits, Limit: lim}
-		// Request.Validate accepts an all-zero limit (take it from the
-		// rules); Decide needs the resolved limit, checked by Limit.Validate.
-		if req.Validate() != nil || lim.Validate() != nil || now < 0 {
+		// A check's hits are never negative (check.Request.Validate);
+		// Decide needs the resolved limit, checked by Limit.Validate.
+		if hits < 0 || lim.Validate() != nil || now < 0 {
 			return
 		}
 		s := State{Algorithm: Algorithm(alg), Start: start, Count: count, Prev: prev, Expires: expires}

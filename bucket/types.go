@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"fmt"
-	"time"
 )
 
 // Algorithm selects how a limit is counted. The numbers are those of the
@@ -61,13 +60,12 @@ const (
 
 // Limits of docs/architecture.md §5, checked before any state changes.
 const (
-	MaxNameLen   = 128
-	MaxKeyLen    = 1024
-	MaxLimit     = int64(1) << 40
-	MinWindowMS  = int64(1)
-	MaxWindowMS  = int64(366 * 24 * 60 * 60 * 1000)
-	MaxBatchSize = 1000
-	// MaxLimitsPerRequest is the most limits one Request may carry, the
+	MaxNameLen  = 128
+	MaxKeyLen   = 1024
+	MaxLimit    = int64(1) << 40
+	MinWindowMS = int64(1)
+	MaxWindowMS = int64(366 * 24 * 60 * 60 * 1000)
+	// MaxLimitsPerRequest is the most limits one check may carry (check.Request), the
 	// embedded Limit and More together.
 	MaxLimitsPerRequest = 16
 )
@@ -207,23 +205,6 @@ func ParseCalendar(s string) (Calendar, error) {
 	return 0, fmt.Errorf("unknown calendar %q (want day, week, month or none)", s)
 }
 
-// Request is one check: Hits against the limit for (Name, Key). Hits 0 peeks.
-// Limit.Limit 0 means "take the limit from the rules for Name".
-type Request struct {
-	Name string
-	Key  string
-	Hits int64
-	Limit
-	// More are further limits on (Name, Key), in order, decided atomically
-	// with the embedded Limit (DecideAll): every limit admits and all
-	// consume, or none does; the answer is Combine of their answers. When
-	// the embedded Limit is all zero and More is non-empty, More alone is
-	// the set (no rule is looked up); Validate refuses an embedded Limit
-	// with Limit 0 but other fields set alongside a non-empty More, which
-	// would be ambiguous. At most MaxLimitsPerRequest limits in all.
-	More []Limit
-}
-
 // Decision is the answer of an algorithm to one request.
 type Decision struct {
 	Status       Status
@@ -237,69 +218,6 @@ type Decision struct {
 
 // Allowed reports whether the request was admitted.
 func (d Decision) Allowed() bool { return d.Status == UnderLimit }
-
-// Outcome is a Decision as it travels between nodes and back to the client:
-// Owner names the node that decided; Err is set (with StatusUnspecified)
-// when the request was invalid or could not be decided.
-type Outcome struct {
-	Decision
-	Owner string
-	Err   string
-	// Lease, on an answer a key's owner sends the node that forwarded the
-	// check, is a quota lease for that node (docs/leases.md); zero
-	// otherwise, and never sent to clients.
-	Lease Lease
-}
-
-// Lease is a quota lease as it travels from a key's owner to the node that
-// forwarded a check of it: Tokens more hits of the request's limit, which
-// the owner has already admitted, for that node to admit itself, one check
-// at a time, until TTL after it sent the check.
-type Lease struct {
-	Tokens int64
-	TTL    time.Duration
-	// GrantedAt is the grant's id: the owner's clock (Unix ns) when it
-	// admitted the lease, which the holder names when it gives back
-	// hits it did not spend. 0: the owner takes none back.
-	GrantedAt int64
-}
-
-// LeaseReturn is the unspent part of a quota lease as its holder gives it
-// back to the key's owner: Request names the key and the limit the lease
-// was granted under, and Hits the hits given back; GrantedAt is the
-// grant's id (Lease.GrantedAt).
-type LeaseReturn struct {
-	Request   Request
-	GrantedAt int64
-}
-
-// RegionAsk is one key of a region's request to a global limit's home
-// region (docs/regions.md): Request names the key and the global limit,
-// and Hits the hits wanted (0: none); Return hits of the slice granted at
-// ReturnGrantedAt are given back.
-type RegionAsk struct {
-	Request         Request
-	Return          int64
-	ReturnGrantedAt int64
-}
-
-// RegionQuery is one call of a region to a global limit's home region:
-// From the asking node's name, Region its region, ToRegion the home
-// region it asks; Routed when a node of the home region passed it on to
-// the keys' owner.
-type RegionQuery struct {
-	From, Region, ToRegion string
-	Routed                 bool
-	Asks                   []RegionAsk
-}
-
-// RegionAnswer is the home region's answer to one RegionAsk: the slice it
-// lends (Lease; TTL 0: none; Tokens 0 with a TTL: a refusal) and how many
-// of the returned hits it took back.
-type RegionAnswer struct {
-	Lease Lease
-	Taken int64
-}
 
 // ValidateKey checks name and key against docs/architecture.md §5.
 func ValidateKey(name, key string) error {
@@ -321,63 +239,17 @@ func ValidateKey(name, key string) error {
 	return nil
 }
 
-// Validate checks a request against docs/architecture.md §5. A request with Limit 0 is
-// valid here (its limit comes from the rules); Validate checks the limit
-// fields only when Limit is set. Every limit of More is checked too (an
-// error names its index, "limits[2]: ..."), and there may be at most
-// MaxLimitsPerRequest limits in all.
-func (r *Request) Validate() error {
-	if err := ValidateKey(r.Name, r.Key); err != nil {
-		return err
-	}
-	if r.Hits < 0 {
-		return fmt.Errorf("hits is %d, must be >= 0", r.Hits)
-	}
-	if len(r.More) > 0 {
-		return r.validateMore()
-	}
-	if r.Limit.Limit == 0 && r.WindowMS == 0 && r.Burst == 0 {
-		switch {
-		case r.Algorithm > GCRA:
-			return unknownAlgorithm(r.Algorithm)
-		case r.Mode > ModeElastic:
-			return unknownMode(r.Mode)
-		case r.Calendar > CalendarMonth:
-			return unknownCalendar(r.Calendar)
-		}
-		return nil
-	}
-	return r.Limit.Validate()
-}
-
-// validateMore validates a request with a non-empty More.
-func (r *Request) validateMore() error {
-	n := len(r.More)
-	inline := r.Limit != (Limit{})
-	if inline {
-		n++
-	}
-	if n > MaxLimitsPerRequest {
-		return fmt.Errorf("more than %d limits in one request (the inline limit and limits together)", MaxLimitsPerRequest)
-	}
-	if inline {
-		if r.Limit.Limit == 0 {
-			return fmt.Errorf("the inline limit is 0 but its other fields are set, and limits is not empty: set the inline limit, or clear its fields to use limits alone")
-		}
-		if err := r.Limit.Validate(); err != nil {
-			return err
-		}
-	}
-	for i := range r.More {
-		if err := r.More[i].Validate(); err != nil {
-			return fmt.Errorf("limits[%d]: %w", i, err)
-		}
-		if r.More[i].Global && (len(r.More) > 1 || r.Limit.Limit != 0) {
-			return fmt.Errorf("limits[%d]: a global limit must be the request's only limit", i)
-		}
-	}
-	if r.Limit.Global && len(r.More) > 0 {
-		return fmt.Errorf("a global limit must be the request's only limit")
+// ValidateKinds checks that an algorithm, a mode and a calendar are ones
+// this package knows: what a request with no limit of its own (its limit
+// comes from the rules) must still get right.
+func ValidateKinds(a Algorithm, m Mode, c Calendar) error {
+	switch {
+	case a > GCRA:
+		return unknownAlgorithm(a)
+	case m > ModeElastic:
+		return unknownMode(m)
+	case c > CalendarMonth:
+		return unknownCalendar(c)
 	}
 	return nil
 }

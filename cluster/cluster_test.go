@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -35,13 +36,13 @@ func memCluster(t *testing.T, k int, mutate func(*Config)) ([]*Node, *MemNetwork
 	return nodes, net
 }
 
-func req(name, key string, hits, limit int64) bucket.Request {
-	return bucket.Request{Name: name, Key: key, Hits: hits, Limit: bucket.Limit{Limit: limit, WindowMS: 60_000}}
+func req(name, key string, hits, limit int64) check.Request {
+	return check.Request{Name: name, Key: key, Hits: hits, Limit: bucket.Limit{Limit: limit, WindowMS: 60_000}}
 }
 
-func check1(n *Node, r bucket.Request) bucket.Outcome {
-	out := make([]bucket.Outcome, 1)
-	n.Check(context.Background(), []bucket.Request{r}, out)
+func check1(n *Node, r check.Request) check.Outcome {
+	out := make([]check.Outcome, 1)
+	n.Check(context.Background(), []check.Request{r}, out)
 	return out[0]
 }
 
@@ -92,13 +93,13 @@ func TestEveryNodeAgreesOnOwners(t *testing.T) {
 func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
 	t.Parallel()
 	nodes, _ := memCluster(t, 3, nil)
-	var reqs []bucket.Request
+	var reqs []check.Request
 	for k := range 30 {
 		reqs = append(reqs, req("api", fmt.Sprint("user:", k), 1, 5))
 	}
-	reqs = append(reqs, bucket.Request{Name: "", Key: "x", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}})
-	reqs = append(reqs, bucket.Request{Name: "api", Key: "no-limit", Hits: 1})
-	out := make([]bucket.Outcome, len(reqs))
+	reqs = append(reqs, check.Request{Name: "", Key: "x", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}})
+	reqs = append(reqs, check.Request{Name: "api", Key: "no-limit", Hits: 1})
+	out := make([]check.Outcome, len(reqs))
 	nodes[1].Check(context.Background(), reqs, out)
 	owners := map[string]bool{}
 	for i := range 30 {
@@ -179,13 +180,13 @@ func TestForwardedIsNeverForwardedAgain(t *testing.T) {
 	// n0 receives a forward for a key it sees owned by n1: it does not
 	// forward it; it answers where the key lives.
 	before := net.Calls()
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, out, moved)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "n1", []check.Request{req("api", key, 1, 3)}, out, moved)
 	if moved[0] != memAddr(1) || out[0].Status != bucket.StatusUnspecified {
 		t.Fatalf("forwarded check for another owner's key answered %+v moved to %q, want moved to %s", out[0], moved[0], memAddr(1))
 	}
 	// As a stand-in for an owner that did not answer, it decides.
-	nodes[0].CheckStandIn(context.Background(), "n1", []bucket.Request{req("api", key, 1, 3)}, nil, out, moved)
+	nodes[0].CheckStandIn(context.Background(), "n1", []check.Request{req("api", key, 1, 3)}, nil, out, moved)
 	if out[0].Owner != "n0" || !out[0].Allowed() || moved[0] != "" {
 		t.Fatalf("stand-in check answered %+v moved to %q", out[0], moved[0])
 	}
@@ -315,8 +316,8 @@ func TestOwnerDecisionAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Shutdown(context.Background())
-	reqs := []bucket.Request{req("api", "user:1", 1, 1<<40)}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{req("api", "user:1", 1, 1<<40)}
+	out := make([]check.Outcome, 1)
 	n.Check(context.Background(), reqs, out) // load the key
 	if a := testing.AllocsPerRun(1000, func() { n.Check(context.Background(), reqs, out) }); a != 0 {
 		t.Fatalf("a decision on the owner allocates %v times", a)
@@ -334,7 +335,7 @@ func TestElasticLimitFollowsTheNodesLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Shutdown(context.Background())
-	elastic := func(key string) bucket.Request {
+	elastic := func(key string) check.Request {
 		r := req("api", key, 1, 2)
 		r.Mode, r.ElasticCeiling, r.ElasticLoadPercent = bucket.ModeElastic, 4, 50
 		return r
@@ -370,7 +371,7 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Shutdown(context.Background())
-	bad := []bucket.Request{
+	bad := []check.Request{
 		{Name: "", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
 		{Name: "a\x00b", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
 		{Name: "a", Key: "", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}},
@@ -388,8 +389,8 @@ func TestInvalidRequestsWriteNothing(t *testing.T) {
 		{Name: "a", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}, More: make([]bucket.Limit, bucket.MaxLimitsPerRequest+1)},
 	}
 	good := req("a", "ok", 1, 5)
-	reqs := append(append([]bucket.Request{}, bad...), good)
-	out := make([]bucket.Outcome, len(reqs))
+	reqs := append(append([]check.Request{}, bad...), good)
+	out := make([]check.Outcome, len(reqs))
 	n.Check(context.Background(), reqs, out)
 	for i := range bad {
 		if out[i].Err == "" || out[i].Status != bucket.StatusUnspecified {
@@ -467,7 +468,7 @@ func TestLimitZeroTakesTheRule(t *testing.T) {
 		key := fmt.Sprint("user:", k)
 		admitted := 0
 		for range 8 {
-			o := check1(nodes[0], bucket.Request{Name: "login", Key: key, Hits: 1, Limit: bucket.Limit{WindowMS: 3_600_000}})
+			o := check1(nodes[0], check.Request{Name: "login", Key: key, Hits: 1, Limit: bucket.Limit{WindowMS: 3_600_000}})
 			if o.Err != "" {
 				t.Fatalf("%s: %s", key, o.Err)
 			}
@@ -482,14 +483,14 @@ func TestLimitZeroTakesTheRule(t *testing.T) {
 		if admitted != 5 {
 			t.Fatalf("%s: limit 0 with a window admitted %d of 8, want the rule's 5", key, admitted)
 		}
-		if o := check1(nodes[0], bucket.Request{Name: "blocked", Key: key, Hits: 1}); o.Err != "" || o.Allowed() {
+		if o := check1(nodes[0], check.Request{Name: "blocked", Key: key, Hits: 1}); o.Err != "" || o.Allowed() {
 			t.Fatalf("%s: a rule of limit 0 answered %+v, want over limit", key, o)
 		}
 	}
 	if len(owners) != 3 {
 		t.Fatalf("12 keys were decided by %v; want every node, so that forwarded checks are covered", owners)
 	}
-	o := check1(nodes[0], bucket.Request{Name: "no-rule", Key: "k", Hits: 1, Limit: bucket.Limit{WindowMS: 60_000}})
+	o := check1(nodes[0], check.Request{Name: "no-rule", Key: "k", Hits: 1, Limit: bucket.Limit{WindowMS: 60_000}})
 	if !strings.Contains(o.Err, "no rule") {
 		t.Fatalf("limit 0 with a window and no rule answered %+v, want the no-rule error", o)
 	}

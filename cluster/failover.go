@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -19,7 +20,7 @@ import (
 // failover answers routes whose owner failed from the key's first replica
 // other than the failed node: here when that is this node, else by one more
 // forward; what remains gets the owner-unavailable policy.
-func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, items []routed, failedAddr string, now int64) {
+func (n *Node) failover(ctx context.Context, reqs []check.Request, out []check.Outcome, items []routed, failedAddr string, now int64) {
 	tbl := n.ring.Table()
 	var reps []ring.Member
 	var local, remote, rest []routed
@@ -71,7 +72,7 @@ func (n *Node) failover(ctx context.Context, reqs []bucket.Request, out []bucket
 // keeps one count, which that owner pulls (settleBatch asks every member
 // when the key's holders are gone). It returns the routes to decide here:
 // those this node is the stand-in of, and those no stand-in answered.
-func (n *Node) sideStandIn(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rest []routed, tbl *ring.Table) []routed {
+func (n *Node) sideStandIn(ctx context.Context, reqs []check.Request, out []check.Outcome, rest []routed, tbl *ring.Table) []routed {
 	members := tbl.Members()
 	if len(members) < 3 {
 		return rest
@@ -141,18 +142,18 @@ func mix64(x uint64) uint64 {
 
 // decideOrPolicy decides rt here, falling back to the policy when this node
 // redirects it too.
-func (n *Node) decideOrPolicy(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt routed, now int64) {
+func (n *Node) decideOrPolicy(ctx context.Context, reqs []check.Request, out []check.Outcome, rt routed, now int64) {
 	r := reqs[rt.i]
-	out[rt.i] = bucket.Outcome{}
+	out[rt.i] = check.Outcome{}
 	if n.decide(ctx, rt.hash, &r, rt.lims, ownership.Event{Kind: ownership.Failover}, now, &out[rt.i]) != "" {
 		n.unavailable(ctx, reqs, out, rt, now)
 	}
 }
 
 // unavailable applies the owner-unavailable policy to rt.
-func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, rt routed, now int64) {
+func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []check.Outcome, rt routed, now int64) {
 	if n.cfg.OwnerUnavailable == OwnerUnavailableDeny {
-		out[rt.i] = bucket.Outcome{Owner: n.name, Decision: bucket.Decision{
+		out[rt.i] = check.Outcome{Owner: n.name, Decision: bucket.Decision{
 			Status:       bucket.OverLimit,
 			Limit:        rt.lims.one.Limit,
 			RetryAfterMS: max(n.cfg.ForwardTimeout.Milliseconds(), 1),
@@ -160,7 +161,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []bucket.Request, out []buc
 		return
 	}
 	r := reqs[rt.i]
-	out[rt.i] = bucket.Outcome{}
+	out[rt.i] = check.Outcome{}
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	o := &out[rt.i]
 	// The policy decides from what this node holds, whatever its records

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // abandoningPeers answers the first forward as an owner that gave up on
@@ -17,10 +17,10 @@ type abandoningPeers struct {
 	done atomic.Bool
 }
 
-func (p *abandoningPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (p *abandoningPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
 	if p.done.CompareAndSwap(false, true) {
 		for i := range out {
-			out[i] = bucket.Outcome{Owner: "owner", Err: "check abandoned: " + context.DeadlineExceeded.Error()}
+			out[i] = check.Outcome{Owner: "owner", Err: "check abandoned: " + context.DeadlineExceeded.Error()}
 			movedTo[i] = ""
 		}
 		return nil

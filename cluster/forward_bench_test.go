@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -13,9 +14,9 @@ import (
 // everything; the other methods reach nobody.
 type answeringPeers struct{ NoPeers }
 
-func (answeringPeers) Forward(_ context.Context, _ string, _ []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (answeringPeers) Forward(_ context.Context, _ string, _ []check.Request, out []check.Outcome, movedTo []string) error {
 	for i := range out {
-		out[i] = bucket.Outcome{Owner: "b", Decision: bucket.Decision{Status: bucket.UnderLimit}}
+		out[i] = check.Outcome{Owner: "b", Decision: bucket.Decision{Status: bucket.UnderLimit}}
 		movedTo[i] = ""
 	}
 	return nil
@@ -39,8 +40,8 @@ func benchForwardPath(b *testing.B, deadline time.Duration) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	reqs := []bucket.Request{{Name: "api", Key: "user:1", Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{{Name: "api", Key: "user:1", Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}}
+	out := make([]check.Outcome, 1)
 	owner := ring.Member{Name: "b", Addr: "b:1"}
 	h := ring.Hash(reqs[0].Name, reqs[0].Key)
 	ctx := context.Background()

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/transport/peer"
@@ -183,8 +184,8 @@ func BenchmarkNodeCheckOwner(b *testing.B) {
 	}
 	// In a shuffled order, as in BenchmarkOwnerDecision.
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
-	reqs := make([]bucket.Request, 1)
-	out := make([]bucket.Outcome, 1)
+	reqs := make([]check.Request, 1)
+	out := make([]check.Outcome, 1)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -192,7 +193,7 @@ func BenchmarkNodeCheckOwner(b *testing.B) {
 		if i == len(keys) {
 			i = 0
 		}
-		reqs[0] = bucket.Request{Name: "api", Key: keys[i], Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}
+		reqs[0] = check.Request{Name: "api", Key: keys[i], Hits: 1, Limit: bucket.Limit{Limit: 1 << 40, WindowMS: 60_000}}
 		n.Check(ctx, reqs, out)
 	}
 }

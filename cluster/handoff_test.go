@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -479,12 +480,12 @@ func TestReclaimWaitsForThePush(t *testing.T) {
 		t.Fatal("no key moved from n1 to n2")
 	}
 	r := req("api", key, 1, limit)
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
 	done := make(chan struct{})
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		n1.CheckStandIn(ctx, "sender", []bucket.Request{r}, nil, out, moved)
+		n1.CheckStandIn(ctx, "sender", []check.Request{r}, nil, out, moved)
 		close(done)
 	}()
 	decided := false

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -30,7 +31,7 @@ func TestHotKeyLeases(t *testing.T) {
 			})
 			key := "tenant:7"
 			owner, _ := nodes[0].Ring().Owner(ring.Hash("api", key))
-			r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: bucket.Limit{Limit: limit, WindowMS: windowMS, Algorithm: alg}}
+			r := check.Request{Name: "api", Key: key, Hits: 1, Limit: bucket.Limit{Limit: limit, WindowMS: windowMS, Algorithm: alg}}
 			const windows = 5
 			admitted := make([]int64, windows)
 			decidedBy := map[string]int{} // "asked→decided"
@@ -135,7 +136,7 @@ func TestUnspentLeasesComeBack(t *testing.T) {
 			if alg == bucket.TokenBucket {
 				lim.Limit, lim.Burst = 60, limit // 1 token a second, a burst of the limit
 			}
-			r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
+			r := check.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 			start := clock.Load()
 			tables := make([]*ring.Table, len(nodes)) // to see a ring change
 			for i, n := range nodes {

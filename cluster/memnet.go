@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
 // ForwardHandler is the receiving side of the peer calls: Node implements it.
 type ForwardHandler interface {
-	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
-	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
+	CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string)
+	CheckStandIn(ctx context.Context, from string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string)
 	Replicate(ctx context.Context, from string, handoff bool, counters []bucket.Counter) (installed, stale int)
 	Pull(ctx context.Context, from, fromAddr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer)
 }
@@ -162,15 +163,15 @@ type memPeers struct {
 
 var _ Peers = memPeers{}
 
-func (p memPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (p memPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
 	return p.forward(ctx, addr, false, reqs, nil, out, movedTo)
 }
 
-func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (p memPeers) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 	return p.forward(ctx, addr, true, reqs, pullFrom, out, movedTo)
 }
 
-func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 	p.m.mu.Lock()
 	p.m.calls++
 	p.m.mu.Unlock()
@@ -181,7 +182,7 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 	if standIn {
 		h.CheckStandIn(ctx, p.from, reqs, pullFrom, out, movedTo)
 	} else if lh, ok := h.(interface {
-		CheckForwardedLeasing(context.Context, string, []bucket.Request, []bucket.Outcome, []string)
+		CheckForwardedLeasing(context.Context, string, []check.Request, []check.Outcome, []string)
 	}); ok {
 		// As a Sluice peer client's forward does: the sender takes leases.
 		lh.CheckForwardedLeasing(ctx, p.from, reqs, out, movedTo)
@@ -222,13 +223,13 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 }
 
 // Return passes lease returns to the node at addr, when it takes them.
-func (p memPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) ([]int64, error) {
+func (p memPeers) Return(ctx context.Context, addr string, rets []check.LeaseReturn) ([]int64, error) {
 	h, err := p.reach(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	lr, ok := h.(interface {
-		ReturnLeases(ctx context.Context, from string, rets []bucket.LeaseReturn, taken []int64)
+		ReturnLeases(ctx context.Context, from string, rets []check.LeaseReturn, taken []int64)
 	})
 	if !ok {
 		return nil, fmt.Errorf("%w: %s takes no lease returns", ErrUnreachable, addr)
@@ -264,18 +265,18 @@ func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration
 }
 
 // RegionGrant passes a region's asks to the node at addr, when it lends.
-func (p memPeers) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
+func (p memPeers) RegionGrant(ctx context.Context, addr string, q *check.RegionQuery, ans []check.RegionAnswer) (string, error) {
 	h, err := p.reach(ctx, addr)
 	if err != nil {
 		return "", err
 	}
 	g, ok := h.(interface {
-		GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string
+		GrantRegion(ctx context.Context, q *check.RegionQuery, ans []check.RegionAnswer) string
 	})
 	if !ok {
 		return "", fmt.Errorf("%w: %s lends no region slices", ErrUnreachable, addr)
 	}
-	got := make([]bucket.RegionAnswer, len(ans))
+	got := make([]check.RegionAnswer, len(ans))
 	region := g.GrantRegion(ctx, q, got)
 	if err := ctx.Err(); err != nil {
 		return "", err

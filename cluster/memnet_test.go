@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -14,9 +15,9 @@ import (
 // countingHandler counts the calls it answers.
 type countingHandler struct{ replicated int }
 
-func (h *countingHandler) CheckForwarded(context.Context, string, []bucket.Request, []bucket.Outcome, []string) {
+func (h *countingHandler) CheckForwarded(context.Context, string, []check.Request, []check.Outcome, []string) {
 }
-func (h *countingHandler) CheckStandIn(context.Context, string, []bucket.Request, []string, []bucket.Outcome, []string) {
+func (h *countingHandler) CheckStandIn(context.Context, string, []check.Request, []string, []check.Outcome, []string) {
 }
 func (h *countingHandler) Replicate(_ context.Context, _ string, _ bool, c []bucket.Counter) (int, int) {
 	h.replicated += len(c)

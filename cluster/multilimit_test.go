@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // A graceful leave hands on the counters of multi-limit checks too: the
@@ -17,7 +18,7 @@ func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
 	t.Parallel()
 	nodes, _ := memCluster(t, 3, nil)
 	keys := keysOwnedBy(nodes[0], "n2", 20)
-	multi := func(k string) bucket.Request {
+	multi := func(k string) check.Request {
 		r := req("api", k, 1, 6)
 		r.More = []bucket.Limit{{Limit: 100, WindowMS: 60_000}}
 		return r

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -226,7 +228,7 @@ func TestServeDecisionsBeforeDetectionCountOnTheirSide(t *testing.T) {
 }
 
 // fixedReq is req for the fixed window, an exact algorithm.
-func fixedReq(key string, hits, limit int64) bucket.Request {
+func fixedReq(key string, hits, limit int64) check.Request {
 	r := req("api", key, hits, limit)
 	r.Limit.Algorithm = bucket.FixedWindow
 	return r

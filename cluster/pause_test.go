@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // TestPausedOwnerPullsBeforeDeciding models a short pause of a key's owner
@@ -58,9 +59,9 @@ type limitedKey struct {
 	admitted int
 }
 
-func (k *limitedKey) check(n *Node) bucket.Outcome {
+func (k *limitedKey) check(n *Node) check.Outcome {
 	k.t.Helper()
-	o := check1(n, bucket.Request{Name: "api", Key: k.key, Hits: 1,
+	o := check1(n, check.Request{Name: "api", Key: k.key, Hits: 1,
 		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: k.limit, WindowMS: 3_600_000}})
 	if o.Err != "" {
 		k.t.Fatalf("check at %s: %+v", n.Name(), o)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
@@ -35,8 +36,8 @@ import (
 // keys[i] besides (where it released the key to, whom it would pull it
 // from); with release, addr stops deciding those keys for ttl.
 type Peers interface {
-	Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error
-	ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error
+	Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error
+	ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error
 	Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (installed, stale int, err error)
 	Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error
 }
@@ -51,12 +52,12 @@ type NoPeers struct{}
 var _ Peers = NoPeers{}
 
 // Forward fails at once.
-func (NoPeers) Forward(context.Context, string, []bucket.Request, []bucket.Outcome, []string) error {
+func (NoPeers) Forward(context.Context, string, []check.Request, []check.Outcome, []string) error {
 	return ErrNoPeers
 }
 
 // ForwardStandIn fails at once.
-func (NoPeers) ForwardStandIn(context.Context, string, []bucket.Request, []string, []bucket.Outcome, []string) error {
+func (NoPeers) ForwardStandIn(context.Context, string, []check.Request, []string, []check.Outcome, []string) error {
 	return ErrNoPeers
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -35,14 +36,14 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	}
 	// n1 decides two hits with what it pulled.
 	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	nodes[1].CheckStandIn(context.Background(), "x", []bucket.Request{req("api", key, 2, 10)}, []string{""}, out, moved)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
+	nodes[1].CheckStandIn(context.Background(), "x", []check.Request{req("api", key, 2, 10)}, []string{""}, out, moved)
 	if !out[0].Allowed() || out[0].Remaining != 5 {
 		t.Fatalf("n1 answered %+v", out[0])
 	}
 	// n0 still owns the key in its view: a check there takes it back from
 	// n1, with n1's count, instead of deciding from its stale copy.
-	nodes[0].CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	nodes[0].CheckForwarded(context.Background(), "x", []check.Request{req("api", key, 1, 10)}, out, moved)
 	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
 		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4)", out[0], moved[0])
 	}
@@ -125,8 +126,8 @@ func decideTwoFromPulled(t *testing.T, n *Node, pulled bucket.Counter) {
 // back with n1's hits and decides it there.
 func wantTakenBack(t *testing.T, owner *Node, key string) {
 	t.Helper()
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	owner.CheckForwarded(context.Background(), "x", []bucket.Request{req("api", key, 1, 10)}, out, moved)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
+	owner.CheckForwarded(context.Background(), "x", []check.Request{req("api", key, 1, 10)}, out, moved)
 	if moved[0] != "" || out[0].Owner != owner.Name() || out[0].Remaining != 4 {
 		t.Fatalf("%s answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", owner.Name(), out[0], moved[0])
 	}
@@ -144,12 +145,12 @@ func TestBatchAfterJoinSettlesInOneRoundOfPulls(t *testing.T) {
 	// seconds, past the forward deadline.
 	net.SetDelay(20 * time.Millisecond)
 	keys := keysOwnedBy(nodes[2], "n2", 100)
-	reqs := make([]bucket.Request, len(keys))
+	reqs := make([]check.Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = req("api", k, 1, 10)
 	}
 	before := net.Pulls(memAddr(2))
-	out := make([]bucket.Outcome, len(reqs))
+	out := make([]check.Outcome, len(reqs))
 	nodes[0].Check(context.Background(), reqs, out)
 	for i, o := range out {
 		if o.Err != "" || o.Owner != "n2" || !o.Allowed() || o.Remaining != 9 {
@@ -174,7 +175,7 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 	t.Parallel()
 	nodes, net := memCluster(t, 3, nil)
 	keys := keysOwnedBy(nodes[2], "n2", 10)
-	reqs := make([]bucket.Request, len(keys))
+	reqs := make([]check.Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = req("api", k, 1, 10)
 	}
@@ -212,8 +213,8 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 	nodes, _ := memCluster(t, 3, func(c *Config) {
 		c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 	})
-	hour := func(k string, hits int64) bucket.Request {
-		return bucket.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Limit: 100, WindowMS: 3_600_000}}
+	hour := func(k string, hits int64) check.Request {
+		return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Limit: 100, WindowMS: 3_600_000}}
 	}
 	keys := keysOwnedBy(nodes[0], "n0", 40)
 	for _, k := range keys {
@@ -226,7 +227,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 	clock.Add(int64(DefaultConfig().MoveWindow) + int64(time.Second))
 	type seen struct {
 		node, key string
-		out       bucket.Outcome
+		out       check.Outcome
 	}
 	got := make(chan seen, 64)
 	for _, n := range nodes[1:] {
@@ -280,8 +281,8 @@ func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
 		t.Fatalf("%s after the pull: %+v, want remaining 94", next.Name(), o)
 	}
 	// A sender that has not heard of the leave yet forwards the key to n0.
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "n2", []bucket.Request{req("api", key, 1, 100)}, out, moved)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
+	nodes[0].CheckForwarded(context.Background(), "n2", []check.Request{req("api", key, 1, 100)}, out, moved)
 	if moved[0] != memAddr(int(next.Name()[1]-'0')) {
 		t.Fatalf("the leaving node answered %+v moved to %q, want moved_to %s", out[0], moved[0], next.Name())
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -29,7 +30,7 @@ import (
 // (Peer/RegionGrant). Without it a node with a region lends and asks
 // nothing: global keys homed elsewhere are decided from the fallback share.
 type RegionPeers interface {
-	RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (region string, err error)
+	RegionGrant(ctx context.Context, addr string, q *check.RegionQuery, ans []check.RegionAnswer) (region string, err error)
 }
 
 var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
@@ -247,7 +248,7 @@ func (n *Node) regionSync() bool {
 	now := n.now().UnixNano()
 	rs.table.Sweep(now)
 	returns := rs.table.TakeReturns(nil)
-	asks := map[string][]bucket.RegionAsk{} // by home region
+	asks := map[string][]check.RegionAsk{} // by home region
 	period := n.cfg.RegionSync
 	rs.mu.Lock()
 	for k, d := range rs.demand {
@@ -270,7 +271,7 @@ func (n *Node) regionSync() bool {
 		horizon := 2*period + 2*rtt
 		want := int64(math.Ceil(float64(rate)*float64(horizon)/float64(period))) - rs.table.Left(k, now)
 		if want > 0 && !rs.table.Refusing(k, now) {
-			asks[d.home] = append(asks[d.home], bucket.RegionAsk{Request: bucket.Request{Name: k.Name, Key: k.Key, Hits: min(want, lease.MaxTokens), Limit: k.Limit}})
+			asks[d.home] = append(asks[d.home], check.RegionAsk{Request: check.Request{Name: k.Name, Key: k.Key, Hits: min(want, lease.MaxTokens), Limit: k.Limit}})
 		}
 	}
 	busy := len(rs.demand) > 0 || rs.table.Len() > 0
@@ -278,7 +279,7 @@ func (n *Node) regionSync() bool {
 
 	for _, r := range returns {
 		home := rs.home(ring.Hash(r.Key.Name, r.Key.Key))
-		asks[home] = append(asks[home], bucket.RegionAsk{Request: bucket.Request{Name: r.Key.Name, Key: r.Key.Key, Limit: r.Key.Limit},
+		asks[home] = append(asks[home], check.RegionAsk{Request: check.Request{Name: r.Key.Name, Key: r.Key.Key, Limit: r.Key.Limit},
 			Return: r.Hits, ReturnGrantedAt: r.GrantedAt})
 	}
 	if len(asks) == 0 {
@@ -302,7 +303,7 @@ func (n *Node) regionSync() bool {
 
 // askRegion sends asks to a node of region home, trying its addresses in
 // turn from the last that answered, and keeps the slices it lends.
-func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
+func (n *Node) askRegion(home string, asks []check.RegionAsk) {
 	rs := n.regions
 	rp, ok := n.peers.(RegionPeers)
 	if !ok {
@@ -316,8 +317,8 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 	}
 	addrs, first := l.addrs, l.next
 	rs.mu.Unlock()
-	q := &bucket.RegionQuery{From: n.name, Region: rs.self, ToRegion: home, Asks: asks}
-	ans := make([]bucket.RegionAnswer, len(asks))
+	q := &check.RegionQuery{From: n.name, Region: rs.self, ToRegion: home, Asks: asks}
+	ans := make([]check.RegionAnswer, len(asks))
 	timeout := max(n.cfg.RegionCutAfter/2, 100*time.Millisecond)
 	for try := range min(len(addrs), 2) {
 		i := (first + try) % len(addrs)
@@ -362,7 +363,7 @@ func (n *Node) askRegion(home string, asks []bucket.RegionAsk) {
 // left, for at most RegionLeaseTTL and never past the window's end — or a
 // refusal when nothing is left. Asks for keys another node of this region
 // owns go on to it (once: a routed query is not passed on).
-func (n *Node) GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string {
+func (n *Node) GrantRegion(ctx context.Context, q *check.RegionQuery, ans []check.RegionAnswer) string {
 	clear(ans)
 	if n.regions == nil {
 		return "-" // no region: the asker sees the wrong region and tries elsewhere
@@ -389,11 +390,11 @@ func (n *Node) GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []buc
 		return n.regions.self
 	}
 	for addr, idx := range onward {
-		sub := &bucket.RegionQuery{From: q.From, Region: q.Region, ToRegion: q.ToRegion, Routed: true, Asks: make([]bucket.RegionAsk, len(idx))}
+		sub := &check.RegionQuery{From: q.From, Region: q.Region, ToRegion: q.ToRegion, Routed: true, Asks: make([]check.RegionAsk, len(idx))}
 		for j, i := range idx {
 			sub.Asks[j] = q.Asks[i]
 		}
-		got := make([]bucket.RegionAnswer, len(idx))
+		got := make([]check.RegionAnswer, len(idx))
 		if _, err := rp.RegionGrant(ctx, addr, sub, got); err != nil {
 			n.log.Debug("passing a region grant on failed", "to", addr, "err", err)
 			continue
@@ -407,9 +408,9 @@ func (n *Node) GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []buc
 
 // grantRegionAsk answers one ask on this node; it returns the address of
 // the key's owner in this region when that is another node.
-func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uint64, now int64, out *bucket.RegionAnswer) string {
+func (n *Node) grantRegionAsk(ctx context.Context, a *check.RegionAsk, from uint64, now int64, out *check.RegionAnswer) string {
 	r := &a.Request
-	var o bucket.Outcome
+	var o check.Outcome
 	lims, ok := n.prepare(r, true, &o)
 	if !ok || len(lims.more) > 0 || !lims.one.Global || !lease.Leasable(lims.one, 1) {
 		return ""
@@ -442,7 +443,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 	ev := ownership.Event{Kind: ownership.Forwarded}
 	peek := *r
 	peek.Hits = 0
-	var pd bucket.Outcome
+	var pd check.Outcome
 	if addr := n.decide(ctx, h, &peek, lims, ev, now, &pd); addr != "" {
 		return addr
 	}
@@ -455,14 +456,14 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 	}
 	if pd.Status != bucket.UnderLimit || pd.Remaining < 1 {
 		if until := lease.RefusalTTL(pd.RetryAfterMS, ttl); until > 0 {
-			out.Lease = bucket.Lease{TTL: until, GrantedAt: now}
+			out.Lease = check.Lease{TTL: until, GrantedAt: now}
 		}
 		return ""
 	}
 	size := min(r.Hits, max((pd.Remaining+1)/2, 1), lease.MaxTokens)
 	g := *r
 	g.Hits = size
-	var gd bucket.Outcome
+	var gd check.Outcome
 	if n.decide(ctx, h, &g, lims, ev, now, &gd) != "" || gd.Err != "" || !gd.Allowed() {
 		return ""
 	}
@@ -472,7 +473,7 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *bucket.RegionAsk, from uin
 		// few sync rounds after: a minute covers both many times over.
 		n.regions.book.Sweep(now - int64(n.cfg.RegionLeaseTTL) - int64(time.Minute))
 	}
-	out.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
+	out.Lease = check.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	n.stats.regionLent.Add(uint64(size))
 	return ""
 }

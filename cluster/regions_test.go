@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -68,7 +69,7 @@ func TestGlobalLimitAcrossRegions(t *testing.T) {
 	const limit = 600
 	lim := bucket.Limit{Limit: limit, WindowMS: 1000, Algorithm: bucket.FixedWindow, Global: true}
 	key := homedIn(a[0], "a")
-	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
+	r := check.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 	type win struct{ a, b int64 }
 	run := func(phase string, windows int) []win {
 		ws := make([]win, windows)
@@ -157,7 +158,7 @@ func TestRegionSlicesComeBack(t *testing.T) {
 	const burst = 6000
 	lim := bucket.Limit{Limit: 60, WindowMS: 60_000, Burst: burst, Algorithm: bucket.TokenBucket, Global: true}
 	key := homedIn(a[0], "a")
-	r := bucket.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
+	r := check.Request{Name: "api", Key: key, Hits: 1, Limit: lim}
 	start := clock.Load()
 	tables := make([]*ring.Table, len(a)) // to see a ring change at home
 	for i, n := range a {

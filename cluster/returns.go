@@ -7,7 +7,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -18,7 +18,7 @@ import (
 // A node whose Peers does not implement it returns nothing: its unspent
 // leased hits stay unused until their window ends.
 type ReturnPeers interface {
-	Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) (taken []int64, err error)
+	Return(ctx context.Context, addr string, rets []check.LeaseReturn) (taken []int64, err error)
 }
 
 // maxReturnBatch is the most returns in one call to one owner.
@@ -71,14 +71,14 @@ func (n *Node) sendReturns() bool {
 		return true
 	}
 	tbl := n.ring.Table()
-	byAddr := map[string][]bucket.LeaseReturn{}
+	byAddr := map[string][]check.LeaseReturn{}
 	for _, r := range rets {
 		owner, ok := tbl.Owner(ring.Hash(r.Key.Name, r.Key.Key))
 		if !ok || owner.Name == n.name {
 			continue
 		}
-		byAddr[owner.Addr] = append(byAddr[owner.Addr], bucket.LeaseReturn{
-			Request:   bucket.Request{Name: r.Key.Name, Key: r.Key.Key, Hits: r.Hits, Limit: r.Key.Limit},
+		byAddr[owner.Addr] = append(byAddr[owner.Addr], check.LeaseReturn{
+			Request:   check.Request{Name: r.Key.Name, Key: r.Key.Key, Hits: r.Hits, Limit: r.Key.Limit},
 			GrantedAt: r.GrantedAt,
 		})
 	}
@@ -109,7 +109,7 @@ func (n *Node) sendReturns() bool {
 // (Heat.Return: at most what is left of it, once) and the counter still
 // counts the grant's window (bucket.Refund). taken[i] is what came back
 // of rets[i].
-func (n *Node) ReturnLeases(ctx context.Context, from string, rets []bucket.LeaseReturn, taken []int64) {
+func (n *Node) ReturnLeases(ctx context.Context, from string, rets []check.LeaseReturn, taken []int64) {
 	clear(taken)
 	if n.heat == nil {
 		return
@@ -124,7 +124,7 @@ func (n *Node) ReturnLeases(ctx context.Context, from string, rets []bucket.Leas
 			return
 		}
 		r := &rets[i].Request
-		var o bucket.Outcome
+		var o check.Outcome
 		lims, ok := n.prepare(r, true, &o)
 		if !ok || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 			continue

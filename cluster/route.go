@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -20,13 +21,13 @@ import (
 )
 
 // ValidateCheck reports the error Check would answer r with before
-// deciding anything: r is invalid (bucket.Request.Validate), or gives no
+// deciding anything: r is invalid (check.Request.Validate), or gives no
 // limit and the rules in force have none for its name. nil means Check
 // would decide r (or fail to reach a decision: that is not r's fault). It
 // changes nothing and does not block; the HTTP API asks it about every item
 // of a batch before deciding any.
-func (n *Node) ValidateCheck(r *bucket.Request) error {
-	var o bucket.Outcome
+func (n *Node) ValidateCheck(r *check.Request) error {
+	var o check.Outcome
 	if _, ok := n.prepare(r, false, &o); !ok {
 		return errors.New(o.Err)
 	}
@@ -37,7 +38,7 @@ func (n *Node) ValidateCheck(r *bucket.Request) error {
 // validated, then decided here when this node owns its key, or forwarded to
 // its owner, one call per owner. Invalid requests get their own Err and do
 // not affect the others.
-func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	if n.refusedAll(out) {
 		return
 	}
@@ -63,7 +64,7 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 		if !ok || owner.Name == n.name {
 			var to string
 			if slices.Contains(deferred, h) {
-				out[i] = bucket.Outcome{Owner: n.name, Err: errUnsettled}
+				out[i] = check.Outcome{Owner: n.name, Err: errUnsettled}
 			} else {
 				to = n.decide(ctx, h, r, lims, ownership.Event{Kind: ownership.Check}, now, &out[i])
 			}
@@ -99,13 +100,13 @@ func (n *Node) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Ou
 // refusedAll answers every item with the refusal when this node gave up
 // joining (its name is taken): it is no member, neither deciding nor
 // forwarding, so its clients learn it at once.
-func (n *Node) refusedAll(out []bucket.Outcome) bool {
+func (n *Node) refusedAll(out []check.Outcome) bool {
 	err := n.refusal()
 	if err == nil {
 		return false
 	}
 	for i := range out {
-		out[i] = bucket.Outcome{Owner: n.name, Err: err.Error()}
+		out[i] = check.Outcome{Owner: n.name, Err: err.Error()}
 	}
 	return true
 }
@@ -116,7 +117,7 @@ func (n *Node) refusedAll(out []bucket.Outcome) bool {
 // during a membership change), or has handed the key on (released to X),
 // the item comes back undecided with movedTo[i] that node ("" for the
 // decided items), and the sender asks it (docs/ownership.md, "Hops").
-func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	n.checkHere(ctx, reqs, false, nil, nil, out, movedTo)
 }
 
@@ -124,7 +125,7 @@ func (n *Node) CheckForwarded(ctx context.Context, from string, reqs []bucket.Re
 // leases: an item of a key the sender checks often enough
 // (Config.HotKeyThreshold) may come back with a lease in out[i].Lease
 // (docs/leases.md).
-func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	var lessee *uint64
 	if n.heat != nil {
 		h := ring.Hash(from, "") // the sender, as Heat knows it: once per call
@@ -138,13 +139,13 @@ func (n *Node) CheckForwardedLeasing(ctx context.Context, from string, reqs []bu
 // the key's replica, whoever owns it in its view. pullFrom is nil or names,
 // per request, the node that handed the key here ("" for none): this node
 // pulls the key from it first. movedTo is as for CheckForwarded.
-func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+func (n *Node) CheckStandIn(ctx context.Context, from string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) {
 	n.checkHere(ctx, reqs, true, pullFrom, nil, out, movedTo)
 }
 
 // checkHere decides forwarded checks; lessee, when not nil, is the hash of
 // the sender to grant leases to.
-func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn bool, pullFrom []string, lessee *uint64, out []bucket.Outcome, movedTo []string) {
+func (n *Node) checkHere(ctx context.Context, reqs []check.Request, standIn bool, pullFrom []string, lessee *uint64, out []check.Outcome, movedTo []string) {
 	clear(movedTo)
 	if n.refusedAll(out) {
 		return
@@ -174,7 +175,7 @@ func (n *Node) checkHere(ctx context.Context, reqs []bucket.Request, standIn boo
 		h := ring.Hash(r.Name, r.Key)
 		if slices.Contains(deferred, h) {
 			// The sender fails it over (errUnsettled).
-			out[i] = bucket.Outcome{Owner: n.name, Err: errUnsettled}
+			out[i] = check.Outcome{Owner: n.name, Err: errUnsettled}
 			continue
 		}
 		movedTo[i] = n.decide(ctx, h, r, lims, ev, now, &out[i])
@@ -196,7 +197,7 @@ const (
 // it admits a slice of the limit at once — what it would spend in a lease's lifetime, or twice its last
 // lease when it spent that early, at most half of what is left — and puts
 // it in o.Lease for that node to spend.
-func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, from uint64, now int64, o *bucket.Outcome) {
+func (n *Node) grant(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, from uint64, now int64, o *check.Outcome) {
 	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
@@ -213,7 +214,7 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	}
 	if refused {
 		if until := lease.RefusalTTL(o.RetryAfterMS, ttl); until > 0 {
-			o.Lease = bucket.Lease{TTL: until}
+			o.Lease = check.Lease{TTL: until}
 			n.stats.leaseRefusals.Add(1)
 		}
 		return
@@ -224,12 +225,12 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 	}
 	g := *r
 	g.Hits = size
-	var gd bucket.Outcome
+	var gd check.Outcome
 	if n.decide(ctx, h, &g, lims, ev, now, &gd) != "" || gd.Err != "" || !gd.Allowed() {
 		return
 	}
 	n.heat.Granted(h, from, now, size)
-	o.Lease = bucket.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
+	o.Lease = check.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	o.Remaining = gd.Remaining
 	n.stats.leaseGrants.Add(1)
 	n.stats.leaseTokens.Add(uint64(size))
@@ -241,13 +242,13 @@ func (n *Node) grant(ctx context.Context, h uint64, r *bucket.Request, lims limi
 // It returns the ring hashes of the keys left unsettled for want of an
 // answer (settleBatch, with owner), which must not be decided now
 // (errUnsettled).
-func (n *Node) presettle(ctx context.Context, reqs []bucket.Request, resolved, owner bool, now int64, mine func(h uint64) bool) (deferred []uint64) {
+func (n *Node) presettle(ctx context.Context, reqs []check.Request, resolved, owner bool, now int64, mine func(h uint64) bool) (deferred []uint64) {
 	ms := n.book.Moves()
 	if len(reqs) < 2 || !ms.Active(now) {
 		return nil
 	}
 	s := ownership.NewSettle(n.cfg.GRPCAddr, owner)
-	var o bucket.Outcome
+	var o check.Outcome
 	for i := range reqs {
 		r := &reqs[i]
 		lims, ok := n.prepare(r, resolved, &o)
@@ -312,8 +313,8 @@ func (l limits) all() []bucket.Limit {
 // the node that resolved it, carries its limits inline, a rule's limit of 0
 // included, and is decided with them: the owner needs no rules. When it
 // fails it fills o with the error and returns false.
-func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (limits, bool) {
-	*o = bucket.Outcome{}
+func (n *Node) prepare(r *check.Request, resolved bool, o *check.Outcome) (limits, bool) {
+	*o = check.Outcome{}
 	if err := r.Validate(); err != nil {
 		o.Err = err.Error()
 		return limits{}, false
@@ -338,7 +339,7 @@ func (n *Node) prepare(r *bucket.Request, resolved bool, o *bucket.Outcome) (lim
 // key is to be asked elsewhere (this node does not own it in its view, is
 // draining, or released it to another node) it leaves o undecided and
 // returns that node's address instead; else "".
-func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) (redirect string) {
+func (n *Node) decide(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, now int64, o *check.Outcome) (redirect string) {
 	n.gate.RLock()
 	redirect = n.decideGated(ctx, h, r, lims, ev, now, o)
 	n.gate.RUnlock()
@@ -347,7 +348,7 @@ func (n *Node) decide(ctx context.Context, h uint64, r *bucket.Request, lims lim
 
 // decideGated is decide with n.gate read-locked: the phase in the facts is
 // then the one the decision is made in (drain waits for the gate).
-func (n *Node) decideGated(ctx context.Context, h uint64, r *bucket.Request, lims limits, ev ownership.Event, now int64, o *bucket.Outcome) (redirect string) {
+func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, now int64, o *check.Outcome) (redirect string) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	eff := ownership.Step(f, ev)
@@ -453,7 +454,7 @@ type routed struct {
 
 // forward sends the remote requests, one call per owner, the calls to
 // different owners in parallel.
-func (n *Node) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, remote []routed, now int64) {
+func (n *Node) forward(ctx context.Context, reqs []check.Request, out []check.Outcome, remote []routed, now int64) {
 	if oneAddr(remote) { // the common case (a single check): no grouping
 		n.forwardGroup(ctx, reqs, out, remote, now)
 		return
@@ -508,7 +509,7 @@ func groupByAddr(remote []routed) [][]routed {
 // routes the peer could not answer (all of them on a transport error) and
 // those it pointed elsewhere instead of deciding (their to holds the
 // address).
-func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucket.Request, out []bucket.Outcome, g []routed) (failed, moved []routed) {
+func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []check.Request, out []check.Outcome, g []routed) (failed, moved []routed) {
 	sent := n.now().UnixNano() // before the receiver decides: a lease's lifetime counts from here
 	sub, subOut, movedTo := sendBufs(len(g))
 	for j, rt := range g {
@@ -544,7 +545,7 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 			continue
 		}
 		if l := subOut[j].Lease; l.TTL > 0 {
-			subOut[j].Lease = bucket.Lease{}
+			subOut[j].Lease = check.Lease{}
 			n.keepLease(&sub[j], rt.lims, l, sent, subOut[j].ResetAfterMS)
 		}
 		out[rt.i] = subOut[j]
@@ -559,7 +560,7 @@ func (n *Node) send(ctx context.Context, addr string, standIn bool, reqs []bucke
 // keepLease keeps a lease the owner of r's key granted with its answer to
 // a check sent at sent. A lease this node could not have asked for (a
 // limit it would not lease, or out of bounds) is dropped with a warning.
-func (n *Node) keepLease(r *bucket.Request, lims limits, l bucket.Lease, sent, resetAfterMS int64) {
+func (n *Node) keepLease(r *check.Request, lims limits, l check.Lease, sent, resetAfterMS int64) {
 	if n.draining() {
 		return // it sends every check to its owner until it stops
 	}
@@ -580,16 +581,16 @@ const abandoned = "check abandoned: "
 
 // sendBufs returns the slices of a send of n items; for a single item, the
 // common case, in one allocation.
-func sendBufs(n int) ([]bucket.Request, []bucket.Outcome, []string) {
+func sendBufs(n int) ([]check.Request, []check.Outcome, []string) {
 	if n == 1 {
 		b := new(struct {
-			req   [1]bucket.Request
-			out   [1]bucket.Outcome
+			req   [1]check.Request
+			out   [1]check.Outcome
 			moved [1]string
 		})
 		return b.req[:], b.out[:], b.moved[:]
 	}
-	return make([]bucket.Request, n), make([]bucket.Outcome, n), make([]string, n)
+	return make([]check.Request, n), make([]check.Outcome, n), make([]string, n)
 }
 
 // forwardContext bounds a forward by ForwardTimeout; a caller's deadline
@@ -605,7 +606,7 @@ func (n *Node) forwardContext(ctx context.Context) (context.Context, context.Can
 // handed to another node are re-sent there once. Items that still have no
 // answer go to the key's first replica (which may be this node), and, when
 // that fails too, get the owner-unavailable policy.
-func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, g []routed, now int64) {
+func (n *Node) forwardGroup(ctx context.Context, reqs []check.Request, out []check.Outcome, g []routed, now int64) {
 	failedAddr := g[0].owner.Addr
 	failed, moved := n.send(ctx, failedAddr, false, reqs, out, g)
 	if len(moved) > 0 {
@@ -632,7 +633,7 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []bucket.Request, out []bu
 	}
 	if ctx.Err() != nil {
 		for _, rt := range failed {
-			out[rt.i] = bucket.Outcome{Owner: n.name, Err: abandoned + ctx.Err().Error()}
+			out[rt.i] = check.Outcome{Owner: n.name, Err: abandoned + ctx.Err().Error()}
 		}
 		return
 	}

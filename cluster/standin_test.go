@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -35,14 +35,14 @@ func TestStandInAtAReleasedKeyPullsWhereItWent(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
 	standIn := func(n *Node, pullFrom *Node, want int64) {
 		t.Helper()
 		var pf []string
 		if pullFrom != nil {
 			pf = []string{pullFrom.cfg.GRPCAddr}
 		}
-		n.CheckStandIn(ctx, "sender", []bucket.Request{r}, pf, out, moved)
+		n.CheckStandIn(ctx, "sender", []check.Request{r}, pf, out, moved)
 		if !out[0].Allowed() || moved[0] != "" || out[0].Remaining != 100-want {
 			t.Fatalf("stand-in at %s: %+v, moved to %q; want allowed with %d counted (remaining %d)", n.Name(), out[0], moved[0], want, 100-want)
 		}

@@ -29,15 +29,19 @@ var layers = []layer{
 	// The name of a counter, shared by the store and the ownership
 	// records: a leaf.
 	{pkg: "writeback/key", mustNot: []string{"bucket", "ring", "writeback$", "cluster", "transport", "proto/sluice/v1"}},
-	{pkg: "cluster", may: []string{"cluster/ownership", "cluster/lease", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+	// The words of a check between the public API, the peer protocol and
+	// the node (Request, Outcome, leases, region asks): bucket only.
+	{pkg: "cluster/check", may: []string{"bucket"},
+		mustNot: []string{"ring", "writeback", "cluster$", "cluster/ownership", "cluster/lease", "transport", "proto/sluice/v1", "google.golang.org/grpc"}},
+	{pkg: "cluster", may: []string{"cluster/check", "cluster/ownership", "cluster/lease", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	// The key-ownership protocol: records and a pure step function, no
 	// I/O — no memberlist, no gRPC, nothing of the node.
 	{pkg: "cluster/ownership", may: []string{"ring", "cluster/keymove", "writeback/key"},
 		mustNot: []string{"cluster$", "cluster/lease", "cluster/clustertest", "transport", "writeback$", "github.com/cockroachdb/pebble", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// Quota leases: records and arithmetic, no I/O, like ownership.
-	{pkg: "cluster/lease", may: []string{"bucket"},
-		mustNot: []string{"cluster", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
+	{pkg: "cluster/lease", may: []string{"bucket", "cluster/check"},
+		mustNot: []string{"cluster$", "cluster/ownership", "cluster/clustertest", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// The in-process cluster of the tests: nodes over memory networks.
 	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
@@ -52,7 +56,7 @@ var layers = []layer{
 	// The peer protocol, both sides of sluice.v1.Peer: the client and the
 	// server with the interfaces it calls. Never the public API's package,
 	// which registers its server, nor the node, nor the public client.
-	{pkg: "transport/peer", may: []string{"bucket", "cluster/keymove", "proto/sluice/v1", "transport/security", "google.golang.org/grpc", "google.golang.org/protobuf",
+	{pkg: "transport/peer", may: []string{"bucket", "cluster/check", "cluster/keymove", "proto/sluice/v1", "transport/security", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc",
 		"go.opentelemetry.io/otel", "go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"},
 		mustNot: []string{"transport$", "transport/rules", "cluster$", "cluster/ownership", "cluster/lease", "cluster/clustertest", "writeback", "client", "ring",
@@ -61,7 +65,7 @@ var layers = []layer{
 	// protocol's service and are guarded by transport/security. The rules
 	// file's Envoy rule is one type: the Envoy service answers with
 	// rules.EnvoyRule, from the rules package.
-	{pkg: "transport", may: []string{"bucket", "cluster/keymove", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	{pkg: "transport", may: []string{"bucket", "cluster/check", "cluster/keymove", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the

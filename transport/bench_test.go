@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -18,17 +19,17 @@ import (
 // trivialHandler allows everything; it counts forwarded RPCs.
 type trivialHandler struct{ forwards atomic.Int64 }
 
-func (h *trivialHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *trivialHandler) Check(_ context.Context, reqs []check.Request, out []check.Outcome) {
 	for i := range reqs {
-		out[i] = bucket.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit, Remaining: 1}, Owner: "n1"}
+		out[i] = check.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit, Remaining: 1}, Owner: "n1"}
 	}
 }
 
-func (h *trivialHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) {
+func (h *trivialHandler) CheckStandIn(ctx context.Context, from string, reqs []check.Request, _ []string, out []check.Outcome, movedTo []string) {
 	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *trivialHandler) CheckForwarded(ctx context.Context, _ string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.Check(ctx, reqs, out)
 }
@@ -93,7 +94,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 				pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "a", MaxInFlight: inflight, UnaryForwards: m.unary})
 				b.Cleanup(func() { pc.Close() })
 				addr := s.GRPCAddr()
-				if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
+				if err := pc.Forward(context.Background(), addr, keys("k", 1), make([]check.Outcome, 1), make([]string, 1)); err != nil {
 					b.Fatal(err)
 				}
 				h.forwards.Store(0)
@@ -103,8 +104,8 @@ func BenchmarkForwardParallel(b *testing.B) {
 				b.ResetTimer()
 				done := cpuMeter(b)
 				b.RunParallel(func(pb *testing.PB) {
-					rs := []bucket.Request{req("w"+strconv.FormatInt(id.Add(1), 10), 1)}
-					out := make([]bucket.Outcome, 1)
+					rs := []check.Request{req("w"+strconv.FormatInt(id.Add(1), 10), 1)}
+					out := make([]check.Outcome, 1)
 					ctx := context.Background()
 					for pb.Next() {
 						if err := pc.Forward(ctx, addr, rs, out, make([]string, len(out))); err != nil {
@@ -128,7 +129,7 @@ func BenchmarkForwardSerial(b *testing.B) {
 			s := startServer(b, &trivialHandler{})
 			pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "a", UnaryForwards: m.unary})
 			b.Cleanup(func() { pc.Close() })
-			rs, out := keys("k", 1), make([]bucket.Outcome, 1)
+			rs, out := keys("k", 1), make([]check.Outcome, 1)
 			ctx := context.Background()
 			if err := pc.Forward(ctx, s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 				b.Fatal(err)
@@ -198,7 +199,7 @@ type forwardingHandler struct {
 	addrs [2]string // the other two owners
 }
 
-func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *forwardingHandler) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	for i := range reqs {
 		owner := len(reqs[i].Key) % 3 // keys of three lengths spread evenly
 		if owner == 0 {
@@ -207,7 +208,7 @@ func (h *forwardingHandler) Check(ctx context.Context, reqs []bucket.Request, ou
 		}
 		fctx, cancel := context.WithTimeout(ctx, peer.DefaultForwardTimeout)
 		if err := h.peers.Forward(fctx, h.addrs[owner-1], reqs[i:i+1], out[i:i+1], make([]string, 1)); err != nil {
-			out[i] = bucket.Outcome{Err: err.Error()}
+			out[i] = check.Outcome{Err: err.Error()}
 		}
 		cancel()
 	}
@@ -236,7 +237,7 @@ func benchClusterShape(b *testing.B, tr *Tracing) {
 	c := dial(b, entry.GRPCAddr())
 	keyOf := []string{"k00", "k0001", "k01"} // lengths 3, 5, 4: owners 0, 2, 1
 	for _, k := range keyOf {
-		if _, err := c.Check(context.Background(), protoReqs([]bucket.Request{req(k, 1)})); err != nil {
+		if _, err := c.Check(context.Background(), protoReqs([]check.Request{req(k, 1)})); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -248,7 +249,7 @@ func benchClusterShape(b *testing.B, tr *Tracing) {
 	b.RunParallel(func(pb *testing.PB) {
 		ms := make([]*sluicev1.CheckRequest, len(keyOf))
 		for i, k := range keyOf {
-			ms[i] = protoReqs([]bucket.Request{req(k, 1)})
+			ms[i] = protoReqs([]check.Request{req(k, 1)})
 		}
 		n := int(id.Add(1))
 		ctx := context.Background()

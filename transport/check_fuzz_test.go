@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -32,7 +32,7 @@ func (h *recordingHandler) note(err error) {
 	}
 }
 
-func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome, pullFrom, movedTo []string, peer bool) {
+func (h *recordingHandler) outcomes(reqs []check.Request, out []check.Outcome, pullFrom, movedTo []string, peer bool) {
 	var err error
 	switch {
 	case len(reqs) != len(out):
@@ -44,22 +44,22 @@ func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome,
 	}
 	h.note(err)
 	for i := range reqs {
-		out[i] = bucket.Outcome{Owner: "fuzz"}
+		out[i] = check.Outcome{Owner: "fuzz"}
 		if e := reqs[i].Validate(); e != nil {
 			out[i].Err = e.Error()
 		}
 	}
 }
 
-func (h *recordingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *recordingHandler) Check(_ context.Context, reqs []check.Request, out []check.Outcome) {
 	h.outcomes(reqs, out, nil, nil, false)
 }
 
-func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) {
 	h.outcomes(reqs, out, pullFrom, movedTo, true)
 }
 
-func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	h.outcomes(reqs, out, nil, movedTo, true)
 }
 
@@ -95,7 +95,7 @@ func FuzzCheckMessages(f *testing.F) {
 			return
 		}
 		n := len(m.Requests)
-		sure := n > bucket.MaxBatchSize // the call must be refused (not only may)
+		sure := n > check.MaxBatchSize // the call must be refused (not only may)
 		resp, callErr := rateLimiterServer{s: s}.Check(context.Background(), &m)
 		got := len(resp.GetResponses())
 		h.mu.Lock()

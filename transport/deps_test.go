@@ -9,9 +9,10 @@ import (
 // TestTransportImportsNoMetricsLibraryNorCluster keeps the package graph
 // of docs/architecture.md for the packages of the wire (transport and the
 // packages beneath it, which it imports): transport reports to an Observer
-// it declares, and none of them imports client_golang, cluster (the words
-// of a moving key of cluster/keymove, a leaf, aside) or the public Go
-// client (client), which applications import without the node.
+// it declares, and none of them imports client_golang, cluster (the leaves
+// it shares with the node aside: the words of a check, cluster/check, and
+// of a moving key, cluster/keymove) or the public Go client (client), which
+// applications import without the node.
 func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 	t.Parallel()
 	goBin, err := exec.LookPath("go")
@@ -25,7 +26,7 @@ func TestTransportImportsNoMetricsLibraryNorCluster(t *testing.T) {
 		}
 		for dep := range strings.Lines(string(out)) {
 			dep = strings.TrimSpace(dep)
-			if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/cluster/keymove") || dep == "github.com/sluicehq/sluice/client" {
+			if strings.HasPrefix(dep, "github.com/prometheus/") || (strings.HasPrefix(dep, "github.com/sluicehq/sluice/cluster") && dep != "github.com/sluicehq/sluice/cluster/keymove" && dep != "github.com/sluicehq/sluice/cluster/check") || dep == "github.com/sluicehq/sluice/client" {
 				t.Errorf("%s depends on %s", pkg, dep)
 			}
 		}

@@ -32,7 +32,7 @@
 //
 // Limits (docs/architecture.md §5): a message or HTTP body over 4 MiB (MaxRecvMsgSize) is
 // refused (gRPC ResourceExhausted, HTTP 413); a call with more than
-// bucket.MaxBatchSize (1000) items is refused whole (InvalidArgument, HTTP
+// check.MaxBatchSize (1000) items is refused whole (InvalidArgument, HTTP
 // 400) before the Handler sees it; an empty call answers empty. One invalid
 // item is the Handler's to answer with its own error. An algorithm number
 // outside 0..255 becomes 255, which bucket refuses, so it never wraps into a

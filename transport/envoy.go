@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/transport/rules"
 )
 
@@ -130,7 +131,7 @@ func (g envoyServer) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 	}
 	descs := req.GetDescriptors()
 	plans, name, n := g.plan(req)
-	var outs []bucket.Outcome
+	var outs []check.Outcome
 	if n > 0 {
 		b := g.s.getBuf(n)
 		defer g.s.putBuf(b)
@@ -139,7 +140,7 @@ func (g envoyServer) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRe
 			if p.kind != envoyCheck {
 				continue
 			}
-			b.reqs[p.item] = bucket.Request{
+			b.reqs[p.item] = check.Request{
 				Name:  name,
 				Key:   envoyKey(d.GetEntries(), p.rule.Shared),
 				Hits:  envoyHits(req, d),
@@ -233,7 +234,7 @@ func (g envoyServer) plan(req *rlsv3.RateLimitRequest) (plans []envoyPlan, name 
 }
 
 // respond builds the answer from the plans and the checks' outcomes.
-func (g envoyServer) respond(req *rlsv3.RateLimitRequest, plans []envoyPlan, outs []bucket.Outcome, now time.Time) *rlsv3.RateLimitResponse {
+func (g envoyServer) respond(req *rlsv3.RateLimitRequest, plans []envoyPlan, outs []check.Outcome, now time.Time) *rlsv3.RateLimitResponse {
 	c := &g.s.envoyStats
 	c.calls.Add(1)
 	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(plans))}
@@ -391,8 +392,8 @@ func validateEnvoy(req *rlsv3.RateLimitRequest) error {
 		return bad("domain is empty")
 	case len(descs) == 0:
 		return bad("no descriptors")
-	case len(descs) > bucket.MaxBatchSize:
-		return bad("%d descriptors, more than %d", len(descs), bucket.MaxBatchSize)
+	case len(descs) > check.MaxBatchSize:
+		return bad("%d descriptors, more than %d", len(descs), check.MaxBatchSize)
 	}
 	for i, d := range descs {
 		if len(d.GetEntries()) == 0 {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/transport/rules"
 )
 
@@ -28,11 +29,11 @@ type memHandler struct {
 	mu     sync.Mutex
 	states map[[2]string]*bucket.State
 	calls  int
-	last   []bucket.Request
+	last   []check.Request
 	err    string // when set, every item answers this error
 }
 
-func (h *memHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *memHandler) Check(_ context.Context, reqs []check.Request, out []check.Outcome) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls++
@@ -44,15 +45,15 @@ func (h *memHandler) Check(_ context.Context, reqs []bucket.Request, out []bucke
 	for i := range reqs {
 		r := &reqs[i]
 		if h.err != "" {
-			out[i] = bucket.Outcome{Err: h.err}
+			out[i] = check.Outcome{Err: h.err}
 			continue
 		}
 		if err := r.Validate(); err != nil {
-			out[i] = bucket.Outcome{Err: err.Error()}
+			out[i] = check.Outcome{Err: err.Error()}
 			continue
 		}
 		if r.Limit.Limit == 0 {
-			out[i] = bucket.Outcome{Err: "no limit given and no rule for name " + strconv.Quote(r.Name)}
+			out[i] = check.Outcome{Err: "no limit given and no rule for name " + strconv.Quote(r.Name)}
 			continue
 		}
 		k := [2]string{r.Name, r.Key}
@@ -61,15 +62,15 @@ func (h *memHandler) Check(_ context.Context, reqs []bucket.Request, out []bucke
 			st = new(bucket.State)
 			h.states[k] = st
 		}
-		out[i] = bucket.Outcome{Decision: bucket.Decide(st, r.Limit, r.Hits, now), Owner: "mem"}
+		out[i] = check.Outcome{Decision: bucket.Decide(st, r.Limit, r.Hits, now), Owner: "mem"}
 	}
 }
 
-func (h *memHandler) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
+func (h *memHandler) CheckStandIn(ctx context.Context, _ string, reqs []check.Request, _ []string, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *memHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *memHandler) CheckForwarded(ctx context.Context, _ string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
@@ -156,7 +157,7 @@ const (
 func TestEnvoyInvalidRequests(t *testing.T) {
 	t.Parallel()
 	r := newEnvoyRig(t, mapRules{"k=v": perHour(1)})
-	many := make([]*rlcommon.RateLimitDescriptor, bucket.MaxBatchSize+1)
+	many := make([]*rlcommon.RateLimitDescriptor, check.MaxBatchSize+1)
 	for i := range many {
 		many[i] = desc("k", "v")
 	}

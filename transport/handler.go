@@ -9,6 +9,7 @@ import (
 	"context"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -20,7 +21,7 @@ import (
 type Handler interface {
 	// Check decides reqs and fills out; it may forward to other nodes. It
 	// validates each item itself and answers an invalid one with Outcome.Err.
-	Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome)
+	Check(ctx context.Context, reqs []check.Request, out []check.Outcome)
 	// ForwardHandler decides the checks other nodes send this one over the
 	// Peer service (CheckStandIn, CheckForwarded), which NewServer registers
 	// from package peer with this Handler; a Handler that is also a
@@ -33,10 +34,10 @@ type Handler interface {
 // one it would decide, before deciding anything: valid, and with limits of
 // its own or a rule's. POST /v1/check asks it about every item of a batch
 // and decides none when one is invalid; without it the server asks
-// bucket.Request.Validate alone. cluster.Node implements it. Called
+// check.Request.Validate alone. cluster.Node implements it. Called
 // concurrently; it must not block, and changes nothing.
 type CheckValidator interface {
-	ValidateCheck(r *bucket.Request) error
+	ValidateCheck(r *check.Request) error
 }
 
 // RuleLimits gives the limits of the rule for a name (the rules file in

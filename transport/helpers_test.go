@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // fakeHandler decides like a limiter with no memory: a valid request is over
@@ -21,14 +22,14 @@ type fakeHandler struct {
 	calls     atomic.Int64 // Check calls
 	forwards  atomic.Int64 // CheckForwarded and CheckStandIn calls (= Forward RPCs)
 	mu        sync.Mutex
-	last      []bucket.Request // copy of the last Check's requests
-	block     chan struct{}    // when set, CheckForwarded waits on it or ctx
+	last      []check.Request // copy of the last Check's requests
+	block     chan struct{}   // when set, CheckForwarded waits on it or ctx
 	panicking bool
 }
 
 var _ Handler = (*fakeHandler)(nil)
 
-func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *fakeHandler) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	h.calls.Add(1)
 	if h.panicking {
 		panic("fake handler panics")
@@ -40,11 +41,11 @@ func (h *fakeHandler) Check(ctx context.Context, reqs []bucket.Request, out []bu
 }
 
 // CheckStandIn answers like CheckForwarded.
-func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) {
+func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []check.Request, _ []string, out []check.Outcome, movedTo []string) {
 	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.mu.Lock()
 	block := h.block
@@ -58,15 +59,15 @@ func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bu
 	decide(reqs, out, from+"/")
 }
 
-func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
+func decide(reqs []check.Request, out []check.Outcome, prefix string) {
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
-			out[i] = bucket.Outcome{Err: err.Error(), Owner: prefix + r.Key}
+			out[i] = check.Outcome{Err: err.Error(), Owner: prefix + r.Key}
 			continue
 		}
 		if len(r.More) == 0 {
-			out[i] = bucket.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
+			out[i] = check.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
 			continue
 		}
 		var ds []bucket.Decision
@@ -76,7 +77,7 @@ func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
 		for _, l := range r.More {
 			ds = append(ds, fakeDecide(l, r.Hits))
 		}
-		out[i] = bucket.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
+		out[i] = check.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
 	}
 }
 
@@ -90,12 +91,12 @@ func fakeDecide(l bucket.Limit, hits int64) bucket.Decision {
 
 // req is a valid request for key k with the given hits against a limit of 10
 // per minute.
-func req(k string, hits int64) bucket.Request {
-	return bucket.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
+func req(k string, hits int64) check.Request {
+	return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
 }
 
-func keys(prefix string, n int) []bucket.Request {
-	rs := make([]bucket.Request, n)
+func keys(prefix string, n int) []check.Request {
+	rs := make([]check.Request, n)
 	for i := range rs {
 		rs[i] = req(prefix+strconv.Itoa(i), 1)
 	}

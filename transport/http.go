@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -140,8 +141,8 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 		s.observeRefused(APIHTTP, start)
 		return
 	}
-	if n := len(req.Requests); n > bucket.MaxBatchSize {
-		httpError(w, http.StatusBadRequest, fmt.Sprintf("batch has %d requests, more than %d", n, bucket.MaxBatchSize))
+	if n := len(req.Requests); n > check.MaxBatchSize {
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("batch has %d requests, more than %d", n, check.MaxBatchSize))
 		s.observeRefused(APIHTTP, start)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -168,7 +169,7 @@ func TestHTTPOverLimitSeveralLimits(t *testing.T) {
 	h.mu.Lock()
 	got := h.last[0]
 	h.mu.Unlock()
-	want := bucket.Request{Name: "login", Key: "a", Hits: 6,
+	want := check.Request{Name: "login", Key: "a", Hits: 6,
 		Limit: bucket.Limit{Limit: 100, WindowMS: 60_000, SubWindows: 6, CountRefused: true},
 		More: []bucket.Limit{
 			{Limit: 1000, WindowMS: 3_600_000, Mode: bucket.ModeSoft, SoftPercent: 10},
@@ -288,7 +289,7 @@ func TestHTTPBadInput(t *testing.T) {
 		{"unknown field", "POST", "/v1/check", `{"requests":[{"nom":"x"}]}`, 400},
 		{"wrong type", "POST", "/v1/check", `{"requests":[{"hits":"many"}]}`, 400},
 		{"bad enum", "POST", "/v1/check", `{"requests":[{"algorithm":"ALGORITHM_MAGIC"}]}`, 400},
-		{"too many items", "POST", "/v1/check", jsonBatch(bucket.MaxBatchSize+1, 1), 400},
+		{"too many items", "POST", "/v1/check", jsonBatch(check.MaxBatchSize+1, 1), 400},
 		{"too large", "POST", "/v1/check", `{"requests":[{"name":"` + strings.Repeat("x", DefaultMaxRecvMsgSize) + `"}]}`, 413},
 		{"GET check", "GET", "/v1/check", "", 405},
 		{"PUT check", "PUT", "/v1/check", `{}`, 405},
@@ -325,7 +326,7 @@ func TestHTTPBadInput(t *testing.T) {
 		t.Errorf("chunked 4 MiB body: %d, want 413", resp.StatusCode)
 	}
 	// Exactly 1000 items is fine.
-	if r := do(t, "POST", base+"/v1/check", jsonBatch(bucket.MaxBatchSize, 1)); r.code != 200 {
+	if r := do(t, "POST", base+"/v1/check", jsonBatch(check.MaxBatchSize, 1)); r.code != 200 {
 		t.Errorf("1000 items: %d", r.code)
 	}
 }

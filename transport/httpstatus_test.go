@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // checkAnswer is a /v1/check body: the answers, or the whole call's error.
@@ -126,11 +127,11 @@ func TestHTTPCheckAsksTheValidator(t *testing.T) {
 // "fail:" (as a node that is joining, or whose owner does not answer).
 type failingHandler struct{ fakeHandler }
 
-func (h *failingHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *failingHandler) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	h.fakeHandler.Check(ctx, reqs, out)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "fail:") {
-			out[i] = bucket.Outcome{Err: "cannot decide now", Owner: "a"}
+			out[i] = check.Outcome{Err: "cannot decide now", Owner: "a"}
 		}
 	}
 }
@@ -144,7 +145,7 @@ type validatingHandler struct {
 
 var _ CheckValidator = (*validatingHandler)(nil)
 
-func (h *validatingHandler) ValidateCheck(r *bucket.Request) error {
+func (h *validatingHandler) ValidateCheck(r *check.Request) error {
 	h.validated.Add(1)
 	if err := r.Validate(); err != nil {
 		return err
@@ -155,7 +156,7 @@ func (h *validatingHandler) ValidateCheck(r *bucket.Request) error {
 	return nil
 }
 
-func (h *validatingHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *validatingHandler) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	for i := range reqs {
 		if reqs[i].Name == "rule" {
 			reqs[i].Limit = bucket.Limit{Limit: 10, WindowMS: 1000}
@@ -182,7 +183,7 @@ func TestHTTPCheckEnumNames(t *testing.T) {
 		t.Fatalf("answered %d: %s", r.code, r.body)
 	}
 	h.mu.Lock()
-	got := append([]bucket.Request(nil), h.last...)
+	got := append([]check.Request(nil), h.last...)
 	h.mu.Unlock()
 	if len(got) != 4 {
 		t.Fatalf("%d requests arrived", len(got))

@@ -17,11 +17,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
 
-func protoReqs(rs []bucket.Request) *sluicev1.CheckRequest {
+func protoReqs(rs []check.Request) *sluicev1.CheckRequest {
 	m := &sluicev1.CheckRequest{}
 	for _, r := range rs {
 		m.Requests = append(m.Requests, peer.RequestToProto(r))
@@ -34,7 +35,7 @@ func TestCheckRoundTripKeepsOrder(t *testing.T) {
 	h := &fakeHandler{}
 	s := startServer(t, h)
 	c := dial(t, s.GRPCAddr())
-	rs := keys("k", bucket.MaxBatchSize)
+	rs := keys("k", check.MaxBatchSize)
 	for i := range rs {
 		rs[i].Hits = int64(i % 15) // some over the limit of 10
 	}
@@ -67,7 +68,7 @@ func TestCheckBatchLimits(t *testing.T) {
 	if err != nil || len(resp.Responses) != 0 {
 		t.Fatalf("empty batch: %v, %v", resp, err)
 	}
-	_, err = c.Check(ctx, protoReqs(keys("k", bucket.MaxBatchSize+1)))
+	_, err = c.Check(ctx, protoReqs(keys("k", check.MaxBatchSize+1)))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "1001 requests, more than 1000") {
 		t.Fatalf("1001 items: got %v, want InvalidArgument", err)
 	}
@@ -75,7 +76,7 @@ func TestCheckBatchLimits(t *testing.T) {
 		t.Fatalf("handler called %d times, want 0", n)
 	}
 	// The server keeps serving on the same connection.
-	if resp, err := c.Check(ctx, protoReqs(keys("k", bucket.MaxBatchSize))); err != nil || len(resp.Responses) != bucket.MaxBatchSize {
+	if resp, err := c.Check(ctx, protoReqs(keys("k", check.MaxBatchSize))); err != nil || len(resp.Responses) != check.MaxBatchSize {
 		t.Fatalf("1000 items after the refusal: %d answers, %v", len(resp.GetResponses()), err)
 	}
 	// The Peer service refuses the same.
@@ -123,7 +124,7 @@ func TestInvalidAlgorithmNeverBecomesValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
-	got := append([]bucket.Request(nil), h.last...)
+	got := append([]check.Request(nil), h.last...)
 	h.mu.Unlock()
 	for i, a := range algs {
 		if got[i].Algorithm <= bucket.GCRA {
@@ -231,7 +232,7 @@ func TestForwardRPCPassesSender(t *testing.T) {
 	pc := peer.NewPeerClient(peer.PeerConfig{NodeName: "node-b"})
 	defer pc.Close()
 	rs := keys("k", 3)
-	out := make([]bucket.Outcome, len(rs))
+	out := make([]check.Outcome, len(rs))
 	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestShutdownCutsOffAtDeadline(t *testing.T) {
 	defer pc.Close()
 	errc := make(chan error, 1)
 	go func() {
-		errc <- pc.Forward(context.Background(), s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1))
+		errc <- pc.Forward(context.Background(), s.GRPCAddr(), keys("k", 1), make([]check.Outcome, 1), make([]string, 1))
 	}()
 	waitFor(t, 10*time.Second, "the forward to reach the handler", func() bool { return h.forwards.Load() == 1 })
 
@@ -347,13 +348,13 @@ func TestCheckCarriesMore(t *testing.T) {
 	c := dial(t, s.GRPCAddr())
 	bad := fullRequest()
 	bad.More = append(bad.More, bucket.Limit{Limit: 5}) // no window
-	rs := []bucket.Request{fullRequest(), bad}
+	rs := []check.Request{fullRequest(), bad}
 	resp, err := c.Check(testCtx(t), protoReqs(rs))
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.mu.Lock()
-	got := append([]bucket.Request(nil), h.last...)
+	got := append([]check.Request(nil), h.last...)
 	h.mu.Unlock()
 	if !reflect.DeepEqual(got, rs) {
 		t.Fatalf("sent\n%+v\narrived as\n%+v", rs, got)
@@ -375,7 +376,7 @@ type barrierHandler struct {
 	all     chan struct{}
 }
 
-func (h *barrierHandler) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *barrierHandler) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	h.mu.Lock()
 	if h.arrived++; h.arrived == h.n {
 		close(h.all)
@@ -386,7 +387,7 @@ func (h *barrierHandler) Check(ctx context.Context, reqs []bucket.Request, out [
 		h.trivialHandler.Check(ctx, reqs, out)
 	case <-ctx.Done():
 		for i := range out {
-			out[i] = bucket.Outcome{Err: "barrier not reached: " + ctx.Err().Error()}
+			out[i] = check.Outcome{Err: "barrier not reached: " + ctx.Err().Error()}
 		}
 	}
 }
@@ -428,11 +429,11 @@ func TestStreamWorkersNeverQueueCalls(t *testing.T) {
 	}
 }
 
-// fullRequest is a valid request that sets every field of bucket.Request,
+// fullRequest is a valid request that sets every field of check.Request,
 // the options of the inline limit and three further limits (as package
 // peer's tests of the conversions have it).
-func fullRequest() bucket.Request {
-	return bucket.Request{
+func fullRequest() check.Request {
+	return check.Request{
 		Name: "login", Key: "user:42", Hits: 3,
 		Limit: bucket.Limit{
 			Algorithm: bucket.SlidingWindow, Limit: 1000, WindowMS: 3_600_000, SubWindows: 60,
@@ -455,14 +456,14 @@ type leasingHandler struct {
 	leasing int
 }
 
-func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	h.mu.Lock()
 	h.leasing++
 	h.mu.Unlock()
 	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "hot") {
-			out[i].Lease = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
+			out[i].Lease = check.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
 		}
 	}
 }

@@ -11,22 +11,22 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // checkBuf holds the per-call slices the handler works on; pooled.
 type checkBuf struct {
-	reqs []bucket.Request
-	outs []bucket.Outcome
+	reqs []check.Request
+	outs []check.Outcome
 }
 
 func (s *Server) getBuf(n int) *checkBuf {
 	b := s.bufs.Get().(*checkBuf)
 	if cap(b.reqs) < n {
-		b.reqs = make([]bucket.Request, n)
-		b.outs = make([]bucket.Outcome, n)
+		b.reqs = make([]check.Request, n)
+		b.outs = make([]check.Outcome, n)
 	}
 	b.reqs, b.outs = b.reqs[:n], b.outs[:n]
 	return b
@@ -64,7 +64,7 @@ type rateLimiterServer struct {
 
 func (g rateLimiterServer) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1.CheckResponse, error) {
 	start := time.Now()
-	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
+	if n := len(req.GetRequests()); n > check.MaxBatchSize {
 		g.s.observeRefused(APIGRPC, start)
 		return nil, peer.BatchTooLarge(n)
 	}

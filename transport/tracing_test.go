@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 func memTracing(t *testing.T) (*Tracing, *tracetest.InMemoryExporter) {
@@ -38,7 +38,7 @@ func TestTracingPublicAPI(t *testing.T) {
 	tr, exp := memTracing(t)
 	s := startServer(t, &fakeHandler{}, func(c *ServerConfig) { c.Tracing = tr })
 	c := dial(t, s.GRPCAddr())
-	if _, err := c.Check(testCtx(t), protoReqs([]bucket.Request{req("k", 1)})); err != nil {
+	if _, err := c.Check(testCtx(t), protoReqs([]check.Request{req("k", 1)})); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the Check span", func() bool { return len(serverSpans(exp, "sluice.v1.RateLimiter/Check")) == 1 })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -380,23 +381,23 @@ func (c *Cluster) Drop(from, to string) error {
 func (c *Cluster) Delay(d time.Duration) { c.Peers.SetDelay(d) }
 
 // Request is the request Check sends.
-func Request(key string, limit, hits int64) bucket.Request {
-	return bucket.Request{Name: LimitName, Key: key, Hits: hits,
+func Request(key string, limit, hits int64) check.Request {
+	return check.Request{Name: LimitName, Key: key, Hits: hits,
 		Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: limit, WindowMS: Window.Milliseconds()}}
 }
 
 // Check sends hits against key (limit per Window) through the member via
 // and returns the answer; an answer with Err, or none within CheckTimeout,
 // is an error.
-func (c *Cluster) Check(via, key string, limit, hits int64) (bucket.Outcome, error) {
+func (c *Cluster) Check(via, key string, limit, hits int64) (check.Outcome, error) {
 	m, err := c.up("check via", via)
 	if err != nil {
-		return bucket.Outcome{}, err
+		return check.Outcome{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
 	defer cancel()
-	reqs := []bucket.Request{Request(key, limit, hits)}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{Request(key, limit, hits)}
+	out := make([]check.Outcome, 1)
 	m.Node.Check(ctx, reqs, out)
 	if out[0].Err != "" {
 		return out[0], fmt.Errorf("check %s via %s: %s", key, via, out[0].Err)
@@ -422,15 +423,15 @@ type countingPeers struct {
 	c *Cluster
 }
 
-func (p countingPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (p countingPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
 	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out, movedTo))
 }
 
-func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
 }
 
-func (p countingPeers) count(reqs []bucket.Request, err error) error {
+func (p countingPeers) count(reqs []check.Request, err error) error {
 	if err != nil {
 		p.c.failedMu.Lock()
 		for _, r := range reqs {

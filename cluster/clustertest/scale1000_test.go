@@ -14,8 +14,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -330,8 +330,8 @@ func (s *scaleRun) checks(vs []via, span time.Duration) ([]Answer, error) {
 		}
 		v := vs[pick[i]]
 		ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
-		out := make([]bucket.Outcome, 1)
-		v.node.Check(ctx, []bucket.Request{Request(k.name, k.limit, 1)}, out)
+		out := make([]check.Outcome, 1)
+		v.node.Check(ctx, []check.Request{Request(k.name, k.limit, 1)}, out)
 		err := ctx.Err()
 		cancel()
 		switch {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // Leasable reports whether hits against lim may be decided from a lease:
@@ -101,11 +102,11 @@ func Size(rate float64, ttl time.Duration, remaining, spent int64) int64 {
 }
 
 // Grant is a lease as it travels with an answer from a key's owner to the
-// node that forwarded the check (bucket.Outcome.Lease): Tokens hits to
+// node that forwarded the check (check.Outcome.Lease): Tokens hits to
 // spend for TTL after that node sent the check. The holder measures TTL
 // from before the owner decided, on its own clock, so it never spends past
 // the owner's end.
-type Grant = bucket.Lease
+type Grant = check.Lease
 
 // A Grant of 0 tokens is a refusal lease: the owner refused the check and
 // its algorithm refuses as many hits or more until TTL after the holder

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/transport/rules"
@@ -29,7 +30,7 @@ type allowAll struct {
 	from   map[string]bool
 }
 
-func (h *allowAll) Check(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *allowAll) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
 	h.checks.Add(int64(len(reqs)))
 	if p, ok := peer.FromContext(ctx); ok {
 		h.mu.Lock()
@@ -38,18 +39,18 @@ func (h *allowAll) Check(ctx context.Context, reqs []bucket.Request, out []bucke
 	}
 	for i := range reqs {
 		if err := reqs[i].Validate(); err != nil {
-			out[i] = bucket.Outcome{Err: err.Error()}
+			out[i] = check.Outcome{Err: err.Error()}
 			continue
 		}
-		out[i] = bucket.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit}, Owner: "n1"}
+		out[i] = check.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit}, Owner: "n1"}
 	}
 }
 
-func (h *allowAll) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
+func (h *allowAll) CheckStandIn(ctx context.Context, _ string, reqs []check.Request, _ []string, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *allowAll) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *allowAll) CheckForwarded(ctx context.Context, _ string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
@@ -181,7 +182,7 @@ type overOnZero struct {
 	seen          map[string]bool // name + " " + key
 }
 
-func (h *overOnZero) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *overOnZero) Check(_ context.Context, reqs []check.Request, out []check.Outcome) {
 	for i := range reqs {
 		h.mu.Lock()
 		h.seen[reqs[i].Name+" "+reqs[i].Key] = true
@@ -193,15 +194,15 @@ func (h *overOnZero) Check(_ context.Context, reqs []bucket.Request, out []bucke
 		} else {
 			h.allowed.Add(1)
 		}
-		out[i] = bucket.Outcome{Decision: bucket.Decision{Status: st, Limit: reqs[i].Limit.Limit}, Owner: "n1"}
+		out[i] = check.Outcome{Decision: bucket.Decision{Status: st, Limit: reqs[i].Limit.Limit}, Owner: "n1"}
 	}
 }
 
-func (h *overOnZero) CheckStandIn(ctx context.Context, _ string, reqs []bucket.Request, _ []string, out []bucket.Outcome, _ []string) {
+func (h *overOnZero) CheckStandIn(ctx context.Context, _ string, reqs []check.Request, _ []string, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 
-func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *overOnZero) CheckForwarded(ctx context.Context, _ string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.Check(ctx, reqs, out)
 }
 

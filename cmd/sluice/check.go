@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -30,7 +31,7 @@ const (
 	exitError   = 2
 )
 
-func check(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func checkCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
@@ -169,7 +170,7 @@ func (cf *checkFlags) request(set map[string]bool) (*sluicev1.RateLimitRequest, 
 		}
 		inline = bucket.Limit{}
 	}
-	return peer.RequestToProto(bucket.Request{Name: cf.name, Key: cf.key, Hits: cf.hits, Limit: inline, More: more}), nil
+	return peer.RequestToProto(check.Request{Name: cf.name, Key: cf.key, Hits: cf.hits, Limit: inline, More: more}), nil
 }
 
 // printCheck prints the answer r of the node at addr, as JSON or for a

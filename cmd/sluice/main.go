@@ -46,7 +46,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "serve":
 		err = serve(ctx, args[1:], stderr)
 	case "check":
-		return check(ctx, args[1:], stdout, stderr)
+		return checkCommand(ctx, args[1:], stdout, stderr)
 	case "health":
 		return health(ctx, args[1:], stdout, stderr)
 	case "wait":

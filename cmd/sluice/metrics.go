@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/transport/rules"
@@ -596,14 +597,14 @@ func (o observedPeers) ResetBackoff(addr string) {
 	}
 }
 
-func (o observedPeers) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (o observedPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
 	start := time.Now()
 	err := o.next.Forward(ctx, addr, reqs, out, movedTo)
 	o.m.observe(rpcForward, addr, start, err)
 	return err
 }
 
-func (o observedPeers) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (o observedPeers) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 	start := time.Now()
 	err := o.next.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo)
 	o.m.observe(rpcStandIn, addr, start, err)
@@ -629,7 +630,7 @@ func (o observedPeers) Pull(ctx context.Context, addr string, keys []bucket.Coun
 }
 
 // Return passes lease returns on when the transport carries them.
-func (o observedPeers) Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) ([]int64, error) {
+func (o observedPeers) Return(ctx context.Context, addr string, rets []check.LeaseReturn) ([]int64, error) {
 	rp, ok := o.next.(cluster.ReturnPeers)
 	if !ok {
 		return nil, cluster.ErrNoPeers
@@ -641,7 +642,7 @@ func (o observedPeers) Return(ctx context.Context, addr string, rets []bucket.Le
 }
 
 // RegionGrant passes region asks on when the transport carries them.
-func (o observedPeers) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
+func (o observedPeers) RegionGrant(ctx context.Context, addr string, q *check.RegionQuery, ans []check.RegionAnswer) (string, error) {
 	rp, ok := o.next.(cluster.RegionPeers)
 	if !ok {
 		return "", cluster.ErrNoPeers

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -28,11 +29,11 @@ const maxConvertedLimits = bucket.MaxLimitsPerRequest + 1
 // nil entry of r.Limits gives a zero Limit (which Validate refuses too).
 // Entries of r.Limits beyond MaxLimitsPerRequest+1 are dropped: such a
 // request is invalid with or without them.
-func RequestFromProto(r *sluicev1.RateLimitRequest) bucket.Request {
+func RequestFromProto(r *sluicev1.RateLimitRequest) check.Request {
 	if r == nil {
-		return bucket.Request{}
+		return check.Request{}
 	}
-	req := bucket.Request{
+	req := check.Request{
 		Name: r.Name,
 		Key:  r.Key,
 		Hits: HitsFromProto(r),
@@ -135,7 +136,7 @@ func HitsFromProto(r *sluicev1.RateLimitRequest) int64 {
 
 // RequestToProto converts one request for the wire. Hits is always sent,
 // 0 included.
-func RequestToProto(r bucket.Request) *sluicev1.RateLimitRequest {
+func RequestToProto(r check.Request) *sluicev1.RateLimitRequest {
 	m := &sluicev1.RateLimitRequest{}
 	fillRequest(m, &r, new(int64))
 	return m
@@ -144,7 +145,7 @@ func RequestToProto(r bucket.Request) *sluicev1.RateLimitRequest {
 // fillRequest sets every field of m from r (m may be a reused message);
 // hits is where m.Hits points, so that hits is always explicit on the wire
 // without an allocation per message. It allocates only for r.More.
-func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request, hits *int64) {
+func fillRequest(m *sluicev1.RateLimitRequest, r *check.Request, hits *int64) {
 	m.Name = r.Name
 	m.Key = r.Key
 	*hits = r.Hits
@@ -172,7 +173,7 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *bucket.Request, hits *int64) {
 }
 
 // ResponseToProto converts one outcome for the wire.
-func ResponseToProto(o bucket.Outcome) *sluicev1.RateLimitResponse {
+func ResponseToProto(o check.Outcome) *sluicev1.RateLimitResponse {
 	m := &sluicev1.RateLimitResponse{}
 	fillResponse(m, &o)
 	return m
@@ -180,7 +181,7 @@ func ResponseToProto(o bucket.Outcome) *sluicev1.RateLimitResponse {
 
 // AppendResponses appends the wire form of outs to dst, allocating one
 // backing array for all the messages instead of one per item.
-func AppendResponses(dst []*sluicev1.RateLimitResponse, outs []bucket.Outcome) []*sluicev1.RateLimitResponse {
+func AppendResponses(dst []*sluicev1.RateLimitResponse, outs []check.Outcome) []*sluicev1.RateLimitResponse {
 	if len(outs) == 0 {
 		return dst
 	}
@@ -192,7 +193,7 @@ func AppendResponses(dst []*sluicev1.RateLimitResponse, outs []bucket.Outcome) [
 	return dst
 }
 
-func fillResponse(m *sluicev1.RateLimitResponse, o *bucket.Outcome) {
+func fillResponse(m *sluicev1.RateLimitResponse, o *check.Outcome) {
 	m.Status = sluicev1.Status(o.Status)
 	m.Limit = o.Decision.Limit
 	m.Remaining = o.Remaining
@@ -204,11 +205,11 @@ func fillResponse(m *sluicev1.RateLimitResponse, o *bucket.Outcome) {
 
 // OutcomeFromProto converts one wire response. A status this release does not
 // know becomes StatusUnspecified with an error, never a verdict.
-func OutcomeFromProto(m *sluicev1.RateLimitResponse) bucket.Outcome {
+func OutcomeFromProto(m *sluicev1.RateLimitResponse) check.Outcome {
 	if m == nil {
-		return bucket.Outcome{Err: "missing response"}
+		return check.Outcome{Err: "missing response"}
 	}
-	o := bucket.Outcome{
+	o := check.Outcome{
 		Decision: bucket.Decision{
 			Limit:        m.Limit,
 			Remaining:    m.Remaining,

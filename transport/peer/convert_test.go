@@ -9,13 +9,14 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// fullRequest is a valid request that sets every field of bucket.Request,
+// fullRequest is a valid request that sets every field of check.Request,
 // the options of the inline limit and three further limits.
-func fullRequest() bucket.Request {
-	return bucket.Request{
+func fullRequest() check.Request {
+	return check.Request{
 		Name: "login", Key: "user:42", Hits: 3,
 		Limit: bucket.Limit{
 			Algorithm: bucket.SlidingWindow, Limit: 1000, WindowMS: 3_600_000, SubWindows: 60,
@@ -34,7 +35,7 @@ func TestRequestRoundTrip(t *testing.T) {
 	if full := fullRequest(); full.Validate() != nil {
 		t.Fatalf("fullRequest is invalid: %v", full.Validate())
 	}
-	for _, r := range []bucket.Request{
+	for _, r := range []check.Request{
 		fullRequest(),
 		req("k", 1),
 		{Name: "n", Key: "k"}, // limit from the rules

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/security"
 )
@@ -49,8 +49,8 @@ func (c *rpcCounter) options() []grpc.ServerOption {
 func forwardN(t *testing.T, pc *PeerClient, addr string, n int) {
 	t.Helper()
 	for i := range n {
-		rs := []bucket.Request{req("k"+strconv.Itoa(i), 1)}
-		out := make([]bucket.Outcome, 1)
+		rs := []check.Request{req("k"+strconv.Itoa(i), 1)}
+		out := make([]check.Outcome, 1)
 		if err := pc.Forward(testCtx(t), addr, rs, out, make([]string, 1)); err != nil {
 			t.Fatalf("forward %d: %v", i, err)
 		}
@@ -215,7 +215,7 @@ func TestForwardsEnvelopeProofs(t *testing.T) {
 	defer bad.Close()
 	before := h.forwards.Load()
 	for i := range 3 {
-		err := bad.Forward(testCtx(t), s.GRPCAddr(), []bucket.Request{req("x", 1)}, make([]bucket.Outcome, 1), make([]string, 1))
+		err := bad.Forward(testCtx(t), s.GRPCAddr(), []check.Request{req("x", 1)}, make([]check.Outcome, 1), make([]string, 1))
 		if status.Code(err) != codes.Unauthenticated {
 			t.Fatalf("forward %d with another key: %v, want Unauthenticated", i, err)
 		}
@@ -264,8 +264,8 @@ func TestForwardsShutdownAnswersWhatItTook(t *testing.T) {
 	h.block = block
 	h.mu.Unlock()
 	errc := make(chan error, 1)
-	rs := []bucket.Request{req("late", 1)}
-	out := make([]bucket.Outcome, 1)
+	rs := []check.Request{req("late", 1)}
+	out := make([]check.Outcome, 1)
 	go func() { errc <- pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, 1)) }()
 	waitFor(t, 10*time.Second, "the forward to be deciding", func() bool { return h.forwards.Load() == 4 })
 	var wg sync.WaitGroup
@@ -306,7 +306,7 @@ func TestForwardsCancelReachesThePeer(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	errc := make(chan error, 1)
 	go func() {
-		errc <- pc.Forward(ctx, s.GRPCAddr(), []bucket.Request{req("c", 1)}, make([]bucket.Outcome, 1), make([]string, 1))
+		errc <- pc.Forward(ctx, s.GRPCAddr(), []check.Request{req("c", 1)}, make([]check.Outcome, 1), make([]string, 1))
 	}()
 	waitFor(t, 10*time.Second, "the forward to be deciding", func() bool { return h.forwards.Load() == 4 })
 	cancel()
@@ -346,10 +346,10 @@ func TestForwardsToAStuckPeerEndAtTheirDeadlines(t *testing.T) {
 	addr := lis.Addr().String()
 	// Dial first (a unary Forward, answered UNIMPLEMENTED), so the big
 	// calls below find a ready connection and use the stream.
-	_ = pc.Forward(testCtx(t), addr, []bucket.Request{req("dial", 1)}, make([]bucket.Outcome, 1), make([]string, 1))
+	_ = pc.Forward(testCtx(t), addr, []check.Request{req("dial", 1)}, make([]check.Outcome, 1), make([]string, 1))
 	// Each call carries 1,000 items of a 1 KiB key, about 1 MiB: the
 	// second fills the stream's window and the write quota behind it.
-	big := make([]bucket.Request, 1000)
+	big := make([]check.Request, 1000)
 	for i := range big {
 		big[i] = req(strings.Repeat("k", 1024)+strconv.Itoa(i), 1)
 	}
@@ -357,7 +357,7 @@ func TestForwardsToAStuckPeerEndAtTheirDeadlines(t *testing.T) {
 	errs := make(chan error, callers)
 	for range callers {
 		go func() {
-			errs <- pc.Forward(context.Background(), addr, big, make([]bucket.Outcome, len(big)), make([]string, len(big)))
+			errs <- pc.Forward(context.Background(), addr, big, make([]check.Outcome, len(big)), make([]string, len(big)))
 		}()
 	}
 	deadline := time.After(30 * time.Second) // a wedged caller would wait for the connection's keepalive, or forever

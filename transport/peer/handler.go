@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 )
 
@@ -28,12 +29,12 @@ type ForwardHandler interface {
 	// what it holds (hop limit 1). pullFrom is nil or names, per request,
 	// the node that handed the key here ("" for none), to pull it from
 	// first (ForwardRequest.pull_from). movedTo is as for CheckForwarded.
-	CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string)
+	CheckStandIn(ctx context.Context, from string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string)
 	// CheckForwarded decides reqs another node (named from) forwarded to this
 	// one; it never forwards again (hop limit 1). An item whose key this
 	// node sees elsewhere is left undecided with movedTo[i] the address to
 	// ask instead (ForwardResponse.moved_to).
-	CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
+	CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string)
 }
 
 // LeasingHandler is a ForwardHandler that may grant quota leases for hot
@@ -43,7 +44,7 @@ type ForwardHandler interface {
 // out[i].Lease for an item decided here, which the Server sends back in
 // ForwardResponse.leases. A ForwardHandler without it grants none.
 type LeasingHandler interface {
-	CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string)
+	CheckForwardedLeasing(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string)
 }
 
 // PeerHandler answers the node-to-node replication RPCs. cluster.Node

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/security"
 )
@@ -29,9 +30,9 @@ type fakeHandler struct {
 	standIns atomic.Int64 // CheckStandIn calls
 	ctxEnded atomic.Int64 // CheckForwarded calls that stopped waiting on block because their context ended
 	mu       sync.Mutex
-	sizes    []int            // items per CheckForwarded call, in order
-	lastFwd  []bucket.Request // copy of the last CheckForwarded's requests
-	lastPull []string         // copy of the last CheckStandIn's pullFrom
+	sizes    []int           // items per CheckForwarded call, in order
+	lastFwd  []check.Request // copy of the last CheckForwarded's requests
+	lastPull []string        // copy of the last CheckStandIn's pullFrom
 	lastFrom string
 	block    chan struct{} // when set, CheckForwarded waits on it (or ctx, unless hang)
 	hang     bool          // wait on block even when the RPC's context ends
@@ -40,7 +41,7 @@ type fakeHandler struct {
 var _ ForwardHandler = (*fakeHandler)(nil)
 
 // CheckStandIn records the call, then answers like CheckForwarded.
-func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) {
 	h.standIns.Add(1)
 	h.mu.Lock()
 	h.lastPull = append([]string(nil), pullFrom...)
@@ -48,7 +49,7 @@ func (h *fakeHandler) CheckStandIn(ctx context.Context, from string, reqs []buck
 	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.forwards.Add(1)
 	h.mu.Lock()
 	h.sizes = append(h.sizes, len(reqs))
@@ -74,15 +75,15 @@ func (h *fakeHandler) forwardSizes() []int {
 	return append([]int(nil), h.sizes...)
 }
 
-func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
+func decide(reqs []check.Request, out []check.Outcome, prefix string) {
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Validate(); err != nil {
-			out[i] = bucket.Outcome{Err: err.Error(), Owner: prefix + r.Key}
+			out[i] = check.Outcome{Err: err.Error(), Owner: prefix + r.Key}
 			continue
 		}
 		if len(r.More) == 0 {
-			out[i] = bucket.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
+			out[i] = check.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
 			continue
 		}
 		var ds []bucket.Decision
@@ -92,7 +93,7 @@ func decide(reqs []bucket.Request, out []bucket.Outcome, prefix string) {
 		for _, l := range r.More {
 			ds = append(ds, fakeDecide(l, r.Hits))
 		}
-		out[i] = bucket.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
+		out[i] = check.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
 	}
 }
 
@@ -106,12 +107,12 @@ func fakeDecide(l bucket.Limit, hits int64) bucket.Decision {
 
 // req is a valid request for key k with the given hits against a limit of 10
 // per minute.
-func req(k string, hits int64) bucket.Request {
-	return bucket.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
+func req(k string, hits int64) check.Request {
+	return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
 }
 
-func keys(prefix string, n int) []bucket.Request {
-	rs := make([]bucket.Request, n)
+func keys(prefix string, n int) []check.Request {
+	rs := make([]check.Request, n)
 	for i := range rs {
 		rs[i] = req(prefix+strconv.Itoa(i), 1)
 	}
@@ -323,7 +324,7 @@ func testKey(b byte) []byte {
 }
 
 // protoReqs is rs on the wire, as a client's call would carry them.
-func protoReqs(rs []bucket.Request) *sluicev1.CheckRequest {
+func protoReqs(rs []check.Request) *sluicev1.CheckRequest {
 	m := &sluicev1.CheckRequest{}
 	for _, r := range rs {
 		m.Requests = append(m.Requests, RequestToProto(r))

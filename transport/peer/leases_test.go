@@ -14,7 +14,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -27,14 +27,14 @@ type leasingHandler struct {
 	leasing int
 }
 
-func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (h *leasingHandler) CheckForwardedLeasing(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	h.mu.Lock()
 	h.leasing++
 	h.mu.Unlock()
 	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "hot") {
-			out[i].Lease = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
+			out[i].Lease = check.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
 		}
 	}
 }
@@ -46,16 +46,16 @@ func TestForwardCarriesLeases(t *testing.T) {
 		s := startServer(t, h)
 		pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Minute, UnaryForwards: unary})
 		defer pc.Close()
-		reqs := []bucket.Request{req("cold1", 1), req("hot1", 1), req("cold2", 1), req("hot2", 1)}
-		out := make([]bucket.Outcome, len(reqs))
+		reqs := []check.Request{req("cold1", 1), req("hot1", 1), req("cold2", 1), req("hot2", 1)}
+		out := make([]check.Outcome, len(reqs))
 		moved := make([]string, len(reqs))
 		if err := pc.Forward(testCtx(t), s.GRPCAddr(), reqs, out, moved); err != nil {
 			t.Fatalf("unary %v: %v", unary, err)
 		}
 		for i, o := range out {
-			want := bucket.Lease{}
+			want := check.Lease{}
 			if strings.HasPrefix(reqs[i].Key, "hot") {
-				want = bucket.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
+				want = check.Lease{Tokens: 5, TTL: 50 * time.Millisecond, GrantedAt: 77}
 			}
 			if o.Lease != want || !o.Allowed() {
 				t.Errorf("unary %v, item %d (%s): %+v, want lease %+v", unary, i, reqs[i].Key, o, want)
@@ -154,7 +154,7 @@ func FuzzForwardResponse(f *testing.F) {
 		}
 		off := int(off8) % n
 		m := n - off
-		c := &call{ptrs: make([]*sluicev1.RateLimitRequest, m), out: make([]bucket.Outcome, m), moved: make([]string, m)}
+		c := &call{ptrs: make([]*sluicev1.RateLimitRequest, m), out: make([]check.Outcome, m), moved: make([]string, m)}
 		var moved []string
 		if len(resp.MovedTo) != 0 {
 			moved = resp.MovedTo[off:]
@@ -163,10 +163,10 @@ func FuzzForwardResponse(f *testing.F) {
 			t.Fatalf("fill of an accepted answer: %v", err)
 		}
 		for i, o := range c.out {
-			var want bucket.Lease
+			var want check.Lease
 			for _, l := range resp.Leases {
 				if int(l.Index) == off+i {
-					want = bucket.Lease{Tokens: l.Tokens, TTL: time.Duration(l.TtlMicros) * time.Microsecond, GrantedAt: l.GrantedAt}
+					want = check.Lease{Tokens: l.Tokens, TTL: time.Duration(l.TtlMicros) * time.Microsecond, GrantedAt: l.GrantedAt}
 				}
 			}
 			if o.Lease != want {

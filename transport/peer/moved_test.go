@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -21,16 +21,16 @@ type movingHandler struct{ fakeHandler }
 
 const movedAddr = "10.0.0.9:8081"
 
-func (h *movingHandler) CheckForwarded(ctx context.Context, from string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (h *movingHandler) CheckForwarded(ctx context.Context, from string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	h.fakeHandler.CheckForwarded(ctx, from, reqs, out, movedTo)
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "moved") {
-			out[i], movedTo[i] = bucket.Outcome{}, movedAddr
+			out[i], movedTo[i] = check.Outcome{}, movedAddr
 		}
 	}
 }
 
-func checkMovedOut(reqs []bucket.Request, out []bucket.Outcome, moved []string) error {
+func checkMovedOut(reqs []check.Request, out []check.Outcome, moved []string) error {
 	for i := range reqs {
 		if strings.HasPrefix(reqs[i].Key, "moved") {
 			if moved[i] != movedAddr || out[i].Allowed() {
@@ -58,7 +58,7 @@ func TestForwardMovedTo(t *testing.T) {
 	const callers = 4
 	errs := make(chan error, callers)
 	for i := range callers {
-		rs := []bucket.Request{req("k"+strconv.Itoa(i), 1), req("moved"+strconv.Itoa(i), 1)}
+		rs := []check.Request{req("k"+strconv.Itoa(i), 1), req("moved"+strconv.Itoa(i), 1)}
 		if i%2 == 1 {
 			rs[0], rs[1] = rs[1], rs[0]
 		}
@@ -66,7 +66,7 @@ func TestForwardMovedTo(t *testing.T) {
 			rs = keys("still"+strconv.Itoa(i), 2) // nothing moved in this caller's part
 		}
 		go func() {
-			out, moved := make([]bucket.Outcome, len(rs)), make([]string, len(rs))
+			out, moved := make([]check.Outcome, len(rs)), make([]string, len(rs))
 			for j := range moved {
 				moved[j] = "stale" // Forward writes every entry
 			}
@@ -100,7 +100,7 @@ func TestForwardMovedTo(t *testing.T) {
 	if len(resp.MovedTo) != 0 || len(resp.Responses) != 3 {
 		t.Fatalf("no move: %d responses, moved_to %q; want 3 and none", len(resp.Responses), resp.MovedTo)
 	}
-	rs := []bucket.Request{req("k", 1), req("moved", 1), req("j", 1)}
+	rs := []check.Request{req("k", 1), req("moved", 1), req("j", 1)}
 	resp, err = raw.Forward(ctx, &sluicev1.ForwardRequest{From: "a", Requests: protoReqs(rs).Requests})
 	if err != nil {
 		t.Fatal(err)

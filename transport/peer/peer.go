@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/security"
 )
@@ -72,7 +72,7 @@ type PeerConfig struct {
 	// 0 means DefaultForwardTimeout (250 ms).
 	Timeout time.Duration
 	// MaxBatch is the most items in one Forward RPC; 0 or more than
-	// bucket.MaxBatchSize means bucket.MaxBatchSize (the receiver's limit).
+	// check.MaxBatchSize means check.MaxBatchSize (the receiver's limit).
 	MaxBatch int
 	// MaxInFlight is the most Forward RPCs on the wire to one peer at once;
 	// 0 means DefaultMaxInFlight.
@@ -174,8 +174,8 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 	if pc.timeout <= 0 {
 		pc.timeout = DefaultForwardTimeout
 	}
-	if pc.maxBatch <= 0 || pc.maxBatch > bucket.MaxBatchSize {
-		pc.maxBatch = bucket.MaxBatchSize
+	if pc.maxBatch <= 0 || pc.maxBatch > check.MaxBatchSize {
+		pc.maxBatch = check.MaxBatchSize
 	}
 	if pc.maxInFlight <= 0 {
 		pc.maxInFlight = DefaultMaxInFlight
@@ -240,8 +240,8 @@ func NewPeerClient(cfg PeerConfig) *PeerClient {
 // Peer/Forwards stream (unless PeerConfig.UnaryForwards, or the call is
 // traced, or the peer does not serve the stream); before, as unary
 // Peer/Forward calls.
-func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
-	return pc.chunked(ctx, addr, reqs, nil, out, movedTo, func(ctx context.Context, p *peer, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) error {
+func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
+	return pc.chunked(ctx, addr, reqs, nil, out, movedTo, func(ctx context.Context, p *peer, reqs []check.Request, _ []string, out []check.Outcome, movedTo []string) error {
 		if err := p.forward(ctx, reqs, out, movedTo); err != nil {
 			return fmt.Errorf("transport: forward %d requests to %s: %w", len(reqs), addr, err)
 		}
@@ -255,8 +255,8 @@ func (pc *PeerClient) Forward(ctx context.Context, addr string, reqs []bucket.Re
 // first ("" for none). It is sent at once, in one RPC per MaxBatch items,
 // outside the batching of Forward: stand-ins are rare. Answers and errors
 // are as for Forward.
-func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
-	return pc.chunked(ctx, addr, reqs, pullFrom, out, movedTo, func(ctx context.Context, p *peer, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
+	return pc.chunked(ctx, addr, reqs, pullFrom, out, movedTo, func(ctx context.Context, p *peer, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 		return p.forwardStandIn(ctx, reqs, pullFrom, out, movedTo)
 	})
 }
@@ -264,8 +264,8 @@ func (pc *PeerClient) ForwardStandIn(ctx context.Context, addr string, reqs []bu
 // chunked checks the lengths of the slices, finds the peer at addr and
 // calls send on chunks of at most MaxBatch items under one deadline (ctx's,
 // or now+Timeout when that is sooner). pullFrom may be nil.
-func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string,
-	send func(ctx context.Context, p *peer, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error) error {
+func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string,
+	send func(ctx context.Context, p *peer, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error) error {
 	if len(reqs) != len(out) || len(reqs) != len(movedTo) {
 		return fmt.Errorf("transport: forward: %d requests but %d outcomes and %d moved-to entries", len(reqs), len(out), len(movedTo))
 	}
@@ -295,7 +295,7 @@ func (pc *PeerClient) chunked(ctx context.Context, addr string, reqs []bucket.Re
 }
 
 // forwardStandIn sends one chunk as a stand-in Forward RPC.
-func (p *peer) forwardStandIn(ctx context.Context, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) error {
+func (p *peer) forwardStandIn(ctx context.Context, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
 	req := &sluicev1.ForwardRequest{From: p.pc.name, Cluster: p.pc.cluster, StandIn: true, Requests: make([]*sluicev1.RateLimitRequest, 0, len(reqs))}
 	for i := range reqs {
 		req.Requests = append(req.Requests, RequestToProto(reqs[i]))

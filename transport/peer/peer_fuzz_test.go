@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -36,7 +37,7 @@ func (h *recordingHandler) note(err error) {
 	}
 }
 
-func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome, pullFrom, movedTo []string, peer bool) {
+func (h *recordingHandler) outcomes(reqs []check.Request, out []check.Outcome, pullFrom, movedTo []string, peer bool) {
 	var err error
 	switch {
 	case len(reqs) != len(out):
@@ -48,14 +49,14 @@ func (h *recordingHandler) outcomes(reqs []bucket.Request, out []bucket.Outcome,
 	}
 	h.note(err)
 	for i := range reqs {
-		out[i] = bucket.Outcome{Owner: "fuzz"}
+		out[i] = check.Outcome{Owner: "fuzz"}
 		if e := reqs[i].Validate(); e != nil {
 			out[i].Err = e.Error()
 		}
 	}
 }
 
-func (h *recordingHandler) ReturnLeases(_ context.Context, _ string, rets []bucket.LeaseReturn, taken []int64) {
+func (h *recordingHandler) ReturnLeases(_ context.Context, _ string, rets []check.LeaseReturn, taken []int64) {
 	var err error
 	switch {
 	case len(rets) != len(taken):
@@ -69,7 +70,7 @@ func (h *recordingHandler) ReturnLeases(_ context.Context, _ string, rets []buck
 	h.note(err)
 }
 
-func (h *recordingHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string {
+func (h *recordingHandler) GrantRegion(_ context.Context, q *check.RegionQuery, ans []check.RegionAnswer) string {
 	var err error
 	if len(q.Asks) != len(ans) {
 		err = errors.New("asks and answers differ in length")
@@ -103,11 +104,11 @@ func (h *recordingHandler) Decided(_ context.Context, _ string, within time.Dura
 	return keymove.DecidedAnswer{Hashes: hs, Complete: true}
 }
 
-func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []bucket.Request, pullFrom []string, out []bucket.Outcome, movedTo []string) {
+func (h *recordingHandler) CheckStandIn(_ context.Context, _ string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) {
 	h.outcomes(reqs, out, pullFrom, movedTo, true)
 }
 
-func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) {
+func (h *recordingHandler) CheckForwarded(_ context.Context, _ string, reqs []check.Request, out []check.Outcome, movedTo []string) {
 	h.outcomes(reqs, out, nil, movedTo, true)
 }
 
@@ -208,7 +209,7 @@ func FuzzServiceMessages(f *testing.F) {
 				return
 			}
 			n = len(m.Requests)
-			sure = m.Cluster != "fuzz" || n > bucket.MaxBatchSize || (len(m.PullFrom) != 0 && len(m.PullFrom) != n)
+			sure = m.Cluster != "fuzz" || n > check.MaxBatchSize || (len(m.PullFrom) != 0 && len(m.PullFrom) != n)
 			resp, err := s.Forward(ctx, &m)
 			callErr, got = err, len(resp.GetResponses())
 			if mt := resp.GetMovedTo(); mt != nil && len(mt) != n {

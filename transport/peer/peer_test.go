@@ -17,10 +17,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 )
 
 // checkOwn verifies that out answers exactly reqs, as forwarded by from.
-func checkOwn(from string, reqs []bucket.Request, out []bucket.Outcome) error {
+func checkOwn(from string, reqs []check.Request, out []check.Outcome) error {
 	for i := range reqs {
 		if out[i].Owner != from+"/"+reqs[i].Key || out[i].Err != "" {
 			return fmt.Errorf("out[%d] = %+v, want the answer for %s", i, out[i], reqs[i].Key)
@@ -37,8 +38,8 @@ func TestForwardLoneCallerSentAtOnce(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Hour})
 	defer pc.Close()
 	for i := range 5 {
-		rs := []bucket.Request{req("k"+strconv.Itoa(i), 1)}
-		out := make([]bucket.Outcome, 1)
+		rs := []check.Request{req("k"+strconv.Itoa(i), 1)}
+		out := make([]check.Outcome, 1)
 		if err := pc.Forward(context.Background(), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +77,7 @@ func TestForwardCoalescesConcurrentCallers(t *testing.T) {
 	for i := range callers {
 		rs := keys("c"+strconv.Itoa(i)+"-", 1+i%3)
 		wg.Go(func() {
-			out := make([]bucket.Outcome, len(rs))
+			out := make([]check.Outcome, len(rs))
 			if err := pc.Forward(testCtx(t), addr, rs, out, make([]string, len(out))); err != nil {
 				errs <- err
 				return
@@ -128,7 +129,7 @@ func TestForwardStress(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			for i := range rounds {
 				rs := keys(fmt.Sprintf("w%d-%d-", w, i), 1+rng.IntN(70))
-				out := make([]bucket.Outcome, len(rs))
+				out := make([]check.Outcome, len(rs))
 				ctx, cancel := context.WithCancel(context.Background())
 				if i%10 == 9 {
 					cancel() // gives up at once: error or answers, never a crossed answer
@@ -166,7 +167,7 @@ func TestForwardSplitsLargeCalls(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "a", MaxBatch: 10})
 	defer pc.Close()
 	rs := keys("k", 25)
-	out := make([]bucket.Outcome, len(rs))
+	out := make([]check.Outcome, len(rs))
 	if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +189,7 @@ func TestForwardUnreachablePeer(t *testing.T) {
 	defer pc.Close()
 	for range 3 { // the first dial and the reconnects after it
 		start := time.Now()
-		err := pc.Forward(context.Background(), addr, keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1))
+		err := pc.Forward(context.Background(), addr, keys("k", 1), make([]check.Outcome, 1), make([]string, 1))
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("forward to a closed port: %v (after %v), want Unavailable", err, time.Since(start))
 		}
@@ -210,7 +211,7 @@ func TestForwardHangingPeer(t *testing.T) {
 	for i := range callers {
 		go func() {
 			start := time.Now()
-			err := pc.Forward(context.Background(), s.GRPCAddr(), keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1), make([]string, 1))
+			err := pc.Forward(context.Background(), s.GRPCAddr(), keys("k"+strconv.Itoa(i), 1), make([]check.Outcome, 1), make([]string, 1))
 			if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 				errs <- fmt.Errorf("caller %d: %v, want DeadlineExceeded", i, err)
 				return
@@ -246,13 +247,13 @@ func TestForwardCancelWhileQueued(t *testing.T) {
 
 	first := make(chan error, 1)
 	go func() {
-		first <- pc.Forward(context.Background(), addr, keys("first", 1), make([]bucket.Outcome, 1), make([]string, 1))
+		first <- pc.Forward(context.Background(), addr, keys("first", 1), make([]check.Outcome, 1), make([]string, 1))
 	}()
 	waitFor(t, 10*time.Second, "the first forward on the wire", func() bool { return h.forwards.Load() == 1 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	queued := make(chan error, 1)
-	out := make([]bucket.Outcome, 1)
+	out := make([]check.Outcome, 1)
 	go func() { queued <- pc.Forward(ctx, addr, keys("queued", 1), out, make([]string, len(out))) }()
 	waitFor(t, 10*time.Second, "the second forward queued", func() bool { _, q := peerState(pc, addr); return q == 1 })
 	cancel()
@@ -269,7 +270,7 @@ func TestForwardCancelWhileQueued(t *testing.T) {
 	// ends, the batch carries the third caller only.
 	third := make(chan error, 1)
 	rs := keys("third", 2)
-	out3 := make([]bucket.Outcome, 2)
+	out3 := make([]check.Outcome, 2)
 	go func() { third <- pc.Forward(context.Background(), addr, rs, out3, make([]string, len(out3))) }()
 	waitFor(t, 10*time.Second, "the third forward queued", func() bool { _, q := peerState(pc, addr); return q == 2 })
 	close(h.block)
@@ -285,7 +286,7 @@ func TestForwardCancelWhileQueued(t *testing.T) {
 	if got := fmt.Sprint(h.forwardSizes()); got != "[1 2]" {
 		t.Fatalf("RPC sizes %s, want [1 2]", got)
 	}
-	if out[0] != (bucket.Outcome{}) {
+	if out[0] != (check.Outcome{}) {
 		t.Fatalf("the abandoned caller's out was written: %+v", out[0])
 	}
 }
@@ -299,28 +300,28 @@ func TestForwardEdges(t *testing.T) {
 	if err := pc.Forward(ctx, s.GRPCAddr(), nil, nil, nil); err != nil {
 		t.Errorf("empty forward: %v", err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 2), make([]bucket.Outcome, 1), make([]string, 1)); err == nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 2), make([]check.Outcome, 1), make([]string, 1)); err == nil {
 		t.Error("forward with a short out succeeded")
 	}
-	if err := pc.Forward(ctx, "", keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err == nil {
+	if err := pc.Forward(ctx, "", keys("k", 1), make([]check.Outcome, 1), make([]string, 1)); err == nil {
 		t.Error("forward to an empty address succeeded")
 	}
 	if h.forwards.Load() != 0 {
 		t.Errorf("%d RPCs for edge cases, want 0", h.forwards.Load())
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]check.Outcome, 1), make([]string, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := pc.ClosePeer(s.GRPCAddr()); err != nil {
 		t.Fatal(err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); err != nil {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]check.Outcome, 1), make([]string, 1)); err != nil {
 		t.Fatalf("forward after ClosePeer (redials): %v", err)
 	}
 	if err := pc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]bucket.Outcome, 1), make([]string, 1)); !errors.Is(err, ErrClosed) {
+	if err := pc.Forward(ctx, s.GRPCAddr(), keys("k", 1), make([]check.Outcome, 1), make([]string, 1)); !errors.Is(err, ErrClosed) {
 		t.Errorf("forward after Close: %v, want ErrClosed", err)
 	}
 	if err := pc.Close(); err != nil {
@@ -339,7 +340,7 @@ func TestPeerClientCloseFailsInFlight(t *testing.T) {
 	errs := make(chan error, 3)
 	for i := range 3 {
 		go func() {
-			errs <- pc.Forward(context.Background(), addr, keys("k"+strconv.Itoa(i), 1), make([]bucket.Outcome, 1), make([]string, 1))
+			errs <- pc.Forward(context.Background(), addr, keys("k"+strconv.Itoa(i), 1), make([]check.Outcome, 1), make([]string, 1))
 		}()
 	}
 	waitFor(t, 10*time.Second, "one forward on the wire, two queued", func() bool {
@@ -370,15 +371,15 @@ func TestForwardKeepsMore(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	defer pc.Close()
 	full := fullRequest()
-	alone := bucket.Request{Name: "api", Key: "alone", Hits: 6, More: []bucket.Limit{{Limit: 100, WindowMS: 1000}, {Algorithm: bucket.GCRA, Limit: 5, WindowMS: 60_000}}}
-	rs := []bucket.Request{full, req("plain", 1), alone}
-	out := make([]bucket.Outcome, len(rs))
+	alone := check.Request{Name: "api", Key: "alone", Hits: 6, More: []bucket.Limit{{Limit: 100, WindowMS: 1000}, {Algorithm: bucket.GCRA, Limit: 5, WindowMS: 60_000}}}
+	rs := []check.Request{full, req("plain", 1), alone}
+	out := make([]check.Outcome, len(rs))
 	for range 2 { // the second time on recycled messages
 		if err := pc.Forward(testCtx(t), s.GRPCAddr(), rs, out, make([]string, len(out))); err != nil {
 			t.Fatal(err)
 		}
 		h.mu.Lock()
-		got := append([]bucket.Request(nil), h.lastFwd...)
+		got := append([]check.Request(nil), h.lastFwd...)
 		h.mu.Unlock()
 		if !reflect.DeepEqual(got, rs) {
 			t.Fatalf("forwarded\n%+v\narrived as\n%+v", rs, got)
@@ -403,11 +404,11 @@ func TestForwardStandInReachesCheckStandIn(t *testing.T) {
 	addr := startServer(t, h).GRPCAddr()
 	pc := NewPeerClient(PeerConfig{NodeName: "a"})
 	defer pc.Close()
-	reqs := []bucket.Request{
+	reqs := []check.Request{
 		{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}},
 		{Name: "n", Key: "k2", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}},
 	}
-	out := make([]bucket.Outcome, 2)
+	out := make([]check.Outcome, 2)
 	if err := pc.ForwardStandIn(context.Background(), addr, reqs, []string{"10.0.0.1:8081", ""}, out, make([]string, 2)); err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +416,7 @@ func TestForwardStandInReachesCheckStandIn(t *testing.T) {
 		t.Fatalf("CheckStandIn called %d times, want 1", h.standIns.Load())
 	}
 	h.mu.Lock()
-	got, pull := append([]bucket.Request(nil), h.lastFwd...), h.lastPull
+	got, pull := append([]check.Request(nil), h.lastFwd...), h.lastPull
 	h.mu.Unlock()
 	if len(got) != 2 || len(pull) != 2 || pull[0] != "10.0.0.1:8081" || pull[1] != "" {
 		t.Fatalf("the handler saw %+v pulling from %q, want pull_from carried per request", got, pull)
@@ -432,8 +433,8 @@ func TestResetBackoffReconnectsAtOnce(t *testing.T) {
 	pc.ResetBackoff("127.0.0.1:1") // unknown peer: nothing to do
 	h := &fakeHandler{}
 	addr := startServer(t, h).GRPCAddr()
-	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
+	out := make([]check.Outcome, 1)
 	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
@@ -461,8 +462,8 @@ func TestResetBackoffAfterRestart(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	reqs := []bucket.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{{Name: "n", Key: "k", Hits: 1, Limit: bucket.Limit{Limit: 5, WindowMS: 1000}}}
+	out := make([]check.Outcome, 1)
 	if err := pc.Forward(context.Background(), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
@@ -519,8 +520,8 @@ func TestForwardRightAfterResetBackoffReachesTheReturnedPeer(t *testing.T) {
 	old := serveOn(ln)
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: 5 * time.Second})
 	defer pc.Close()
-	reqs := []bucket.Request{req("k", 1)}
-	out := make([]bucket.Outcome, 1)
+	reqs := []check.Request{req("k", 1)}
+	out := make([]check.Outcome, 1)
 	if err := pc.Forward(testCtx(t), addr, reqs, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -58,7 +58,7 @@ type call struct {
 	hits  []int64 // what items[i].Hits points to
 	ptrs  []*sluicev1.RateLimitRequest
 	req   sluicev1.ForwardRequest // for a direct send
-	out   []bucket.Outcome
+	out   []check.Outcome
 	moved []string // the caller's movedTo
 	dl    time.Time
 	span  trace.SpanContext // the caller's, when traced: parent of a queued batch's RPC
@@ -73,7 +73,7 @@ type batch struct {
 	req   sluicev1.ForwardRequest
 }
 
-func (pc *PeerClient) getCall(reqs []bucket.Request, out []bucket.Outcome, movedTo []string, dl time.Time) *call {
+func (pc *PeerClient) getCall(reqs []check.Request, out []check.Outcome, movedTo []string, dl time.Time) *call {
 	c := pc.calls.Get().(*call)
 	n := len(reqs)
 	if cap(c.items) < n {
@@ -104,7 +104,7 @@ func (pc *PeerClient) putCall(c *call) {
 }
 
 // forward sends one chunk of at most maxBatch items; ctx has a deadline.
-func (p *peer) forward(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome, movedTo []string) error {
+func (p *peer) forward(ctx context.Context, reqs []check.Request, out []check.Outcome, movedTo []string) error {
 	pc := p.pc
 	dl, _ := ctx.Deadline()
 	c := pc.getCall(reqs, out, movedTo, dl)
@@ -207,7 +207,7 @@ func fill(c *call, resps []*sluicev1.RateLimitResponse, moved []string, leases [
 	}
 	for _, l := range leases {
 		if i := int(l.GetIndex()) - off; i >= 0 && i < len(resps) {
-			c.out[i].Lease = bucket.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond, GrantedAt: l.GetGrantedAt()}
+			c.out[i].Lease = check.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond, GrantedAt: l.GetGrantedAt()}
 		}
 	}
 	if len(moved) == 0 { // all decided

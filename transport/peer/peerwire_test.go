@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
@@ -55,7 +56,7 @@ func TestPeerClientRefusesMalformedAnswers(t *testing.T) {
 	stateless := &sluicev1.Counter{Name: "api", Key: "y", Version: 4}
 	ghost := &sluicev1.Counter{Name: "api", Key: "y", State: ok.State}
 	other := CounterToProto(counter("other", 3, 9))
-	decided := []*sluicev1.RateLimitResponse{ResponseToProto(bucket.Outcome{Owner: "p"}), ResponseToProto(bucket.Outcome{Owner: "p"})}
+	decided := []*sluicev1.RateLimitResponse{ResponseToProto(check.Outcome{Owner: "p"}), ResponseToProto(check.Outcome{Owner: "p"})}
 	tests := []struct {
 		name string
 		peer bogusPeer
@@ -77,7 +78,7 @@ func TestPeerClientRefusesMalformedAnswers(t *testing.T) {
 			defer pc.Close()
 			var err error
 			if tt.peer.forward != nil {
-				out := make([]bucket.Outcome, 2)
+				out := make([]check.Outcome, 2)
 				err = pc.Forward(testCtx(t), addr, keys("k", 2), out, make([]string, 2))
 			} else {
 				ks := []bucket.Counter{{Name: "api", Key: "x"}, {Name: "api", Key: "y"}}
@@ -179,7 +180,7 @@ func TestPeerCallsFromAnotherClusterAreRefused(t *testing.T) {
 
 	other := NewPeerClient(PeerConfig{NodeName: "x", ClusterName: "green"})
 	defer other.Close()
-	out, moved := make([]bucket.Outcome, 1), make([]string, 1)
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
 	for what, err := range map[string]error{
 		"forward":  other.Forward(ctx, addr, keys("k", 1), out, moved),
 		"stand-in": other.ForwardStandIn(ctx, addr, keys("k", 1), nil, out, moved),

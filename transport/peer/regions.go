@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -20,33 +20,33 @@ import (
 // len(q.Asks)) and returns its own region's name. Every ask has passed
 // validateRegionAsk. Called concurrently.
 type RegionGranter interface {
-	GrantRegion(ctx context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (region string)
+	GrantRegion(ctx context.Context, q *check.RegionQuery, ans []check.RegionAnswer) (region string)
 }
 
 // MaxRegionLeaseTTL is the longest a region's slice may last.
 const MaxRegionLeaseTTL = 10 * time.Second
 
 // validateRegionAsk checks one RegionAsk as it arrives.
-func validateRegionAsk(m *sluicev1.RegionAsk) (bucket.RegionAsk, error) {
+func validateRegionAsk(m *sluicev1.RegionAsk) (check.RegionAsk, error) {
 	if m.GetRequest() == nil {
-		return bucket.RegionAsk{}, fmt.Errorf("no request")
+		return check.RegionAsk{}, fmt.Errorf("no request")
 	}
-	a := bucket.RegionAsk{Request: RequestFromProto(m.GetRequest()), Return: m.GetReturnHits(), ReturnGrantedAt: m.GetReturnGrantedAt()}
+	a := check.RegionAsk{Request: RequestFromProto(m.GetRequest()), Return: m.GetReturnHits(), ReturnGrantedAt: m.GetReturnGrantedAt()}
 	r := &a.Request
 	if err := r.Validate(); err != nil {
-		return bucket.RegionAsk{}, err
+		return check.RegionAsk{}, err
 	}
 	switch {
 	case !r.Limit.Global || len(r.More) > 0 || r.Limit.Limit == 0:
-		return bucket.RegionAsk{}, fmt.Errorf("does not name one global limit")
+		return check.RegionAsk{}, fmt.Errorf("does not name one global limit")
 	case r.Hits < 0 || r.Hits > MaxReturnHits:
-		return bucket.RegionAsk{}, fmt.Errorf("asks for %d hits, want 0 to %d", r.Hits, MaxReturnHits)
+		return check.RegionAsk{}, fmt.Errorf("asks for %d hits, want 0 to %d", r.Hits, MaxReturnHits)
 	case a.Return < 0 || a.Return > MaxReturnHits:
-		return bucket.RegionAsk{}, fmt.Errorf("returns %d hits, want 0 to %d", a.Return, MaxReturnHits)
+		return check.RegionAsk{}, fmt.Errorf("returns %d hits, want 0 to %d", a.Return, MaxReturnHits)
 	case a.Return > 0 && a.ReturnGrantedAt <= 0:
-		return bucket.RegionAsk{}, fmt.Errorf("returns hits of a slice granted at %d, not a grant's id", a.ReturnGrantedAt)
+		return check.RegionAsk{}, fmt.Errorf("returns hits of a slice granted at %d, not a grant's id", a.ReturnGrantedAt)
 	case r.Hits == 0 && a.Return == 0:
-		return bucket.RegionAsk{}, fmt.Errorf("asks for nothing and returns nothing")
+		return check.RegionAsk{}, fmt.Errorf("asks for nothing and returns nothing")
 	}
 	return a, nil
 }
@@ -70,7 +70,7 @@ func (g *Server) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantReque
 		g.log.Warn("refused region grant", "from", from, "asks", len(ms))
 		return nil, tooManyCounters(len(ms))
 	}
-	q := &bucket.RegionQuery{From: from, Region: req.GetRegion(), ToRegion: req.GetToRegion(), Routed: req.GetRouted(), Asks: make([]bucket.RegionAsk, len(ms))}
+	q := &check.RegionQuery{From: from, Region: req.GetRegion(), ToRegion: req.GetToRegion(), Routed: req.GetRouted(), Asks: make([]check.RegionAsk, len(ms))}
 	for i, m := range ms {
 		a, err := validateRegionAsk(m)
 		if err != nil {
@@ -79,7 +79,7 @@ func (g *Server) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantReque
 		}
 		q.Asks[i] = a
 	}
-	ans := make([]bucket.RegionAnswer, len(q.Asks))
+	ans := make([]check.RegionAnswer, len(q.Asks))
 	region := h.GrantRegion(ctx, q, ans)
 	resp := &sluicev1.RegionGrantResponse{Region: region, Taken: make([]int64, len(ans))}
 	for i, a := range ans {
@@ -97,7 +97,7 @@ func (g *Server) RegionGrant(ctx context.Context, req *sluicev1.RegionGrantReque
 // deadline, or Timeout when ctx has none. A malformed answer — a grant
 // out of bounds or for no ask, two for one ask, more taken back than
 // returned — is an error and ans is left as it was.
-func (pc *PeerClient) RegionGrant(ctx context.Context, addr string, q *bucket.RegionQuery, ans []bucket.RegionAnswer) (string, error) {
+func (pc *PeerClient) RegionGrant(ctx context.Context, addr string, q *check.RegionQuery, ans []check.RegionAnswer) (string, error) {
 	if len(ans) != len(q.Asks) {
 		return "", fmt.Errorf("transport: region grant: %d asks but %d answers", len(q.Asks), len(ans))
 	}
@@ -132,7 +132,7 @@ func (pc *PeerClient) RegionGrant(ctx context.Context, addr string, q *bucket.Re
 }
 
 // decodeRegionGrant checks a RegionGrant answer against the asks.
-func decodeRegionGrant(resp *sluicev1.RegionGrantResponse, asks []bucket.RegionAsk) ([]bucket.RegionAnswer, error) {
+func decodeRegionGrant(resp *sluicev1.RegionGrantResponse, asks []check.RegionAsk) ([]check.RegionAnswer, error) {
 	n := len(asks)
 	taken := resp.GetTaken()
 	if len(taken) != n {
@@ -141,7 +141,7 @@ func decodeRegionGrant(resp *sluicev1.RegionGrantResponse, asks []bucket.RegionA
 	if resp.GetRegion() == "" {
 		return nil, fmt.Errorf("no region named")
 	}
-	got := make([]bucket.RegionAnswer, n)
+	got := make([]check.RegionAnswer, n)
 	for i, t := range taken {
 		if t < 0 || t > asks[i].Return {
 			return nil, fmt.Errorf("took back %d of the %d hits returned by ask %d", t, asks[i].Return, i)
@@ -160,7 +160,7 @@ func decodeRegionGrant(resp *sluicev1.RegionGrantResponse, asks []bucket.RegionA
 			return nil, fmt.Errorf("a grant of %d hits (of %d asked) for %d µs, granted at %d, for ask %d",
 				l.GetTokens(), asks[i].Request.Hits, l.GetTtlMicros(), l.GetGrantedAt(), i)
 		}
-		got[i].Lease = bucket.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond, GrantedAt: l.GetGrantedAt()}
+		got[i].Lease = check.Lease{Tokens: l.GetTokens(), TTL: time.Duration(l.GetTtlMicros()) * time.Microsecond, GrantedAt: l.GetGrantedAt()}
 	}
 	return got, nil
 }

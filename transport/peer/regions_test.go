@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -18,15 +18,15 @@ import (
 // returned hit; key "liar" gets twice what it asked.
 type regionHandler struct {
 	fakeHandler
-	got *bucket.RegionQuery
+	got *check.RegionQuery
 }
 
-func (h *regionHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery, ans []bucket.RegionAnswer) string {
+func (h *regionHandler) GrantRegion(_ context.Context, q *check.RegionQuery, ans []check.RegionAnswer) string {
 	h.got = q
 	for i, a := range q.Asks {
 		ans[i].Taken = a.Return
 		if a.Request.Hits > 0 {
-			ans[i].Lease = bucket.Lease{Tokens: a.Request.Hits / 2, TTL: 300 * time.Millisecond, GrantedAt: 42}
+			ans[i].Lease = check.Lease{Tokens: a.Request.Hits / 2, TTL: 300 * time.Millisecond, GrantedAt: 42}
 			if a.Request.Key == "liar" {
 				ans[i].Lease.Tokens = 2 * a.Request.Hits
 			}
@@ -35,7 +35,7 @@ func (h *regionHandler) GrantRegion(_ context.Context, q *bucket.RegionQuery, an
 	return "home"
 }
 
-func globalReq(k string, hits int64) bucket.Request {
+func globalReq(k string, hits int64) check.Request {
 	r := req(k, hits)
 	r.Limit.Global = true
 	return r
@@ -47,23 +47,23 @@ func TestRegionGrantRoundTrip(t *testing.T) {
 	s := startServer(t, h)
 	pc := NewPeerClient(PeerConfig{NodeName: "b0", Timeout: time.Minute})
 	defer pc.Close()
-	q := &bucket.RegionQuery{Region: "away", ToRegion: "home", Asks: []bucket.RegionAsk{
+	q := &check.RegionQuery{Region: "away", ToRegion: "home", Asks: []check.RegionAsk{
 		{Request: globalReq("k1", 10)}, {Request: globalReq("k2", 0), Return: 3, ReturnGrantedAt: 7}}}
-	ans := make([]bucket.RegionAnswer, 2)
+	ans := make([]check.RegionAnswer, 2)
 	region, err := pc.RegionGrant(testCtx(t), s.GRPCAddr(), q, ans)
 	if err != nil || region != "home" {
 		t.Fatalf("%q, %v", region, err)
 	}
-	if ans[0].Lease != (bucket.Lease{Tokens: 5, TTL: 300 * time.Millisecond, GrantedAt: 42}) || ans[1].Taken != 3 || ans[1].Lease.TTL != 0 {
+	if ans[0].Lease != (check.Lease{Tokens: 5, TTL: 300 * time.Millisecond, GrantedAt: 42}) || ans[1].Taken != 3 || ans[1].Lease.TTL != 0 {
 		t.Fatalf("answers %+v", ans)
 	}
 	if g := h.got; g.From != "b0" || g.Region != "away" || g.Routed || !g.Asks[0].Request.Limit.Global || g.Asks[1].ReturnGrantedAt != 7 {
 		t.Fatalf("the handler saw %+v", g)
 	}
 	// A grant of more than was asked is an error, and fills nothing.
-	bad := make([]bucket.RegionAnswer, 1)
-	if _, err := pc.RegionGrant(testCtx(t), s.GRPCAddr(), &bucket.RegionQuery{Region: "away", ToRegion: "home",
-		Asks: []bucket.RegionAsk{{Request: globalReq("liar", 4)}}}, bad); err == nil || !strings.Contains(err.Error(), "8 hits (of 4 asked)") || bad[0].Lease.TTL != 0 {
+	bad := make([]check.RegionAnswer, 1)
+	if _, err := pc.RegionGrant(testCtx(t), s.GRPCAddr(), &check.RegionQuery{Region: "away", ToRegion: "home",
+		Asks: []check.RegionAsk{{Request: globalReq("liar", 4)}}}, bad); err == nil || !strings.Contains(err.Error(), "8 hits (of 4 asked)") || bad[0].Lease.TTL != 0 {
 		t.Fatalf("a grant of 8 for 4 asked: %v, %+v", err, bad)
 	}
 }

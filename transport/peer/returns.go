@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -23,25 +23,25 @@ const MaxReturnHits = 1 << 20
 // len(rets)) with the hits of rets[i] it took back into the key's counter.
 // Called concurrently; every return has passed validateReturn.
 type LeaseReturner interface {
-	ReturnLeases(ctx context.Context, from string, rets []bucket.LeaseReturn, taken []int64)
+	ReturnLeases(ctx context.Context, from string, rets []check.LeaseReturn, taken []int64)
 }
 
 // validateReturn checks one LeaseReturn as it arrives.
-func validateReturn(m *sluicev1.LeaseReturn) (bucket.LeaseReturn, error) {
+func validateReturn(m *sluicev1.LeaseReturn) (check.LeaseReturn, error) {
 	if m.GetRequest() == nil {
-		return bucket.LeaseReturn{}, fmt.Errorf("no request")
+		return check.LeaseReturn{}, fmt.Errorf("no request")
 	}
-	r := bucket.LeaseReturn{Request: RequestFromProto(m.GetRequest()), GrantedAt: m.GetGrantedAt()}
+	r := check.LeaseReturn{Request: RequestFromProto(m.GetRequest()), GrantedAt: m.GetGrantedAt()}
 	if err := r.Request.Validate(); err != nil {
-		return bucket.LeaseReturn{}, err
+		return check.LeaseReturn{}, err
 	}
 	switch {
 	case r.Request.Hits < 1 || r.Request.Hits > MaxReturnHits:
-		return bucket.LeaseReturn{}, fmt.Errorf("returns %d hits, want 1 to %d", r.Request.Hits, MaxReturnHits)
+		return check.LeaseReturn{}, fmt.Errorf("returns %d hits, want 1 to %d", r.Request.Hits, MaxReturnHits)
 	case r.GrantedAt <= 0:
-		return bucket.LeaseReturn{}, fmt.Errorf("granted_at %d is not a grant's id", r.GrantedAt)
+		return check.LeaseReturn{}, fmt.Errorf("granted_at %d is not a grant's id", r.GrantedAt)
 	case len(r.Request.More) > 0 || r.Request.Limit.Limit == 0:
-		return bucket.LeaseReturn{}, fmt.Errorf("names no inline limit, or more than one: want the one the lease was granted under")
+		return check.LeaseReturn{}, fmt.Errorf("names no inline limit, or more than one: want the one the lease was granted under")
 	}
 	return r, nil
 }
@@ -62,7 +62,7 @@ func (g *Server) Return(ctx context.Context, req *sluicev1.ReturnRequest) (*slui
 		g.log.Warn("refused lease returns", "from", from, "returns", len(ms))
 		return nil, tooManyCounters(len(ms))
 	}
-	rets := make([]bucket.LeaseReturn, len(ms))
+	rets := make([]check.LeaseReturn, len(ms))
 	for i, m := range ms {
 		r, err := validateReturn(m)
 		if err != nil {
@@ -83,7 +83,7 @@ func (g *Server) Return(ctx context.Context, req *sluicev1.ReturnRequest) (*slui
 // how many of each it took back. At most MaxCounters go in one call; the
 // call ends by ctx's deadline, or Timeout when ctx has none. An answer of
 // the wrong length, or that takes back more than was given, is an error.
-func (pc *PeerClient) Return(ctx context.Context, addr string, rets []bucket.LeaseReturn) ([]int64, error) {
+func (pc *PeerClient) Return(ctx context.Context, addr string, rets []check.LeaseReturn) ([]int64, error) {
 	if len(rets) == 0 {
 		return nil, nil
 	}

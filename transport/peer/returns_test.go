@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -23,10 +23,10 @@ type returnsHandler struct {
 	fakeHandler
 	mu   sync.Mutex
 	from string
-	got  []bucket.LeaseReturn
+	got  []check.LeaseReturn
 }
 
-func (h *returnsHandler) ReturnLeases(_ context.Context, from string, rets []bucket.LeaseReturn, taken []int64) {
+func (h *returnsHandler) ReturnLeases(_ context.Context, from string, rets []check.LeaseReturn, taken []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.from = from
@@ -51,7 +51,7 @@ func TestReturnCarriesLeaseReturns(t *testing.T) {
 	s := startServer(t, h)
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Minute})
 	defer pc.Close()
-	rets := []bucket.LeaseReturn{{Request: req("hot1", 5), GrantedAt: 11}, {Request: req("hot2", 2), GrantedAt: 12}}
+	rets := []check.LeaseReturn{{Request: req("hot1", 5), GrantedAt: 11}, {Request: req("hot2", 2), GrantedAt: 12}}
 	taken, err := pc.Return(testCtx(t), s.GRPCAddr(), rets)
 	if err != nil {
 		t.Fatal(err)
@@ -111,12 +111,12 @@ func TestReturnAnswersChecked(t *testing.T) {
 	pc := NewPeerClient(PeerConfig{NodeName: "a", Timeout: time.Minute})
 	defer pc.Close()
 	s := startServer(t, &returnsHandler{})
-	if _, err := pc.Return(testCtx(t), s.GRPCAddr(), []bucket.LeaseReturn{{Request: req("greedy", 2), GrantedAt: 1}}); err == nil ||
+	if _, err := pc.Return(testCtx(t), s.GRPCAddr(), []check.LeaseReturn{{Request: req("greedy", 2), GrantedAt: 1}}); err == nil ||
 		!strings.Contains(err.Error(), "took back 3 of the 2 hits") {
 		t.Fatalf("greedy answer: %v", err)
 	}
 	plain := startServer(t, &fakeHandler{})
-	if _, err := pc.Return(testCtx(t), plain.GRPCAddr(), []bucket.LeaseReturn{{Request: req("hot", 2), GrantedAt: 1}}); status.Code(err) != codes.Unimplemented {
+	if _, err := pc.Return(testCtx(t), plain.GRPCAddr(), []check.LeaseReturn{{Request: req("hot", 2), GrantedAt: 1}}); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("server without returns: %v, want Unimplemented", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/security"
 )
@@ -74,16 +74,16 @@ func (g *Server) stopping() bool { return g.cfg.Stopping != nil && g.cfg.Stoppin
 
 // checkBuf holds the per-call slices the handler works on; pooled.
 type checkBuf struct {
-	reqs  []bucket.Request
-	outs  []bucket.Outcome
+	reqs  []check.Request
+	outs  []check.Outcome
 	moved []string // a peer's answer: where each undecided item went
 }
 
 func (g *Server) getBuf(n int) *checkBuf {
 	b := g.bufs.Get().(*checkBuf)
 	if cap(b.reqs) < n {
-		b.reqs = make([]bucket.Request, n)
-		b.outs = make([]bucket.Outcome, n)
+		b.reqs = make([]check.Request, n)
+		b.outs = make([]check.Outcome, n)
 		b.moved = make([]string, n)
 	}
 	b.reqs, b.outs, b.moved = b.reqs[:n], b.outs[:n], b.moved[:n]
@@ -98,10 +98,10 @@ func (g *Server) putBuf(b *checkBuf) {
 }
 
 // BatchTooLarge is the refusal of a call of n checks, more than
-// bucket.MaxBatchSize: of a forward here, of a client's call in package
+// check.MaxBatchSize: of a forward here, of a client's call in package
 // transport.
 func BatchTooLarge(n int) error {
-	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, bucket.MaxBatchSize)
+	return status.Errorf(codes.InvalidArgument, "batch has %d requests, more than %d", n, check.MaxBatchSize)
 }
 
 // run converts forwarded reqs, runs the Handler on pooled slices and
@@ -150,7 +150,7 @@ func (g *Server) run(ctx context.Context, reqs []*sluicev1.RateLimitRequest, sta
 }
 
 // appendLeases appends the grants among outs (Outcome.Lease), by index.
-func appendLeases(dst []*sluicev1.LeaseGrant, outs []bucket.Outcome) []*sluicev1.LeaseGrant {
+func appendLeases(dst []*sluicev1.LeaseGrant, outs []check.Outcome) []*sluicev1.LeaseGrant {
 	for i := range outs {
 		if l := outs[i].Lease; l.TTL > 0 { // Tokens 0: a refusal lease
 			dst = append(dst, &sluicev1.LeaseGrant{Index: uint32(i), Tokens: l.Tokens, TtlMicros: l.TTL.Microseconds(), GrantedAt: l.GrantedAt})
@@ -166,7 +166,7 @@ func (g *Server) Forward(ctx context.Context, req *sluicev1.ForwardRequest) (*sl
 	if err := g.sameCluster("forward", req.GetFrom(), req.GetCluster()); err != nil {
 		return nil, err
 	}
-	if n := len(req.GetRequests()); n > bucket.MaxBatchSize {
+	if n := len(req.GetRequests()); n > check.MaxBatchSize {
 		g.log.Warn("refused forwarded batch", "from", req.GetFrom(), "requests", n)
 		return nil, BatchTooLarge(n)
 	}

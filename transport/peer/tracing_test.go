@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -29,17 +30,17 @@ type blockingHandler struct {
 	forwards atomic.Int64 // CheckForwarded calls
 }
 
-func (h *blockingHandler) Check(_ context.Context, reqs []bucket.Request, out []bucket.Outcome) {
+func (h *blockingHandler) Check(_ context.Context, reqs []check.Request, out []check.Outcome) {
 	for i := range reqs {
-		out[i] = bucket.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit}, Owner: reqs[i].Key}
+		out[i] = check.Outcome{Decision: bucket.Decision{Status: bucket.UnderLimit, Limit: reqs[i].Limit.Limit}, Owner: reqs[i].Key}
 	}
 }
 
-func (h *blockingHandler) CheckStandIn(ctx context.Context, from string, reqs []bucket.Request, _ []string, out []bucket.Outcome, movedTo []string) {
+func (h *blockingHandler) CheckStandIn(ctx context.Context, from string, reqs []check.Request, _ []string, out []check.Outcome, movedTo []string) {
 	h.CheckForwarded(ctx, from, reqs, out, movedTo)
 }
 
-func (h *blockingHandler) CheckForwarded(ctx context.Context, _ string, reqs []bucket.Request, out []bucket.Outcome, _ []string) {
+func (h *blockingHandler) CheckForwarded(ctx context.Context, _ string, reqs []check.Request, out []check.Outcome, _ []string) {
 	h.forwards.Add(1)
 	select {
 	case <-h.block:
@@ -93,8 +94,8 @@ func serverSpans(exp *tracetest.InMemoryExporter, name string) []trace.TraceID {
 
 // req is a valid request for key k with the given hits against a limit of 10
 // per minute.
-func req(k string, hits int64) bucket.Request {
-	return bucket.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
+func req(k string, hits int64) check.Request {
+	return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
 }
 
 func testCtx(t testing.TB) context.Context {
@@ -132,8 +133,8 @@ func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	forward := func(ctx context.Context, key string) {
-		out := make([]bucket.Outcome, 1)
-		errs <- pc.Forward(ctx, addr, []bucket.Request{req(key, 1)}, out, make([]string, len(out)))
+		out := make([]check.Outcome, 1)
+		errs <- pc.Forward(ctx, addr, []check.Request{req(key, 1)}, out, make([]string, len(out)))
 	}
 	wg.Go(func() { forward(ctxA, "a") })
 	waitFor(t, 10*time.Second, "A's RPC in flight", func() bool { in, _ := peer.PeerState(pc, addr); return in == 1 && h.forwards.Load() == 1 })
@@ -160,8 +161,8 @@ func TestTracingQueuedForwardKeepsItsTrace(t *testing.T) {
 
 	// Untraced: no span anywhere.
 	exp.Reset()
-	out := make([]bucket.Outcome, 1)
-	if err := pc.Forward(testCtx(t), addr, []bucket.Request{req("c", 1)}, out, make([]string, len(out))); err != nil {
+	out := make([]check.Outcome, 1)
+	if err := pc.Forward(testCtx(t), addr, []check.Request{req("c", 1)}, out, make([]string, len(out))); err != nil {
 		t.Fatal(err)
 	}
 	if ss := exp.GetSpans(); len(ss) != 0 {
