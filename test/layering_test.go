@@ -75,6 +75,10 @@ var layers = []layer{
 		// Not the ring itself (its implementation, consistent, comes with
 		// it), nor the public client: cluster/keymove is a leaf.
 		mustNot: []string{"cluster$", "cluster/ownership", "cluster/lease", "cluster/clustertest", "writeback", "client", "github.com/buraksezer/consistent", "go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}},
+	// What the transport tests share (only they import it): check words,
+	// the Go client, the standard library.
+	{pkg: "transport/internal/wiretest", may: []string{"bucket", "cluster/check", "client"},
+		mustNot: []string{"cluster$", "writeback", "transport$", "transport/peer"}},
 	// The public Go client: gRPC, protobuf and the generated package, and
 	// nothing of the node (client's own deps test names the libraries).
 	{pkg: "client", may: []string{"proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf"},

@@ -2,16 +2,13 @@ package transport
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster/check"
+	"github.com/sluicehq/sluice/transport/internal/wiretest"
 )
 
 // fakeHandler decides like a limiter with no memory: a valid request is over
@@ -59,59 +56,6 @@ func (h *fakeHandler) CheckForwarded(ctx context.Context, from string, reqs []ch
 	decide(reqs, out, from+"/")
 }
 
-func decide(reqs []check.Request, out []check.Outcome, prefix string) {
-	for i := range reqs {
-		r := &reqs[i]
-		if err := r.Validate(); err != nil {
-			out[i] = check.Outcome{Err: err.Error(), Owner: prefix + r.Key}
-			continue
-		}
-		if len(r.More) == 0 {
-			out[i] = check.Outcome{Decision: fakeDecide(r.Limit, r.Hits), Owner: prefix + r.Key}
-			continue
-		}
-		var ds []bucket.Decision
-		if r.Limit != (bucket.Limit{}) {
-			ds = append(ds, fakeDecide(r.Limit, r.Hits))
-		}
-		for _, l := range r.More {
-			ds = append(ds, fakeDecide(l, r.Hits))
-		}
-		out[i] = check.Outcome{Decision: bucket.Combine(ds), Owner: prefix + r.Key}
-	}
-}
-
-// fakeDecide is over the limit when hits > l.Limit.
-func fakeDecide(l bucket.Limit, hits int64) bucket.Decision {
-	if hits > l.Limit {
-		return bucket.Decision{Status: bucket.OverLimit, Limit: l.Limit, ResetAfterMS: 11_200, RetryAfterMS: 1_500}
-	}
-	return bucket.Decision{Status: bucket.UnderLimit, Limit: l.Limit, Remaining: l.Limit - hits, ResetAfterMS: l.WindowMS}
-}
-
-// req is a valid request for key k with the given hits against a limit of 10
-// per minute.
-func req(k string, hits int64) check.Request {
-	return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
-}
-
-func keys(prefix string, n int) []check.Request {
-	rs := make([]check.Request, n)
-	for i := range rs {
-		rs[i] = req(prefix+strconv.Itoa(i), 1)
-	}
-	return rs
-}
-
-func listen(t testing.TB) net.Listener {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // startServer starts a Server with gRPC and HTTP on loopback ports chosen by
 // the kernel and shuts it down when the test ends.
 func startServer(t testing.TB, h Handler, edit ...func(*ServerConfig)) *Server {
@@ -137,30 +81,14 @@ func startServer(t testing.TB, h Handler, edit ...func(*ServerConfig)) *Server {
 	return s
 }
 
-func dial(t testing.TB, addr string) *client.Node {
-	t.Helper()
-	c, err := client.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// The shared helpers of the transport tests (wiretest), by their short
+// names here.
+var (
+	decide  = wiretest.Decide
+	req     = wiretest.Req
+	keys    = wiretest.Keys
+	listen  = wiretest.Listen
+	waitFor = wiretest.WaitFor
+	testCtx = wiretest.Ctx
+	dial    = wiretest.Dial
+)

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/transport/internal/wiretest"
 	"github.com/sluicehq/sluice/transport/peer"
 )
 
@@ -92,29 +93,13 @@ func serverSpans(exp *tracetest.InMemoryExporter, name string) []trace.TraceID {
 	return ids
 }
 
-// req is a valid request for key k with the given hits against a limit of 10
-// per minute.
-func req(k string, hits int64) check.Request {
-	return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 10, WindowMS: 60_000}}
-}
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(time.Millisecond) // polling interval, not synchronisation
-	}
-}
+// The shared helpers of the transport tests (wiretest), by their short
+// names here.
+var (
+	req     = wiretest.Req
+	testCtx = wiretest.Ctx
+	waitFor = wiretest.WaitFor
+)
 
 // A forward that waits in the batch queue rides in an RPC whose span
 // continues its caller's trace (the first waiting caller's); a forward

@@ -8,75 +8,30 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/transport/internal/wiretest"
 )
 
-// testCA is a CA that issues certificates into a directory.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	dir  string
-	n    int64
-}
-
-func newTestCA(t *testing.T, dir, name string) *testCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	ca := &testCA{cert: c, key: key, dir: dir}
-	writePEM(t, filepath.Join(dir, name+".pem"), "CERTIFICATE", der)
-	return ca
-}
-
-// issue writes name.pem and name-key.pem for a leaf valid on 127.0.0.1.
-func (ca *testCA) issue(t *testing.T, name string, usage ...x509.ExtKeyUsage) (cert, key string) {
-	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ca.n++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(100 + ca.n), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usage, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, k.Public(), ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalPKCS8PrivateKey(k)
-	cert, key = filepath.Join(ca.dir, name+".pem"), filepath.Join(ca.dir, name+"-key.pem")
-	writePEM(t, cert, "CERTIFICATE", der)
-	writePEM(t, key, "PRIVATE KEY", kb)
-	return cert, key
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-var both = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+// The certificate authority of the transport tests (wiretest).
+var (
+	newTestCA = wiretest.NewCA
+	both      = wiretest.Both
+)
 
 func TestLoadTLSRefusesBadFiles(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	nodeCA := newTestCA(t, dir, "node-ca")
 	otherCA := newTestCA(t, dir, "other-ca")
-	cert, key := nodeCA.issue(t, "n1", both...)
-	foreign, foreignKey := otherCA.issue(t, "x", both...)
-	serverOnly, serverOnlyKey := nodeCA.issue(t, "s", x509.ExtKeyUsageServerAuth)
-	_, key2 := nodeCA.issue(t, "n2", both...)
+	cert, key := nodeCA.Issue(t, "n1", both...)
+	foreign, foreignKey := otherCA.Issue(t, "x", both...)
+	serverOnly, serverOnlyKey := nodeCA.Issue(t, "s", x509.ExtKeyUsageServerAuth)
+	_, key2 := nodeCA.Issue(t, "n2", both...)
 	ca := filepath.Join(dir, "node-ca.pem")
 	certPEM, _ := os.ReadFile(cert)
 	truncated := filepath.Join(dir, "truncated.pem")
@@ -111,7 +66,7 @@ func TestTLSReloadKeepsLastGoodMaterial(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	nodeCA := newTestCA(t, dir, "node-ca")
-	cert, key := nodeCA.issue(t, "n1", both...)
+	cert, key := nodeCA.Issue(t, "n1", both...)
 	m, err := LoadTLS(TLSFiles{Cert: cert, Key: key, CA: filepath.Join(dir, "node-ca.pem")})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +75,7 @@ func TestTLSReloadKeepsLastGoodMaterial(t *testing.T) {
 		t.Fatalf("reload of unchanged files: changed=%v err=%v", changed, err)
 	}
 	first := m.Leaf().SerialNumber.Int64()
-	nodeCA.issue(t, "n1", both...) // new serial, same paths
+	nodeCA.Issue(t, "n1", both...) // new serial, same paths
 	if changed, err := m.Reload(); !changed || err != nil {
 		t.Fatalf("reload of a new certificate: changed=%v err=%v", changed, err)
 	}
