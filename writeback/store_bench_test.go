@@ -158,6 +158,41 @@ func BenchmarkStoreLoad(b *testing.B) {
 	}
 }
 
+// BenchmarkStoreLoadAbsent is the point read of a key's first check: a key
+// the store has never held, in a store of n records written as a node
+// writes them, in flushes of 10,000 (so the records sit in several tables
+// and levels, as on a live node). Every new key pays this read once.
+func BenchmarkStoreLoadAbsent(b *testing.B) {
+	for _, eng := range engines {
+		for _, n := range []int{100_000, 1_000_000} {
+			b.Run(fmt.Sprintf("%s/%dk", eng.name, n/1000), func(b *testing.B) {
+				b.ReportAllocs()
+				st, err := eng.open(b.TempDir(), slog.New(slog.DiscardHandler))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer st.Close()
+				recs := benchRecords(n, 1)
+				for i := 0; i < n; i += 10_000 {
+					if err := st.Write(recs[i:min(i+10_000, n)]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				rng := rand.New(rand.NewPCG(1, 2))
+				b.ResetTimer()
+				for b.Loop() {
+					// Between two present keys in key order, so that no table's
+					// key range rules it out.
+					k := Key{Name: "api.create_url", Key: fmt.Sprintf("user:%d~", 1_000_000+rng.IntN(n))}
+					if _, ok, err := st.Load(k); ok || err != nil {
+						b.Fatal("present", k, err)
+					}
+				}
+			})
+		}
+	}
+}
+
 // TestEnginesAgree runs the same operations on every engine under
 // benchmark, so that the comparison is between stores that do the same
 // work: writes and overwrites, loads, a key-ordered scan, bounded expiry
