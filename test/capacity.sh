@@ -20,8 +20,10 @@
 # light load (one caller per node, single checks) runs until then: a node
 # left without checks for --heartbeat-idle (30 s) stops its pause
 # heartbeat, and its first check after that is handled as a pause, every
-# key it owns pulled before its next decision for 30 s. The pulls of each
-# round are counted and printed. The budget, not the generator,
+# key it owns pulled before its next decision for 30 s. Then every key is
+# checked once, so that the rounds measure a warm cluster: a key's first
+# check reads the store on its owner, and its first copy on its replica.
+# The pulls of each round are counted and printed. The budget, not the generator,
 # must be what stops the nodes: the script reports, per round, the share
 # of the nodes' 100 ms CFS periods that ran out of quota (throttled) and
 # the generator's own CPU (bench's user+system time from /usr/bin/time),
@@ -188,6 +190,9 @@ for n in $sizes; do
   addrs=""
   for ((i = 1; i <= n; i++)); do addrs+="${addrs:+,}$net.$i:8081"; done
   "$bin" bench --addr "$addrs" --concurrency "$n" --keys "$keys" --duration "${settle}s" --progress 0 --json >/dev/null
+  # Every key once (see the head).
+  "$bin" bench --addr "$addrs" --sequential --batch "$batch" --calls $(((keys + batch - 1) / batch)) \
+    --concurrency 1 --keys "$keys" --duration 120s --progress 0 --json >/dev/null
   round "$n" owner-aware
   round "$n" sidecar
   stop
