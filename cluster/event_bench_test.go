@@ -45,7 +45,7 @@ func BenchmarkMembershipEvent(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = node.cache.Close(context.Background()) })
 			node.ml.Store(&memberlist.Memberlist{}) // rebuild reads the roster only
-			node.inRing.Store(true)
+			node.life.alone()
 			member := func(i int) memberInfo {
 				name := fmt.Sprintf("sluice-%04d", i)
 				return memberInfo{name: name, gossip: fmt.Sprintf("10.1.%d.%d:7946", i/250, i%250),

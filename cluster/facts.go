@@ -23,7 +23,8 @@ func (n *Node) facts(tbl *ring.Table, h uint64, k writeback.Key, lims limits, no
 // factsIn is facts with the book's moves as ms, read once by a caller
 // that reads many keys' facts.
 func (n *Node) factsIn(ms ownership.Moves, tbl *ring.Table, h uint64, k writeback.Key, lims limits, now int64) ownership.Facts {
-	f := ownership.Facts{Phase: n.life.load(), SelfAddr: n.cfg.GRPCAddr, InRing: n.inRing.Load()}
+	phase, inRing := n.life.state()
+	f := ownership.Facts{Phase: phase, SelfAddr: n.cfg.GRPCAddr, InRing: inRing}
 	owner, ok := tbl.Owner(h)
 	f.Owns = !ok || owner.Name == n.name
 	if !f.Owns {

@@ -321,10 +321,9 @@ func (n *Node) enterRing() {
 	n.rebuild() // the others' ring, without this node
 	n.leaveMu.Lock()
 	defer n.leaveMu.Unlock()
-	if _, ok := n.life.to(ownership.Ready); !ok {
+	if _, ok := n.life.to(ownership.Ready); !ok { // and into the ring
 		return
 	}
-	n.inRing.Store(true)
 	n.deleg.setMeta(n.meta())
 	if err := n.ml.Load().UpdateNode(n.cfg.LeaveTimeout); err != nil {
 		n.log.Warn("ready flag not gossiped yet", "err", err)

@@ -17,25 +17,57 @@ import (
 	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
-// lifecycle holds a node's phase. The zero value is ownership.Starting.
+// lifecycle holds a node's phase and whether the node is in its own ring
+// (it takes partitions: ownership.Facts.InRing), in one word, so that the
+// two are always read and changed together. The zero value is
+// ownership.Starting, out of the ring.
+//
+// The ring bit follows the phase: a node enters its ring when it becomes
+// Ready (enterRing), or from the start when it has no seeds (alone), and
+// stays in it through Leaving and Draining until it has left. A node that
+// leaves or is refused while joining never enters it.
 type lifecycle struct {
-	p atomic.Uint32
+	p atomic.Uint32 // the phase in the low byte; inRingBit
 }
 
+const (
+	phaseMask = 0xff
+	inRingBit = 1 << 8
+)
+
 // load returns the current phase.
-func (l *lifecycle) load() ownership.Phase { return ownership.Phase(l.p.Load()) }
+func (l *lifecycle) load() ownership.Phase { return ownership.Phase(l.p.Load() & phaseMask) }
+
+// inRing reports whether the node takes partitions in its own ring.
+func (l *lifecycle) inRing() bool { return l.p.Load()&inRingBit != 0 }
+
+// state returns the phase and whether the node is in its ring, read
+// together.
+func (l *lifecycle) state() (ownership.Phase, bool) {
+	w := l.p.Load()
+	return ownership.Phase(w & phaseMask), w&inRingBit != 0
+}
+
+// alone puts a node that has no seeds in its own ring before it starts: it
+// is a cluster of its own from the start.
+func (l *lifecycle) alone() { l.p.Or(inRingBit) }
 
 // to moves the lifecycle to next when the current phase allows it,
 // atomically, and reports the phase it was in and whether it moved. It is
-// the only writer of the phase.
+// the only writer of the phase; moving to Ready also enters the ring.
 func (l *lifecycle) to(next ownership.Phase) (from ownership.Phase, ok bool) {
 	for {
 		cur := l.p.Load()
-		if !ownership.Legal(ownership.Phase(cur), next) {
-			return ownership.Phase(cur), false
+		from = ownership.Phase(cur & phaseMask)
+		if !ownership.Legal(from, next) {
+			return from, false
 		}
-		if l.p.CompareAndSwap(cur, uint32(next)) {
-			return ownership.Phase(cur), true
+		w := cur&^phaseMask | uint32(next)
+		if next == ownership.Ready {
+			w |= inRingBit
+		}
+		if l.p.CompareAndSwap(cur, w) {
+			return from, true
 		}
 	}
 }
@@ -109,11 +141,11 @@ func (n *Node) Start(ctx context.Context) error {
 	n.ml.Store(ml)
 	n.rebuild()
 	n.cache.Start(ctx)
-	n.pauseMu.Lock()
-	n.evidence = openCPUEvidence()
+	n.pause.mu.Lock()
+	n.pause.evidence = openCPUEvidence()
 	n.sampleCPU()
-	n.pauseMu.Unlock()
-	n.beat.Store(n.now().UnixNano())
+	n.pause.mu.Unlock()
+	n.beat.last.Store(n.now().UnixNano())
 	n.wg.Add(9)
 	if n.regions != nil {
 		n.wg.Add(1)
@@ -215,12 +247,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.wg.Wait()
-		n.pauseMu.Lock()
-		if n.evidence != nil {
-			n.evidence.close()
-			n.evidence = nil
+		n.pause.mu.Lock()
+		if n.pause.evidence != nil {
+			n.pause.evidence.close()
+			n.pause.evidence = nil
 		}
-		n.pauseMu.Unlock()
+		n.pause.mu.Unlock()
 		errs = append(errs, n.cache.Close(ctx))
 		n.shutErr = errors.Join(errs...)
 	})

@@ -88,8 +88,8 @@ func TestNodeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Shutdown(context.Background()) })
-	if p := n.life.load(); p != ownership.Starting || n.Ready() || !n.inRing.Load() {
-		t.Fatalf("after New: phase %s, ready %v, in ring %v; want starting, false, true", p, n.Ready(), n.inRing.Load())
+	if p := n.life.load(); p != ownership.Starting || n.Ready() || !n.life.inRing() {
+		t.Fatalf("after New: phase %s, ready %v, in ring %v; want starting, false, true", p, n.Ready(), n.life.inRing())
 	}
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -127,5 +127,52 @@ func TestLeaveBeforeStart(t *testing.T) {
 	}
 	if err := n.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "left") {
 		t.Fatalf("Start after Shutdown = %v, want an error saying the node left", err)
+	}
+}
+
+// TestLifecycleRingFollowsThePhase: the ring bit is set by becoming Ready
+// (or by alone, before Start) and never by another transition, and it
+// stays set through the leave; a node that leaves or is refused while
+// joining never enters the ring.
+func TestLifecycleRingFollowsThePhase(t *testing.T) {
+	t.Parallel()
+	step := func(l *lifecycle, to ownership.Phase) {
+		t.Helper()
+		if from, ok := l.to(to); !ok {
+			t.Fatalf("%s -> %s refused", from, to)
+		}
+	}
+	check := func(l *lifecycle, want ownership.Phase, in bool) {
+		t.Helper()
+		if p, r := l.state(); p != want || r != in || l.load() != want || l.inRing() != in {
+			t.Fatalf("state %s, in ring %v; want %s, %v", p, r, want, in)
+		}
+	}
+	var seeded lifecycle
+	check(&seeded, ownership.Starting, false)
+	step(&seeded, ownership.Joining)
+	check(&seeded, ownership.Joining, false)
+	step(&seeded, ownership.Ready)
+	check(&seeded, ownership.Ready, true)
+	for _, p := range []ownership.Phase{ownership.Leaving, ownership.Draining, ownership.Left} {
+		step(&seeded, p)
+		check(&seeded, p, true)
+	}
+
+	var alone lifecycle
+	alone.alone()
+	check(&alone, ownership.Starting, true)
+	step(&alone, ownership.Joining)
+	check(&alone, ownership.Joining, true)
+
+	for _, end := range []ownership.Phase{ownership.Leaving, ownership.Refused} {
+		var l lifecycle
+		step(&l, ownership.Joining)
+		step(&l, end)
+		check(&l, end, false)
+		if _, ok := l.to(ownership.Ready); ok {
+			t.Fatalf("%s -> ready allowed", end)
+		}
+		check(&l, end, false)
 	}
 }

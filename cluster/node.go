@@ -102,10 +102,6 @@ type Node struct {
 	// metadata to why, so that each is warned of once per reason rather
 	// than at every rebuild. rebuildMu guards it.
 	leftOut map[string]string
-	// inRing: this node takes partitions in its own ring (it announced
-	// metaReady, or has no seeds). A fact beside the phase, set once: see
-	// phase.
-	inRing atomic.Bool
 	// debug: the logger takes debug records (per-key traces of moves).
 	debug bool
 	// book holds the ownership records: the moves that brought keys here
@@ -130,44 +126,59 @@ type Node struct {
 	// the changed keys, so a second round started meanwhile must wait for
 	// the first to end before it may say every change has been sent.
 	replRound chan struct{}
-	beat      atomic.Int64  // Unix ns (n.now) of the last heartbeat or noticed pause
-	beatIdle  atomic.Bool   // the heartbeat stopped: nothing was decided for HeartbeatIdle (heartbeat.go)
-	beatWake  chan struct{} // wakes the stopped heartbeat (capacity 1)
-	boot      uint64        // this process's boot id, in the gossiped metadata
-	restarts  chan string   // members whose boot id changed, for the rebuild loop (rereplicate.go)
-	pauseMu   sync.Mutex    // held while a pause is noticed, and by the heartbeat's samples
-	// Guarded by pauseMu: what explains a gap (starve.go; nil where not
-	// started), the CPU counters at the last beat, the ring without this
-	// node for pauseCur, and the pause log's rate limit.
-	evidence      *cpuEvidence
-	lastCPU       cpuSample
-	pausePrev     *ring.Table
-	pauseCur      *ring.Table
-	pauseLoggedAt int64
-	pauseUnlogged uint64
+	boot      uint64      // this process's boot id, in the gossiped metadata
+	restarts  chan string // members whose boot id changed, for the rebuild loop (rereplicate.go)
+	beat      heartbeat
+	pause     pauses
+	meter     rateMeter
 	// ledger records the keys this node decided that others may own,
 	// for members that noticed a pause (pausequery.go).
-	ledger *ownership.Ledger
-	// The pause move the query loop asks about next, and when its pause
-	// was noticed (guarded by pauseAsk); pauseWake wakes the loop
-	// (capacity 1).
-	pauseAsk     sync.Mutex
-	pauseAsked   *ownership.Move
-	pauseNoticed time.Time
-	pausePulls   uint64 // stats.pulls when it was noticed
-	pauseWake    chan struct{}
-	rate         atomic.Uint64 // math.Float64bits of checks per second
-	rateIdle     atomic.Bool   // the rate meter stopped for want of checks (rate.go)
-	rateWake     chan struct{} // wakes the stopped rate meter (capacity 1)
-	deadWake     chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
-	load         atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
-	lastWarn     atomic.Int64  // Unix ns of the last owner-unavailable log line
+	ledger   *ownership.Ledger
+	deadWake chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
+	load     atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
+	lastWarn atomic.Int64  // Unix ns of the last owner-unavailable log line
 	// unreachable: gRPC address → Unix ns until which a side stand-in
 	// (sideStandIn) does not try it again.
 	unreachable sync.Map
 	// stoodIn: keys whose forwarded checks this node, their owner, gave
 	// up on, which a replica may have decided as a stand-in (standins.go).
 	stoodIn standIns
+}
+
+// heartbeat is the pause heartbeat's state (pause.go, heartbeat.go).
+type heartbeat struct {
+	last atomic.Int64  // Unix ns (n.now) of the last heartbeat or noticed pause
+	idle atomic.Bool   // the heartbeat stopped: nothing was decided for HeartbeatIdle
+	wake chan struct{} // wakes the stopped heartbeat (capacity 1)
+}
+
+// pauses is what the node knows of its own pauses (pause.go, starve.go,
+// pausequery.go).
+type pauses struct {
+	mu sync.Mutex // held while a pause is noticed, and by the heartbeat's samples
+	// Guarded by mu: what explains a gap (starve.go; nil where not
+	// started), the CPU counters at the last beat, the ring without this
+	// node for cur, and the pause log's rate limit.
+	evidence *cpuEvidence
+	lastCPU  cpuSample
+	prev     *ring.Table
+	cur      *ring.Table
+	loggedAt int64
+	unlogged uint64
+	// The pause move the query loop asks about next, and when its pause
+	// was noticed (guarded by askMu); wake wakes the loop (capacity 1).
+	askMu   sync.Mutex
+	asked   *ownership.Move
+	noticed time.Time
+	pulls   uint64 // stats.pulls when it was noticed
+	wake    chan struct{}
+}
+
+// rateMeter is the node's measure of its checks per second (rate.go).
+type rateMeter struct {
+	rate atomic.Uint64 // math.Float64bits of checks per second
+	idle atomic.Bool   // the meter stopped for want of checks
+	wake chan struct{} // wakes the stopped meter (capacity 1)
 }
 
 // New validates cfg, opens the durable store under cfg.DataDir (or takes
@@ -211,9 +222,9 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		ring:      r,
 		peers:     peers,
 		stop:      make(chan struct{}),
-		beatWake:  make(chan struct{}, 1),
-		pauseWake: make(chan struct{}, 1),
-		rateWake:  make(chan struct{}, 1),
+		beat:      heartbeat{wake: make(chan struct{}, 1)},
+		pause:     pauses{wake: make(chan struct{}, 1)},
+		meter:     rateMeter{wake: make(chan struct{}, 1)},
 		deadWake:  make(chan struct{}, 1),
 		restarts:  make(chan string, 16),
 		boot:      rand.Uint64() | 1, // never 0
@@ -246,7 +257,9 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	})
 	// A node without seeds is a cluster of its own from the start; one with
 	// seeds decides nothing until it has joined (enterRing).
-	n.inRing.Store(len(cfg.Join) == 0)
+	if len(cfg.Join) == 0 {
+		n.life.alone()
+	}
 	n.roster.now = n.now
 	n.deleg = &delegate{self: cfg.Name, roster: &n.roster, changed: make(chan struct{}, 1), onReturn: n.peerReturned, onRejoin: func(name string) {
 		n.stats.rejoins.Add(1)
@@ -254,7 +267,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 			"each key's newest counter version wins", "member", name)
 	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}
 	n.deleg.setMeta(n.meta())
-	n.beat.Store(n.now().UnixNano())
+	n.beat.last.Store(n.now().UnixNano())
 	return n, nil
 }
 
@@ -330,7 +343,7 @@ func (n *Node) rebuild() {
 		// A leaving member is routed around at once; this node routes
 		// around itself only once it drains (until then it decides what
 		// nobody has pulled yet).
-		if m.name == n.name && (n.draining() || !n.inRing.Load()) {
+		if m.name == n.name && (n.draining() || !n.life.inRing()) {
 			continue
 		}
 		if m.name != n.name && (m.meta.leaving || !m.meta.ready) {

@@ -52,7 +52,7 @@ import (
 // pauseCheck notices a pause (the event "pause noticed") before a decision
 // taken at now (Unix ns).
 func (n *Node) pauseCheck(now int64) {
-	if now-n.beat.Load() > int64(n.cfg.ForwardTimeout) {
+	if now-n.beat.last.Load() > int64(n.cfg.ForwardTimeout) {
 		n.noticePause(now)
 	}
 }
@@ -64,7 +64,7 @@ func (n *Node) pauseCheck(now int64) {
 func (n *Node) heartbeatLoop() {
 	defer n.wg.Done()
 	beats := 0
-	beatLoop(n.stop, n.beatWake, max(n.cfg.ForwardTimeout/4, time.Millisecond), n.cfg.HeartbeatIdle,
+	beatLoop(n.stop, n.beat.wake, max(n.cfg.ForwardTimeout/4, time.Millisecond), n.cfg.HeartbeatIdle,
 		func() uint64 { return n.stats.checks.Load() + n.stats.answered.Load() },
 		func(time.Time) {
 			now := n.now().UnixNano()
@@ -72,14 +72,14 @@ func (n *Node) heartbeatLoop() {
 			// The CPU evidence a gap is explained by, every fourth beat
 			// (reading it costs tens of microseconds).
 			if beats++; beats%4 == 0 {
-				n.pauseMu.Lock()
+				n.pause.mu.Lock()
 				n.sampleCPU()
-				n.pauseMu.Unlock()
+				n.pause.mu.Unlock()
 			}
-			n.beat.Store(max(n.beat.Load(), now))
+			n.beat.last.Store(max(n.beat.last.Load(), now))
 		},
 		func(idle bool) {
-			n.beatIdle.Store(idle)
+			n.beat.idle.Store(idle)
 			if idle {
 				n.log.Debug("idle: the pause heartbeat stops until the next check", "after", n.cfg.HeartbeatIdle)
 			}
@@ -89,26 +89,26 @@ func (n *Node) heartbeatLoop() {
 // noticePause handles a gap in the heartbeat seen at now: once per gap,
 // whoever sees it first, and before the heartbeat moves on.
 func (n *Node) noticePause(now int64) {
-	n.pauseMu.Lock()
-	defer n.pauseMu.Unlock()
-	last := n.beat.Load()
+	n.pause.mu.Lock()
+	defer n.pause.mu.Unlock()
+	last := n.beat.last.Load()
 	if now-last <= int64(n.cfg.ForwardTimeout) {
 		return // handled by another caller
 	}
-	n.pausedFor(time.Duration(now-last), now, n.beatIdle.Load())
+	n.pausedFor(time.Duration(now-last), now, n.beat.idle.Load())
 	n.sampleCPU()
-	n.beat.Store(now)
+	n.beat.last.Store(now)
 	select { // wake the heartbeat if it stopped
-	case n.beatWake <- struct{}{}:
+	case n.beat.wake <- struct{}{}:
 	default:
 	}
 }
 
 // sampleCPU records, at a beat, what a later gap is explained by
-// (starve.go). n.pauseMu is held.
+// (starve.go). n.pause.mu is held.
 func (n *Node) sampleCPU() {
-	if n.evidence != nil {
-		n.lastCPU = n.evidence.sample()
+	if n.pause.evidence != nil {
+		n.pause.lastCPU = n.pause.evidence.sample()
 	}
 }
 
@@ -124,7 +124,7 @@ const pauseLogEvery = 10 * time.Second
 // replicas stood in for it before that), for the keys it owns in the
 // current ring only. idle: the heartbeat had stopped for want of checks
 // (HeartbeatIdle), so the gap is most likely idleness; it is handled the
-// same way, but counted and logged apart from pauses. n.pauseMu is held.
+// same way, but counted and logged apart from pauses. n.pause.mu is held.
 //
 // The reaction is bounded whatever the rate of pauses: one move for all
 // the keys (a newer pause move replaces an older one over the same table,
@@ -132,12 +132,12 @@ const pauseLogEvery = 10 * time.Second
 // and a key pulled at most once per pause, when it is next checked; an
 // idle node pulls nothing.
 func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
-	if !n.inRing.Load() || n.draining() {
+	if !n.life.inRing() || n.draining() {
 		return
 	}
 	cur := n.ring.Table()
-	prev := n.pausePrev
-	if prev == nil || n.pauseCur != cur {
+	prev := n.pause.prev
+	if prev == nil || n.pause.cur != cur {
 		var others []ring.Member
 		for _, m := range cur.Members() {
 			if m.Name != n.name {
@@ -152,7 +152,7 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 			n.log.Error("paused: ring without this node not built; keys not pulled", "err", err)
 			return
 		}
-		n.pausePrev, n.pauseCur = prev, cur
+		n.pause.prev, n.pause.cur = prev, cur
 	}
 	n.askAfterPause(n.book.Paused(prev, cur, now, now-int64(d)), time.Now())
 	if idle {
@@ -164,8 +164,8 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 	}
 	n.stats.pauses.Add(1)
 	cause := PauseStopped
-	if n.evidence != nil {
-		cause = pauseCause(n.lastCPU, n.evidence.sample(), d)
+	if n.pause.evidence != nil {
+		cause = pauseCause(n.pause.lastCPU, n.pause.evidence.sample(), d)
 	}
 	switch cause {
 	case PauseStarved:
@@ -173,13 +173,13 @@ func (n *Node) pausedFor(d time.Duration, now int64, idle bool) {
 	case PauseBusy:
 		n.stats.pausesBusy.Add(1)
 	}
-	n.pauseUnlogged++
-	if now-n.pauseLoggedAt < int64(pauseLogEvery) && n.pauseLoggedAt != 0 {
+	n.pause.unlogged++
+	if now-n.pause.loggedAt < int64(pauseLogEvery) && n.pause.loggedAt != 0 {
 		return
 	}
 	n.log.Warn("this node did not run for longer than the forward timeout: "+
 		"its peers may have decided its keys meanwhile, so each key it owns is pulled from them before its next decision",
 		"gap", d.Round(time.Millisecond), "cause", cause, "forward_timeout", n.cfg.ForwardTimeout, "window", n.cfg.MoveWindow,
-		"pauses_since_last_line", n.pauseUnlogged)
-	n.pauseLoggedAt, n.pauseUnlogged = now, 0
+		"pauses_since_last_line", n.pause.unlogged)
+	n.pause.loggedAt, n.pause.unlogged = now, 0
 }

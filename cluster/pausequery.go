@@ -110,11 +110,11 @@ func (n *Node) Decided(_ context.Context, from string, within time.Duration, cou
 
 // askAfterPause wakes the pause query loop for the pause move m.
 func (n *Node) askAfterPause(m *ownership.Move, noticed time.Time) {
-	n.pauseAsk.Lock()
-	n.pauseAsked, n.pauseNoticed, n.pausePulls = m, noticed, n.stats.pulls.Load()
-	n.pauseAsk.Unlock()
+	n.pause.askMu.Lock()
+	n.pause.asked, n.pause.noticed, n.pause.pulls = m, noticed, n.stats.pulls.Load()
+	n.pause.askMu.Unlock()
 	select {
-	case n.pauseWake <- struct{}{}:
+	case n.pause.wake <- struct{}{}:
 	default:
 	}
 }
@@ -129,11 +129,11 @@ func (n *Node) pauseQueryLoop() {
 		select {
 		case <-n.stop:
 			return
-		case <-n.pauseWake:
+		case <-n.pause.wake:
 		}
-		n.pauseAsk.Lock()
-		m, noticed, pulls0 := n.pauseAsked, n.pauseNoticed, n.pausePulls
-		n.pauseAsk.Unlock()
+		n.pause.askMu.Lock()
+		m, noticed, pulls0 := n.pause.asked, n.pause.noticed, n.pause.pulls
+		n.pause.askMu.Unlock()
 		if m == nil {
 			continue
 		}

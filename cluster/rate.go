@@ -15,7 +15,7 @@ import (
 func (n *Node) rateLoop() {
 	defer n.wg.Done()
 	last, lastAt, lastCPU := n.stats.checks.Load(), time.Now(), cpuTime()
-	meterLoop(n.stop, n.rateWake, &n.rateIdle, time.Second,
+	meterLoop(n.stop, n.meter.wake, &n.meter.idle, time.Second,
 		func() uint64 { return n.stats.checks.Load() + n.stats.answered.Load() },
 		func(now time.Time) {
 			// The checks that woke it count in the first second after.
@@ -24,7 +24,7 @@ func (n *Node) rateLoop() {
 		func(now time.Time) {
 			c, cpu := n.stats.checks.Load(), cpuTime()
 			wall := now.Sub(lastAt)
-			n.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
+			n.meter.rate.Store(math.Float64bits(float64(c-last) / wall.Seconds()))
 			load := float64(cpu-lastCPU) / (float64(wall) * float64(runtime.GOMAXPROCS(0)))
 			n.load.Store(math.Float64bits(min(max(load, 0), 1)))
 			last, lastAt, lastCPU = c, now, cpu
@@ -35,8 +35,8 @@ func (n *Node) rateLoop() {
 // check or a peer call raised the activity count. Busy, it is one atomic
 // load.
 func (n *Node) wakeRate() {
-	if n.rateIdle.Load() && n.rateIdle.CompareAndSwap(true, false) {
-		n.rateWake <- struct{}{} // capacity 1, and only the one who cleared idle sends
+	if n.meter.idle.Load() && n.meter.idle.CompareAndSwap(true, false) {
+		n.meter.wake <- struct{}{} // capacity 1, and only the one who cleared idle sends
 	}
 }
 

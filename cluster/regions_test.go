@@ -198,7 +198,7 @@ func TestRegionSlicesComeBack(t *testing.T) {
 			clock.Store(start + int64(at))
 			for _, n := range all {
 				WaitFor(t, 10*time.Second, n.Name()+"'s pause heartbeat at the test's new time",
-					func() bool { return n.beat.Load() >= start+int64(at) })
+					func() bool { return n.beat.last.Load() >= start+int64(at) })
 			}
 		}
 	}

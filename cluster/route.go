@@ -46,7 +46,7 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 	n.pauseCheck(now) // before the table and the moves are read
 	tbl := n.ring.Table()
 	var deferred []uint64
-	if n.inRing.Load() {
+	if n.life.inRing() {
 		deferred = n.presettle(ctx, reqs, false, true, now, func(h uint64) bool {
 			owner, ok := tbl.Owner(h)
 			return !ok || owner.Name == n.name

@@ -49,7 +49,7 @@ type cpuSample struct {
 // each thread's schedstat file are opened once and read again at each
 // sample; which cgroup the process is in, and which threads it has, are
 // looked up again every relistEvery samples. Not safe for concurrent use:
-// the node samples under pauseMu.
+// the node samples under pause.mu.
 //
 // A sample costs a read of each file it keeps open: a heartbeat samples
 // four times a second, and opening every thread's file anew each time

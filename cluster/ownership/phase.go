@@ -12,9 +12,10 @@ import "fmt"
 //	   │                 └──name taken──▶ Refused
 //	   └──Leave (never started)──▶ Left
 //
-// Whether the node is in the ring (it takes partitions: Facts.InRing) is a
-// separate fact, not a phase: a node without seeds is in its own ring
-// before it starts, and a node that leaves while joining never was.
+// Whether the node is in the ring (it takes partitions: Facts.InRing) is
+// not a phase: a node without seeds is in its own ring before it starts,
+// and a node that leaves while joining never was. The node holds it with
+// the phase in one word, set by the move to Ready.
 type Phase uint8
 
 const (
