@@ -45,33 +45,56 @@ func RowHas(row []ring.Member, name string) bool {
 
 // CopiesFollow returns, indexed by partition, the gRPC address of the
 // node to which this node (self) sends its copies of the partition's keys
-// after a table change from old to cur ("" for none; nil when none): the
-// partition's new owner in cur, where self was one of its replicas in old,
-// not its owner, and is not its owner in cur. The old owner hands its keys
-// on (Lost), but when it crashed, or never held them (it restarted, or
-// never settled them), a replica's copy may be the only one left, and the
-// new owner pulls it only on first touch: should the replica crash first,
-// the count would be lost. The new owner merges the copies without
-// settling the keys (Step, Replicate).
+// after a table change from old to cur ("" for none; nil when none). Self
+// was one of the partition's replicas in old, not its owner, and is not
+// its owner in cur:
+//   - the partition has a new owner in cur: the copies go to it. The old
+//     owner hands its keys on (Lost), but when it crashed, or never held
+//     them (it restarted, or never settled them), a replica's copy may be
+//     the only one left, and the new owner pulls it only on first touch:
+//     should the replica crash first, the count would be lost. The new
+//     owner merges the copies without settling the keys (Step, Replicate).
+//   - the owner is the same, and self is no longer in its row: the copies
+//     go to the member that took self's place. The owner re-replicates to
+//     its new replica (ReplicasGained), but an owner that crashed and is
+//     not yet declared dead does not, and self's copy would be left where
+//     nobody asks for it: the next owner pulls the old row, not self.
 func CopiesFollow(old, cur *ring.Table, self string) []string {
 	if old == nil || cur == nil || old.Partitions() != cur.Partitions() {
 		return nil
 	}
 	var to []string
-	var oldRow []ring.Member
+	var oldRow, curRow []ring.Member
 	for p := range cur.Partitions() {
 		o, ok := cur.PartitionOwner(p)
 		if !ok || o.Name == self {
 			continue
 		}
 		oldRow = old.PartitionReplicas(p, oldRow[:0])
-		if len(oldRow) < 2 || oldRow[0].Name == o.Name || oldRow[0].Name == self || !RowHas(oldRow[1:], self) {
+		if len(oldRow) < 2 || oldRow[0].Name == self || !RowHas(oldRow[1:], self) {
 			continue
+		}
+		target := o.Addr
+		if oldRow[0].Name == o.Name {
+			curRow = cur.PartitionReplicas(p, curRow[:0])
+			if RowHas(curRow, self) {
+				continue // still a replica of the same owner: nothing moved
+			}
+			target = ""
+			for _, m := range curRow[1:] {
+				if !RowHas(oldRow, m.Name) {
+					target = m.Addr
+					break
+				}
+			}
+			if target == "" {
+				continue
+			}
 		}
 		if to == nil {
 			to = make([]string, cur.Partitions())
 		}
-		to[p] = o.Addr
+		to[p] = target
 	}
 	return to
 }
