@@ -214,25 +214,6 @@ func TestStatusListsMembersAndShares(t *testing.T) {
 	}
 }
 
-func TestLeaveShrinksEveryRing(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 3, nil)
-	if err := nodes[2].Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	WaitFor(t, 10*time.Second, "the others drop n2", func() bool {
-		return nodes[0].Ring().Table().Len() == 2 && nodes[1].Ring().Table().Len() == 2
-	})
-	WaitFor(t, 10*time.Second, "status shows n2 left", func() bool {
-		for _, m := range nodes[0].Status().Members {
-			if m.Name == "n2" {
-				return m.State == StateLeft
-			}
-		}
-		return false
-	})
-}
-
 func TestMetadataRoundTripAndRefusal(t *testing.T) {
 	t.Parallel()
 	for _, m := range []meta{{grpcAddr: "127.0.0.1:8081"}, {grpcAddr: "[::1]:9", leaving: true}, {grpcAddr: "h:1", ready: true, leaving: true},

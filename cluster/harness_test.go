@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,11 +32,6 @@ func NodeConfig(t testing.TB, name, grpcAddr string) Config {
 	cfg.GRPCAddr = grpcAddr
 	cfg.DataDir = t.TempDir()
 	cfg.JoinRetry = 100 * time.Millisecond
-	// Generous: a forward that times out after its owner decided is
-	// answered again by the replica (counted twice), which would make
-	// exact-count tests flaky on a slow machine (-race). Tests of timeouts
-	// set their own.
-	cfg.ForwardTimeout = 2 * time.Second
 	cfg.Log = slog.New(slog.DiscardHandler)
 	cfg.Cache.FlushInterval = 50 * time.Millisecond
 	return cfg
@@ -97,6 +93,33 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting until %s", d, what)
 		}
 		<-tick.C
+	}
+}
+
+// StepClock moves a test's clock (read by the nodes' Config.Now) to to, in
+// steps shorter than the nodes' forward timeout, and waits after each step
+// (and when the clock is at to already) until every node's pause heartbeat
+// has stamped it. A jump past the
+// forward timeout from a node's last stamp would look to it like a pause
+// of its process, which it handles by pulling its keys again.
+func StepClock(t testing.TB, clock *atomic.Int64, nodes []*Node, to int64) {
+	t.Helper()
+	step := int64(time.Hour)
+	for _, n := range nodes {
+		step = min(step, int64(n.cfg.ForwardTimeout)/2)
+	}
+	for at := clock.Load(); ; {
+		if at < to {
+			at = min(at+step, to)
+			clock.Store(at)
+		}
+		for _, n := range nodes {
+			WaitFor(t, 10*time.Second, n.Name()+"'s pause heartbeat at the test's new time",
+				func() bool { return n.beat.last.Load() >= at })
+		}
+		if at >= to {
+			return
+		}
 	}
 }
 

@@ -1,0 +1,98 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/ring"
+)
+
+// A key's replica answers for its owner as soon as the owner stops
+// answering, before the failure detector has noticed anything: a forward
+// to the owner that fails (Refuse) or hangs (Blackhole) goes to the
+// replica within the forward timeout, and the replica decides from the
+// copy it holds, so that exactly the limit is admitted across the failure.
+// The nodes keep the default forward timeout, and the time a check takes
+// is the bubble's, so the bound is exact.
+func TestFailoverToReplicaBeforeDetection(t *testing.T) {
+	for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := NewRunner(New(t, Options{}))
+				c := r.C
+				if err := c.AddMany("n1", "n2", "n3"); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Settle(); err != nil {
+					t.Fatal(err)
+				}
+				// Keys that n1 owns, checked through n2 and n3.
+				tbl := c.Member("n1").Node.Ring().Table()
+				var keys []string
+				for i := 0; len(keys) < 20; i++ {
+					k := fmt.Sprint("k", i)
+					if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == "n1" {
+						keys = append(keys, k)
+					}
+				}
+				// Past the move windows of the formation, so that no check
+				// below pulls its key first.
+				if err := r.pastMoveWindow(); err != nil {
+					t.Fatal(err)
+				}
+				const limit, before = 10, 6
+				for _, k := range keys {
+					o, err := c.Check("n2", k, limit, before)
+					if err != nil || o.Owner != "n1" || o.Decision.Remaining != limit-before {
+						t.Fatalf("%s: %+v, %v", k, o, err)
+					}
+				}
+				if err := c.Member("n1").Node.ReplicateNow(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				// n1 stops answering; memberlist has not noticed yet.
+				for _, from := range []string{"n2", "n3"} {
+					c.Peers.Cut(c.Member(from).PeerAddr, c.Member("n1").PeerAddr, fault)
+				}
+				timeout := cluster.DefaultConfig().ForwardTimeout
+				var failovers uint64
+				for _, k := range keys {
+					admitted := 0
+					for i := range limit {
+						via := []string{"n2", "n3"}[i%2]
+						start := time.Now()
+						o, err := c.Check(via, k, limit, 1)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if took := time.Since(start); took > timeout {
+							t.Fatalf("%s via %s took %v, more than the forward timeout %v", k, via, took, timeout)
+						}
+						if o.Owner == "n1" {
+							t.Fatalf("%s via %s: decided by the owner that does not answer: %+v", k, via, o)
+						}
+						if o.Allowed() {
+							admitted++
+						}
+					}
+					if admitted != limit-before {
+						t.Fatalf("%s: %d admitted after the owner failed, want exactly %d (%d replicated of %d)", k, admitted, limit-before, before, limit)
+					}
+				}
+				for _, name := range []string{"n2", "n3"} {
+					failovers += c.Member(name).Node.Status().Failovers
+				}
+				if failovers == 0 {
+					t.Fatal("no failover counted")
+				}
+				if st := c.Member("n1").Node.Status(); st.Pauses > 0 {
+					t.Fatalf("n1 noticed %d pauses", st.Pauses)
+				}
+			})
+		})
+	}
+}
