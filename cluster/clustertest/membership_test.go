@@ -1,10 +1,12 @@
 package clustertest
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // A graceful leave takes the node out of every other node's ring, and their
@@ -37,6 +39,129 @@ func TestLeaveShrinksEveryRing(t *testing.T) {
 			}
 			if state != cluster.StateLeft {
 				t.Errorf("%s's status lists n3 as %s, want %s", name, state, cluster.StateLeft)
+			}
+		}
+	})
+}
+
+// A join moves keys to the new node, and their counts with them: every key
+// loaded into two nodes admits exactly what is left of its limit after a
+// third joins, whichever node the checks go through.
+func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, Options{})
+		if err := c.AddMany("n1", "n2"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		const keys, limit, before = 200, 10, 6
+		admit := func(via, key string, hits int) int {
+			t.Helper()
+			admitted := 0
+			for range hits {
+				o, err := c.Check(via, key, limit, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.Allowed() {
+					admitted++
+				}
+			}
+			return admitted
+		}
+		for k := range keys {
+			key := fmt.Sprint("user:", k)
+			if got := admit([]string{"n1", "n2"}[k%2], key, before); got != before {
+				t.Fatalf("%s: admitted %d of %d", key, got, before)
+			}
+		}
+		if err := c.Add("n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		tbl := c.Member("n3").Node.Ring().Table()
+		moved := 0
+		for k := range keys {
+			key := fmt.Sprint("user:", k)
+			if o, _ := tbl.Owner(ring.Hash(LimitName, key)); o.Name == "n3" {
+				moved++
+			}
+			if got := admit([]string{"n1", "n2", "n3"}[k%3], key, limit); got != limit-before {
+				t.Fatalf("%s: %d admitted after n3 joined, want %d", key, got, limit-before)
+			}
+		}
+		if moved == 0 {
+			t.Fatal("no key moved to the new node")
+		}
+		t.Logf("%d of %d keys moved to n3; n3 pulled %d, n1 and n2 handed off %d", moved, keys,
+			c.Member("n3").Node.Status().Pulls, c.Member("n1").Node.Status().HandedOff+c.Member("n2").Node.Status().HandedOff)
+	})
+}
+
+// A graceful leave hands every counter the node owns to the keys' next
+// owners: each is counted as handed off, and each key admits exactly what
+// is left of its limit afterwards.
+func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, Options{})
+		if err := c.AddMany("n1", "n2", "n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		// Past the move windows of the formation: keys moved then are
+		// pulled on first touch, and a leave hands off only settled keys.
+		r := NewRunner(c)
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		tbl := c.Member("n1").Node.Ring().Table()
+		var keys []string
+		for i := 0; len(keys) < 50; i++ {
+			k := fmt.Sprint("user:", i)
+			if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == "n3" {
+				keys = append(keys, k)
+			}
+		}
+		const limit, before = 10, 6
+		for _, k := range keys {
+			if o, err := c.Check("n1", k, limit, before); err != nil || o.Owner != "n3" || o.Decision.Remaining != limit-before {
+				t.Fatalf("%s: %+v, %v", k, o, err)
+			}
+		}
+		leaver := c.Member("n3").Node
+		if err := c.Leave("n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		// n3's keys, and the key pastMoveWindow checks when n3 owns it.
+		want := uint64(len(keys))
+		if o, _ := tbl.Owner(ring.Hash(LimitName, "other")); o.Name == "n3" {
+			want++
+		}
+		if h := leaver.Status().HandedOff; h != want {
+			t.Fatalf("n3 handed off %d counters, want %d", h, want)
+		}
+		for i, k := range keys {
+			admitted := 0
+			for range limit {
+				o, err := c.Check([]string{"n1", "n2"}[i%2], k, limit, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.Allowed() {
+					admitted++
+				}
+			}
+			if admitted != limit-before {
+				t.Fatalf("%s: %d admitted after n3 left, want %d", k, admitted, limit-before)
 			}
 		}
 	})
