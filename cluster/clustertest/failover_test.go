@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
 )
 
 // A key's replica answers for its owner as soon as the owner stops
@@ -95,4 +96,45 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 			})
 		})
 	}
+}
+
+// After a replication round, a key's owner and its replica hold its count,
+// and no other node does.
+func TestReplicasHoldTheOwnersCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, Options{})
+		if err := c.AddMany("n1", "n2", "n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		owner := c.Member("n1").Node
+		key := ""
+		for i := 0; key == ""; i++ {
+			if o, _ := owner.Ring().Table().Owner(ring.Hash(LimitName, fmt.Sprint("k", i))); o.Name == "n1" {
+				key = fmt.Sprint("k", i)
+			}
+		}
+		const hits = 7
+		if o, err := c.Check("n2", key, 100, hits); err != nil || o.Owner != "n1" {
+			t.Fatalf("%+v, %v", o, err)
+		}
+		if err := owner.ReplicateNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h := ring.Hash(LimitName, key)
+		reps := owner.Ring().Replicas(h, nil)
+		if len(reps) != 2 || reps[0].Name != "n1" {
+			t.Fatalf("replicas %v", reps)
+		}
+		now := time.Now().UnixNano()
+		for _, name := range c.Up() {
+			rec, ok, err := c.Member(name).Node.Cache().Get(h, writeback.Key{Name: LimitName, Key: key}, now)
+			holds := name == reps[0].Name || name == reps[1].Name
+			if err != nil || ok != holds || (ok && rec.State.Count != hits) {
+				t.Fatalf("%s (owner or replica: %v) holds %+v, ok %v, err %v", name, holds, rec, ok, err)
+			}
+		}
+	})
 }
