@@ -119,54 +119,6 @@ func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
 	}
 }
 
-func TestOwnerUnavailable(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		policy OwnerUnavailable
-		fault  Fault
-	}{
-		{OwnerUnavailableServe, Refuse},
-		{OwnerUnavailableServe, Blackhole},
-		{OwnerUnavailableDeny, Refuse},
-		{OwnerUnavailableDeny, Blackhole},
-	} {
-		t.Run(fmt.Sprint(tc.policy, tc.fault), func(t *testing.T) {
-			t.Parallel()
-			nodes, net := memCluster(t, 2, func(c *Config) {
-				c.OwnerUnavailable = tc.policy
-				c.ForwardTimeout = 50 * time.Millisecond
-				c.Ring.ReplicationFactor = 1 // no replica to fail over to
-			})
-			// A key owned by n1, asked at n0, with the link cut.
-			var key string
-			for k := 0; ; k++ {
-				key = fmt.Sprint("user:", k)
-				if o, _ := nodes[0].Ring().Owner(ring.Hash("api", key)); o.Name == "n1" {
-					break
-				}
-			}
-			net.Cut(memAddr(0), memAddr(1), tc.fault)
-			start := time.Now()
-			o := check1(nodes[0], req("api", key, 1, 10))
-			if took := time.Since(start); took > 5*time.Second {
-				t.Fatalf("check took %v", took)
-			}
-			if o.Err != "" || o.Owner != "n0" {
-				t.Fatalf("answer %+v, want a decision by n0", o)
-			}
-			if tc.policy == OwnerUnavailableDeny && o.Allowed() {
-				t.Fatalf("deny policy admitted: %+v", o)
-			}
-			if tc.policy == OwnerUnavailableServe && (!o.Allowed() || o.Remaining != 9) {
-				t.Fatalf("serve policy answered %+v", o)
-			}
-			if nodes[0].Status().ForwardErrors == 0 {
-				t.Fatal("forward error not counted")
-			}
-		})
-	}
-}
-
 func TestForwardedIsNeverForwardedAgain(t *testing.T) {
 	t.Parallel()
 	nodes, net := memCluster(t, 2, nil)

@@ -138,3 +138,58 @@ func TestReplicasHoldTheOwnersCounts(t *testing.T) {
 		}
 	})
 }
+
+// With no replica to fail over to, a check whose owner does not answer is
+// decided by the node asked, as the owner-unavailable policy says: serve
+// (admitted from its own count) or deny (refused). It is answered within
+// the forward timeout, whether the owner refuses the call or never
+// answers it, and the failed forward is counted.
+func TestOwnerUnavailable(t *testing.T) {
+	for _, policy := range []cluster.OwnerUnavailable{cluster.OwnerUnavailableServe, cluster.OwnerUnavailableDeny} {
+		for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
+			t.Run(fmt.Sprint(policy, "/", name), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					c := New(t, Options{Configure: func(cfg *cluster.Config) {
+						cfg.OwnerUnavailable = policy
+						cfg.Ring.ReplicationFactor = 1 // no replica to fail over to
+					}})
+					if err := c.AddMany("n1", "n2"); err != nil {
+						t.Fatal(err)
+					}
+					if err := c.Settle(); err != nil {
+						t.Fatal(err)
+					}
+					tbl := c.Member("n1").Node.Ring().Table()
+					key := ""
+					for i := 0; key == ""; i++ {
+						if o, _ := tbl.Owner(ring.Hash(LimitName, fmt.Sprint("k", i))); o.Name == "n2" {
+							key = fmt.Sprint("k", i)
+						}
+					}
+					c.Peers.Cut(c.Member("n1").PeerAddr, c.Member("n2").PeerAddr, fault)
+					start := time.Now()
+					o, err := c.Check("n1", key, 10, 1)
+					if took, timeout := time.Since(start), cluster.DefaultConfig().ForwardTimeout; took > timeout {
+						t.Fatalf("the check took %v, more than the forward timeout %v", took, timeout)
+					}
+					if err != nil || o.Owner != "n1" {
+						t.Fatalf("answer %+v, %v; want a decision by n1", o, err)
+					}
+					switch policy {
+					case cluster.OwnerUnavailableDeny:
+						if o.Allowed() {
+							t.Fatalf("the deny policy admitted: %+v", o)
+						}
+					case cluster.OwnerUnavailableServe:
+						if !o.Allowed() || o.Decision.Remaining != 9 {
+							t.Fatalf("the serve policy answered %+v", o)
+						}
+					}
+					if c.Member("n1").Node.Status().ForwardErrors == 0 {
+						t.Fatal("the failed forward was not counted")
+					}
+				})
+			})
+		}
+	}
+}
