@@ -166,3 +166,48 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 		}
 	})
 }
+
+// Checks of one key through every node of three admit exactly the limit:
+// the owner decides, or the node asked decides from a lease the owner
+// granted it, and what the holders have not spent yet is all that is
+// missing from the limit.
+func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, Options{})
+		if err := c.AddMany("n1", "n2", "n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		const key, limit = "user:42", 100
+		owner, _ := c.Member("n1").Node.Ring().Table().Owner(ring.Hash(LimitName, key))
+		nodes := c.Up()
+		calls := c.Peers.Calls()
+		admitted := int64(0)
+		for i := range 3 * limit {
+			via := nodes[i%len(nodes)]
+			o, err := c.Check(via, key, limit, 1)
+			if err != nil {
+				t.Fatalf("check %d: %v", i, err)
+			}
+			if o.Owner != owner.Name && o.Owner != via {
+				t.Fatalf("check %d through %s decided by %s, owner is %s", i, via, o.Owner, owner.Name)
+			}
+			if o.Allowed() {
+				admitted++
+			}
+		}
+		var unspent int64
+		for _, name := range nodes {
+			st := c.Member(name).Node.Status()
+			unspent += int64(st.LeaseTokens - st.LeaseSpent)
+		}
+		if admitted != limit-unspent {
+			t.Fatalf("admitted %d of %d with limit %d and %d leased hits unspent, want exactly %d", admitted, 3*limit, limit, unspent, limit-unspent)
+		}
+		if c.Peers.Calls() == calls {
+			t.Fatal("no check was forwarded")
+		}
+	})
+}
