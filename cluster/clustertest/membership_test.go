@@ -211,3 +211,48 @@ func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 		}
 	})
 }
+
+// Once the cluster has settled, every node names the same owner for every
+// key, and each node's status lists every member alive, at its address,
+// with shares of the keys that add up to the whole.
+func TestEveryNodeAgreesOnOwnersAndMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := New(t, Options{})
+		if err := c.AddMany("n1", "n2", "n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		names := c.Up()
+		first := c.Member(names[0]).Node.Ring().Table()
+		for k := range 1000 {
+			h := ring.Hash(LimitName, fmt.Sprint("k", k))
+			want, _ := first.Owner(h)
+			for _, name := range names[1:] {
+				if got, _ := c.Member(name).Node.Ring().Table().Owner(h); got != want {
+					t.Fatalf("key %d: %s says the owner is %v, %s says %v", k, name, got, names[0], want)
+				}
+			}
+		}
+		for _, name := range names {
+			st := c.Member(name).Node.Status()
+			if len(st.Members) != len(names) {
+				t.Fatalf("%s's status lists %d members: %+v", name, len(st.Members), st.Members)
+			}
+			sum := 0.0
+			for _, m := range st.Members {
+				want := c.Member(m.Name)
+				if want == nil || m.GRPCAddr != want.PeerAddr || m.State != cluster.StateAlive {
+					t.Fatalf("%s's status lists %+v", name, m)
+				}
+				sum += m.Share
+			}
+			// The shares are fractions of the partitions: they add up to 1
+			// within float64 rounding.
+			if sum < 1-1e-9 || sum > 1+1e-9 {
+				t.Fatalf("%s's shares add up to %v", name, sum)
+			}
+		}
+	})
+}
