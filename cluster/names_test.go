@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"strings"
@@ -149,4 +150,30 @@ func filteredTransport(t *testing.T) (*memberlist.NetTransport, *FilterTransport
 		t.Fatal(err)
 	}
 	return nt, NewFilterTransport(nt)
+}
+
+// startFiltered starts k nodes named prefix0… with fast failure detection,
+// gossiping over real loopback sockets through a FilterTransport each (to
+// cut gossip) and calling each other through net (to cut peer calls).
+func startFiltered(t *testing.T, net *MemNetwork, prefix string, k int, tweak func(*Config)) ([]*Node, []*FilterTransport) {
+	t.Helper()
+	filters := make([]*FilterTransport, k)
+	var nodes []*Node
+	for i := range k {
+		cfg := NodeConfig(t, fmt.Sprint(prefix, i), memAddr(i))
+		FastFailureDetection(cfg.Config)
+		tweak(&cfg)
+		var nt *memberlist.NetTransport
+		nt, filters[i] = filteredTransport(t)
+		cfg.Transport = filters[i]
+		cfg.BindPort = nt.GetAutoBindPort()
+		seed := ""
+		if i > 0 {
+			seed = nodes[0].GossipAddr()
+		}
+		n := StartNode(t, cfg, net.Peers(memAddr(i)), seed)
+		net.Register(memAddr(i), n)
+		nodes = append(nodes, n)
+	}
+	return nodes, filters
 }
