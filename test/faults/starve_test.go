@@ -59,9 +59,9 @@ func squeeze(t *testing.T, quota float64, hosts ...*Host) (release func()) {
 
 // TestStarvedClusterStaysUp: five hosts under load (300 checks a second),
 // all five squeezed into one cgroup allowed 20 % of one CPU for 20 s (the
-// squeeze the scale promise names) — less than they need for the load,
-// which the test checks against their CPU before the squeeze: the nodes
-// notice pauses and forwards time out — then released. (It was 5 % until
+// squeeze the scale promise names), or half of what they need for the
+// load when that is less (measured before the squeeze): the nodes notice
+// pauses and forwards time out. Then they are released. (It was 5 % until
 // 2026-11-28; on a machine about three times slower that day, 5 % left
 // checks of the build that had passed the day before without a decision
 // within 5 s, 1 and 6 of about 6,400 in two runs.)
@@ -111,12 +111,13 @@ func TestStarvedClusterStaysUp(t *testing.T) {
 	for i := range c.Hosts {
 		need += ms(cpu0[i]-cpuPre[i]) / quiet.Seconds() / 1000
 	}
-	t.Logf("the nodes used %.0f%% of a CPU under the load before the squeeze; the squeeze allows %.0f%%", 100*need, 100*quota)
-	if need <= quota {
-		t.Fatalf("the squeeze (%.0f%% of a CPU) is not less than what the nodes use under the load (%.0f%%): it starves nothing", 100*quota, 100*need)
-	}
+	// At most half of what they need, so that the squeeze starves them on
+	// a fast machine too: on 2026-11-28 the nodes needed 14 % of a CPU for
+	// the load, and 20 % starved nothing.
+	allowed := min(quota, need/2)
+	t.Logf("the nodes used %.0f%% of a CPU under the load before the squeeze; the squeeze allows %.1f%% (at most %.0f%%, at most half of that)", 100*need, 100*allowed, 100*quota)
 	from := l.Since()
-	release := squeeze(t, quota, c.Hosts...)
+	release := squeeze(t, allowed, c.Hosts...)
 	hold(t, l, ld, from, squeezd)
 	release()
 	to := l.Since()
@@ -137,7 +138,7 @@ func TestStarvedClusterStaysUp(t *testing.T) {
 	h := l.History()
 	pre, in, post := phases(h, from, to)
 	t.Logf("before: %v", statsOf(pre))
-	t.Logf("squeezed to %.0f%% of a CPU for %v: %v; %v", 100*quota, squeezd, statsOf(in), during)
+	t.Logf("squeezed to %.1f%% of a CPU for %v: %v; %v", 100*allowed, squeezd, statsOf(in), during)
 	t.Logf("after: %v", statsOf(post))
 	t.Logf("pauses noticed: %v (in all: %v starved, %v stopped)", pauses, starved, stopped)
 
