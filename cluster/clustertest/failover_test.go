@@ -23,23 +23,10 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 	for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := NewRunner(New(t, Options{}))
+				r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
 				c := r.C
-				if err := c.AddMany("n1", "n2", "n3"); err != nil {
-					t.Fatal(err)
-				}
-				if err := c.Settle(); err != nil {
-					t.Fatal(err)
-				}
 				// Keys that n1 owns, checked through n2 and n3.
-				tbl := c.Member("n1").Node.Ring().Table()
-				var keys []string
-				for i := 0; len(keys) < 20; i++ {
-					k := fmt.Sprint("k", i)
-					if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == "n1" {
-						keys = append(keys, k)
-					}
-				}
+				keys := ownedBy(c, "n1", "n1", "k", 20)
 				// Past the move windows of the formation, so that no check
 				// below pulls its key first.
 				if err := r.pastMoveWindow(); err != nil {
@@ -102,20 +89,9 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 // and no other node does.
 func TestReplicasHoldTheOwnersCounts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3")
 		owner := c.Member("n1").Node
-		key := ""
-		for i := 0; key == ""; i++ {
-			if o, _ := owner.Ring().Table().Owner(ring.Hash(LimitName, fmt.Sprint("k", i))); o.Name == "n1" {
-				key = fmt.Sprint("k", i)
-			}
-		}
+		key := ownedBy(c, "n1", "n1", "k", 1)[0]
 		const hits = 7
 		if o, err := c.Check("n2", key, 100, hits); err != nil || o.Owner != "n1" {
 			t.Fatalf("%+v, %v", o, err)
@@ -149,23 +125,11 @@ func TestOwnerUnavailable(t *testing.T) {
 		for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
 			t.Run(fmt.Sprint(policy, "/", name), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					c := New(t, Options{Configure: func(cfg *cluster.Config) {
+					c := formed(t, Options{Configure: func(cfg *cluster.Config) {
 						cfg.OwnerUnavailable = policy
 						cfg.Ring.ReplicationFactor = 1 // no replica to fail over to
-					}})
-					if err := c.AddMany("n1", "n2"); err != nil {
-						t.Fatal(err)
-					}
-					if err := c.Settle(); err != nil {
-						t.Fatal(err)
-					}
-					tbl := c.Member("n1").Node.Ring().Table()
-					key := ""
-					for i := 0; key == ""; i++ {
-						if o, _ := tbl.Owner(ring.Hash(LimitName, fmt.Sprint("k", i))); o.Name == "n2" {
-							key = fmt.Sprint("k", i)
-						}
-					}
+					}}, "n1", "n2")
+					key := ownedBy(c, "n1", "n2", "k", 1)[0]
 					c.Peers.Cut(c.Member("n1").PeerAddr, c.Member("n2").PeerAddr, fault)
 					start := time.Now()
 					o, err := c.Check("n1", key, 10, 1)

@@ -13,13 +13,7 @@ import (
 // status lists it as left, not dead.
 func TestLeaveShrinksEveryRing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3")
 		if err := c.Leave("n3"); err != nil {
 			t.Fatal(err)
 		}
@@ -49,31 +43,11 @@ func TestLeaveShrinksEveryRing(t *testing.T) {
 // third joins, whichever node the checks go through.
 func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2")
 		const keys, limit, before = 200, 10, 6
-		admit := func(via, key string, hits int) int {
-			t.Helper()
-			admitted := 0
-			for range hits {
-				o, err := c.Check(via, key, limit, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if o.Allowed() {
-					admitted++
-				}
-			}
-			return admitted
-		}
 		for k := range keys {
 			key := fmt.Sprint("user:", k)
-			if got := admit([]string{"n1", "n2"}[k%2], key, before); got != before {
+			if got := admitted(t, c, []string{"n1", "n2"}[k%2], key, limit, before); got != before {
 				t.Fatalf("%s: admitted %d of %d", key, got, before)
 			}
 		}
@@ -90,7 +64,7 @@ func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 			if o, _ := tbl.Owner(ring.Hash(LimitName, key)); o.Name == "n3" {
 				moved++
 			}
-			if got := admit([]string{"n1", "n2", "n3"}[k%3], key, limit); got != limit-before {
+			if got := admitted(t, c, []string{"n1", "n2", "n3"}[k%3], key, limit, limit); got != limit-before {
 				t.Fatalf("%s: %d admitted after n3 joined, want %d", key, got, limit-before)
 			}
 		}
@@ -107,13 +81,7 @@ func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 // is left of its limit afterwards.
 func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3")
 		// Past the move windows of the formation: keys moved then are
 		// pulled on first touch, and a leave hands off only settled keys.
 		r := NewRunner(c)
@@ -121,13 +89,7 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 			t.Fatal(err)
 		}
 		tbl := c.Member("n1").Node.Ring().Table()
-		var keys []string
-		for i := 0; len(keys) < 50; i++ {
-			k := fmt.Sprint("user:", i)
-			if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == "n3" {
-				keys = append(keys, k)
-			}
-		}
+		keys := ownedBy(c, "n1", "n3", "user:", 50)
 		const limit, before = 10, 6
 		for _, k := range keys {
 			if o, err := c.Check("n1", k, limit, before); err != nil || o.Owner != "n3" || o.Decision.Remaining != limit-before {
@@ -150,18 +112,8 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 			t.Fatalf("n3 handed off %d counters, want %d", h, want)
 		}
 		for i, k := range keys {
-			admitted := 0
-			for range limit {
-				o, err := c.Check([]string{"n1", "n2"}[i%2], k, limit, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if o.Allowed() {
-					admitted++
-				}
-			}
-			if admitted != limit-before {
-				t.Fatalf("%s: %d admitted after n3 left, want %d", k, admitted, limit-before)
+			if got := admitted(t, c, []string{"n1", "n2"}[i%2], k, limit, limit); got != limit-before {
+				t.Fatalf("%s: %d admitted after n3 left, want %d", k, got, limit-before)
 			}
 		}
 	})
@@ -173,13 +125,7 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 // missing from the limit.
 func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3")
 		const key, limit = "user:42", 100
 		owner, _ := c.Member("n1").Node.Ring().Table().Owner(ring.Hash(LimitName, key))
 		nodes := c.Up()
@@ -217,13 +163,7 @@ func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 // with shares of the keys that add up to the whole.
 func TestEveryNodeAgreesOnOwnersAndMembers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3")
 		names := c.Up()
 		first := c.Member(names[0]).Node.Ring().Table()
 		for k := range 1000 {

@@ -16,13 +16,7 @@ import (
 // and the key's newest version wins: it is at its limit everywhere.
 func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
-		if err := c.AddMany("n1", "n2", "n3", "n4"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		c := formed(t, Options{}, "n1", "n2", "n3", "n4")
 		sides := [][]string{{"n1", "n2"}, {"n3", "n4"}}
 		if err := c.Partition(sides...); err != nil {
 			t.Fatal(err)
@@ -83,19 +77,13 @@ func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
 // started from nothing: 16 admitted for a limit of 10.)
 func TestServeDecisionsBeforeDetectionCountOnTheirSide(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{Configure: func(cfg *cluster.Config) {
+		c := formed(t, Options{Configure: func(cfg *cluster.Config) {
 			// No replication within the test: the decisions must reach
 			// the new owner through its settle, not through a replication
 			// that may come after it has decided (and the fixed window's
 			// merge keeps the larger count, not the sum).
 			cfg.ReplicationInterval = time.Hour
-		}})
-		if err := c.AddMany("n1", "n2", "n3", "n4"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		}}, "n1", "n2", "n3", "n4")
 		left, right := []string{"n1", "n2"}, []string{"n3", "n4"}
 		onRight := func(name string) bool { return name == "n3" || name == "n4" }
 		// Keys whose owner and replicas are all on the right.

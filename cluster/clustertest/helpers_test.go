@@ -1,0 +1,52 @@
+package clustertest
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/sluicehq/sluice/ring"
+)
+
+// formed returns a cluster of the named members, settled.
+func formed(t *testing.T, opts Options, names ...string) *Cluster {
+	t.Helper()
+	c := New(t, opts)
+	if err := c.AddMany(names...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// ownedBy returns the first n keys prefix0, prefix1, … that owner owns in
+// the table of member via.
+func ownedBy(c *Cluster, via, owner, prefix string, n int) []string {
+	tbl := c.Member(via).Node.Ring().Table()
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprint(prefix, i)
+		if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == owner {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// admitted sends n single hits against key (limit per Window) through via
+// and returns how many were admitted; an answer with an error fails t.
+func admitted(t *testing.T, c *Cluster, via, key string, limit int64, n int) int {
+	t.Helper()
+	got := 0
+	for range n {
+		o, err := c.Check(via, key, limit, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Allowed() {
+			got++
+		}
+	}
+	return got
+}
