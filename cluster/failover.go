@@ -7,6 +7,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"time"
 
@@ -169,7 +170,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrFenced) {
 		if eff := ownership.Step(n.released(n.facts(n.ring.Table(), rt.hash, k, rt.lims, now), k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
-			n.reclaim(rt.hash, k, rt.lims)
+			n.reclaim(rt.hash, k, rt.lims, math.MaxUint64) // whatever released it
 		}
 		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	}

@@ -352,7 +352,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	eff := ownership.Step(f, ev)
-	for {
+	for lost := 0; ; {
 		switch {
 		case eff.Joining:
 			o.Owner, o.Err = n.name, errJoining
@@ -362,6 +362,9 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 		case eff.Redirect != "":
 			return eff.Redirect
 		}
+		// Fences set from here on are releases made while this node takes
+		// the key back: another node's pull crossed this one's.
+		mark := n.cache.FenceMark()
 		if eff.Reclaim {
 			// A key released by a handoff whose push is still out: taken
 			// back once the push has landed, so that a pull from where it
@@ -370,14 +373,26 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			_ = n.pushing.wait(ctx, h)
 		}
 		if eff.PullFrom != "" {
-			n.pullKey(ctx, h, k, lims, eff.PullFrom)
+			n.pullKey(ctx, h, k, lims, eff.PullFrom, mark)
 		}
 		if eff.Settle && !n.settleKey(ctx, h, k, lims, now, owning(ev)) && ctx.Err() == nil {
 			o.Owner, o.Err = n.name, errUnsettled
 			return ""
 		}
-		if eff.Reclaim {
-			n.reclaim(h, k, lims)
+		if eff.Reclaim && !n.reclaim(h, k, lims, mark) {
+			// The node this one pulled the key back from pulled it from
+			// here in the same moment (each took the other for the node
+			// it had released the key to): it took this node's state and
+			// decides the key. Lifting its release would have both decide
+			// from the same count. The step for the new release says
+			// where to point, or to pull it back once more.
+			if lost++; lost > maxCrossedPulls {
+				o.Owner, o.Err = n.name, abandoned+"the key was pulled from here again while this node took it back"
+				return ""
+			}
+			f = n.released(f, k)
+			eff = ownership.Step(f, ev)
+			continue
 		}
 		if f.Owns && owning(ev) {
 			n.pullStandIn(ctx, h, k, lims, now)
@@ -431,15 +446,24 @@ func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims l
 	return err
 }
 
-// reclaim takes back every cache key of k's limits.
-func (n *Node) reclaim(h uint64, k writeback.Key, lims limits) {
+// maxCrossedPulls is how many times in a row decide takes a key back
+// again after another node's pull crossed its own before it gives the
+// check up (abandoned): two nodes that keep pulling one key from each
+// other would otherwise hold the check until its deadline.
+const maxCrossedPulls = 2
+
+// reclaim takes back every cache key of k's limits, unless one was
+// released again after mark (Cache.FenceMark): it reports whether every
+// one is taken back.
+func (n *Node) reclaim(h uint64, k writeback.Key, lims limits, mark uint64) bool {
 	if len(lims.more) == 0 {
-		n.cache.Unfence(h, k)
-		return
+		return n.cache.UnfenceUnlessFencedAfter(h, k, mark)
 	}
+	ok := true
 	for i := range 1 + len(lims.more) {
-		n.cache.Unfence(h, writeback.SubKey(k, i))
+		ok = n.cache.UnfenceUnlessFencedAfter(h, writeback.SubKey(k, i), mark) && ok
 	}
+	return ok
 }
 
 // routed is a request bound for another node.

@@ -202,8 +202,11 @@ func mergeCopies(best, got bucket.Counter) bucket.Counter {
 // releasing them there, and from the nodes its answer names (where it had
 // released them to, or the holders it would have asked), as a settle does
 // (pullRounds), and installs the merge of what it got. A failed pull is
-// counted and the decision goes on with what this node holds.
-func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string) {
+// counted and the decision goes on with what this node holds. A key
+// released again after mark (Cache.FenceMark), while the pull was out,
+// stays released: the node that pulled it from here took this node's
+// state, and the copy is not installed.
+func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limits, addr string, mark uint64) {
 	s := ownership.NewSettle(n.cfg.GRPCAddr, false)
 	from := keymove.Holder{Addr: addr, Release: true}
 	if len(lims.more) == 0 {
@@ -219,7 +222,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 			n.log.Debug("pulled back", "name", sk.Name, "key", sk.Key, "from", addr, "asked", s.Asked(i), "count", got.State.Count, "version", got.Version)
 		}
 		if got.Version > 0 {
-			n.cache.Install(h, writeback.Record{Key: sk, State: got.State, Version: got.Version})
+			n.cache.InstallUnlessFencedAfter(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, mark)
 		}
 	}
 }

@@ -60,6 +60,8 @@ type Cache struct {
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
 
+	fenceSeq atomic.Uint64 // fences set so far (FenceMark)
+
 	flushes, flushedRecords, flushErrors atomic.Uint64
 	expiredDeleted, expiryErrors         atomic.Uint64
 

@@ -423,6 +423,48 @@ func TestInstallUnlessFencedSince(t *testing.T) {
 	}
 }
 
+// A fence set after a mark outlives the taking back that the mark was for,
+// whatever the clock said when each fence was set: the node that pulled the
+// key meanwhile holds this cache's state and decides it. A fence set
+// before the mark is lifted as Unfence would.
+func TestFenceMarkOrdersFencesNotTimes(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+	k := Key{Name: "n", Key: "k"}
+	h := hashKey(k)
+	decide(t, c, k, lim10, 3, base)
+	// Released at base+10 (to a node this one will take it back from).
+	if _, _, err := c.Fence(h, k, base+10, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	mark := c.FenceMark()
+	// Released again while the pull is out, stamped with an earlier clock.
+	if _, _, err := c.Fence(h, k, base+5, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rec := Record{Key: k, State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 1, Expires: base + int64(time.Hour)}, Version: uint64(base + 20)}
+	if c.InstallUnlessFencedAfter(h, rec, mark) {
+		t.Fatal("adopted a record over a release made after the mark")
+	}
+	if c.UnfenceUnlessFencedAfter(h, k, mark) {
+		t.Fatal("lifted a release made after the mark")
+	}
+	if !c.Fenced(h, k, base+30) {
+		t.Fatal("the release made after the mark was ended")
+	}
+	// Taken back with a mark after the last release: lifted.
+	mark = c.FenceMark()
+	if !c.InstallUnlessFencedAfter(h, rec, mark) {
+		t.Fatal("did not adopt over a release made before the mark")
+	}
+	if _, _, err := c.Fence(h, k, base+40, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !c.UnfenceUnlessFencedAfter(h, k, c.FenceMark()) || c.Fenced(h, k, base+50) {
+		t.Fatal("a release made before the mark was not lifted")
+	}
+}
+
 // Two copies of a fixed-window counter that diverged (the two sides of a
 // healed partition each decided the key): installing the other copy never
 // lowers the count of the window held, whatever the versions say, so the

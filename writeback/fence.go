@@ -16,8 +16,12 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// fence is when a key was fenced (Unix ns) and until when.
-type fence struct{ at, until int64 }
+// fence is when a key was fenced (Unix ns), until when, and its place in
+// the order of this cache's fences (FenceMark).
+type fence struct {
+	at, until int64
+	seq       uint64
+}
 
 // minFenceSweep is the smallest size of a shard's fences at which Fence
 // drops the expired ones (shard.fenceSweepAt).
@@ -64,7 +68,7 @@ func (c *Cache) fence(hash uint64, k Key, now int64, ttl time.Duration, unlessFe
 		}
 		s.fenceSweepAt = 2 * len(s.fences)
 	}
-	s.fences[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}] = fence{at: now, until: now + int64(ttl)}
+	s.fences[Key{Name: strings.Clone(k.Name), Key: strings.Clone(k.Key), Limit: k.Limit}] = fence{at: now, until: now + int64(ttl), seq: c.fenceSeq.Add(1)}
 	if sl == nil || sl.fresh(now) {
 		return Record{}, false, nil
 	}
@@ -96,6 +100,30 @@ func (c *Cache) Unfence(hash uint64, k Key) {
 	s.mu.Unlock()
 }
 
+// FenceMark returns a mark of this cache's fences so far: a fence set
+// after the call is later than the mark (UnfenceUnlessFencedAfter,
+// InstallUnlessFencedAfter). Unlike a time, it orders fences whatever the
+// clock said when each was set.
+func (c *Cache) FenceMark() uint64 {
+	return c.fenceSeq.Load()
+}
+
+// UnfenceUnlessFencedAfter lifts k's fence unless it was set after mark
+// (FenceMark), and reports whether k is unfenced. A node that takes back a
+// key it had released, pulling it from where it went, must not lift a
+// fence set while its pull was out: another node pulled the key from it
+// meanwhile, took its state, and decides the key now.
+func (c *Cache) UnfenceUnlessFencedAfter(hash uint64, k Key, mark uint64) bool {
+	s := c.shardFor(hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.fences[k]; ok && r.seq > mark {
+		return false
+	}
+	delete(s.fences, k)
+	return true
+}
+
 // Install installs rec when it is newer than what is held (or their merge
 // changes the state held), like Merge, and then lifts a fence on rec's
 // key, reporting whether it did: the cluster adopts a key handed to it. A
@@ -104,7 +132,7 @@ func (c *Cache) Unfence(hash uint64, k Key) {
 // (TestInstallOfAStaleRecordKeepsTheFence). An installed record counts as
 // a change (TakeChanged).
 func (c *Cache) Install(hash uint64, rec Record) bool {
-	return c.install(hash, rec, math.MaxInt64)
+	return c.install(hash, rec, math.MaxInt64, math.MaxUint64)
 }
 
 // InstallUnlessFencedSince is Install, except that when the key was fenced
@@ -113,7 +141,14 @@ func (c *Cache) Install(hash uint64, rec Record) bool {
 // fence set meanwhile: the node the key was released to took this cache's
 // state, and it decides the key now.
 func (c *Cache) InstallUnlessFencedSince(hash uint64, rec Record, since int64) bool {
-	return c.install(hash, rec, since)
+	return c.install(hash, rec, since, math.MaxUint64)
+}
+
+// InstallUnlessFencedAfter is Install, except that when the key was fenced
+// after mark (FenceMark) it changes nothing and reports false: as
+// InstallUnlessFencedSince, with the fence's order in place of its time.
+func (c *Cache) InstallUnlessFencedAfter(hash uint64, rec Record, mark uint64) bool {
+	return c.install(hash, rec, math.MaxInt64, mark)
 }
 
 // Range calls fn with the record of every live key in memory (including
@@ -196,7 +231,7 @@ func (c *Cache) Merge(hash uint64, rec Record) bool {
 }
 
 // install is InstallUnlessFencedSince. (Merge keeps copies apart: mergeCopy.)
-func (c *Cache) install(hash uint64, rec Record, since int64) bool {
+func (c *Cache) install(hash uint64, rec Record, since int64, mark uint64) bool {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
@@ -208,7 +243,7 @@ func (c *Cache) install(hash uint64, rec Record, since int64) bool {
 		}
 		return false
 	}
-	if r, ok := s.fences[rec.Key]; ok && r.at >= since {
+	if r, ok := s.fences[rec.Key]; ok && (r.at >= since || r.seq > mark) {
 		return false
 	}
 	if !s.installIn(e, rec) {
