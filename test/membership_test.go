@@ -3,8 +3,8 @@ package test
 import (
 	"context"
 	"fmt"
-	"os"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
