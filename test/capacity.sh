@@ -42,6 +42,9 @@
 #   CAP_KEYS    distinct keys (default 100000)
 #   CAP_NET     first three octets of the node addresses (default 127.0.5)
 #   CAP_SETTLE  seconds from formation to the first round (default 32)
+#   CAP_REPLICAS  copies of each key, the owner's included (--replicas;
+#               default 2, the node's default; 1 replicates nothing, to
+#               measure what replication costs)
 #   SLUICE_BIN  a prebuilt binary (default: go build ./cmd/sluice)
 # Needs root and a writable /sys/fs/cgroup/cpu (cgroup v1); exits 2
 # without. Nodes are stopped by PID, cgroups removed and the temp dir
@@ -59,6 +62,7 @@ conc=${CAP_CONC:-4}
 keys=${CAP_KEYS:-100000}
 net=${CAP_NET:-127.0.5}
 settle=${CAP_SETTLE:-32}
+replicas=${CAP_REPLICAS:-2}
 for s in $sizes; do
   if ! [[ "$s" =~ ^[0-9]+$ ]] || [ "$s" -lt 1 ] || [ "$s" -gt 16 ]; then echo "CAP_NODES: want sizes 1..16, got $s" >&2; exit 2; fi
 done
@@ -67,6 +71,7 @@ if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 1000 ]; 
 if ! [[ "$conc" =~ ^[0-9]+$ ]] || [ "$conc" -lt 1 ] || [ "$conc" -gt 64 ]; then echo "CAP_CONC: want 1..64" >&2; exit 2; fi
 if ! [[ "$keys" =~ ^[0-9]+$ ]] || [ "$keys" -lt 1 ]; then echo "CAP_KEYS: want a positive whole number" >&2; exit 2; fi
 if ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 600 ]; then echo "CAP_SETTLE: want 0..600 seconds" >&2; exit 2; fi
+if ! [[ "$replicas" =~ ^[1-9]$ ]]; then echo "CAP_REPLICAS: want 1..9" >&2; exit 2; fi
 cg=/sys/fs/cgroup/cpu
 acct=/sys/fs/cgroup/cpuacct
 if [ ! -w "$cg" ] || [ ! -w "$acct" ]; then
@@ -106,7 +111,7 @@ start() {
     [ "$i" -gt 1 ] && join=(--join "$net.1:7946")
     rm -rf "$tmp/data-$i"
     "$bin" serve --node-name "cap-$i" --grpc-addr "$net.$i:8081" --http-addr "$net.$i:8080" \
-      --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --log-level warn "${join[@]}" \
+      --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --replicas "$replicas" --log-level warn "${join[@]}" \
       </dev/null 2>"$tmp/log-$i" &
     pids[i]=$!
     for c in cpu cpuacct; do
