@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +35,15 @@ type MemNetwork struct {
 	delay  time.Duration
 	calls  int
 	pulls  map[string]int // Pull calls by sender address
+
+	// Seeded delivery (SeedDelivery): each call is held for a time of
+	// [0, spread) fixed by seed and by the call.
+	seed   uint64
+	spread time.Duration
+	// deliveries, when recording (RecordDeliveries), is every call in
+	// the order it reached its receiver.
+	recording  bool
+	deliveries []string
 }
 
 // Fault is how a cut link fails.
@@ -127,6 +138,88 @@ func (m *MemNetwork) Heal() {
 	m.mu.Unlock()
 }
 
+// SeedDelivery makes the order in which calls reach their receivers a
+// function of seed: each call is held, on top of SetDelay's delay, for a
+// time in [0, spread) that hashes seed with the call itself (sender,
+// receiver, kind, the keys it carries, in any order, and the clock when
+// it is sent), not with the order in which goroutines happened to make
+// the calls. In a testing/synctest bubble, where time moves only when
+// every goroutine is blocked and timers fire in the order of their times,
+// two calls sent at the same moment then reach their receivers in an
+// order the seed fixes, one after the other, each handled before the next
+// arrives; a run whose steps the seed fixes too replays. spread 0 turns
+// it off.
+func (m *MemNetwork) SeedDelivery(seed uint64, spread time.Duration) {
+	m.mu.Lock()
+	m.seed, m.spread = seed, spread
+	m.mu.Unlock()
+}
+
+// RecordDeliveries starts recording every call as it reaches its receiver
+// (Deliveries).
+func (m *MemNetwork) RecordDeliveries() {
+	m.mu.Lock()
+	m.recording = true
+	m.mu.Unlock()
+}
+
+// Deliveries returns the calls recorded since RecordDeliveries, in the
+// order they reached their receivers: the clock (Unix ns), sender,
+// receiver, kind and the digest of what each carried.
+func (m *MemNetwork) Deliveries() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.deliveries...)
+}
+
+// call is what reach knows of a call: its kind and a digest of what it
+// carries, the same whatever the order of its items (digest).
+type call struct {
+	kind   string
+	digest uint64
+}
+
+// digest sums the hashes of n items: a batch's digest does not depend on
+// the order in which the sender collected its items.
+func digest(n int, item func(i int) string) uint64 {
+	var d uint64
+	for i := range n {
+		h := fnv.New64a()
+		h.Write([]byte(item(i)))
+		d += h.Sum64()
+	}
+	return d
+}
+
+func reqsCall(kind string, reqs []check.Request) call {
+	return call{kind, digest(len(reqs), func(i int) string {
+		return reqs[i].Name + "\x00" + reqs[i].Key + "\x00" + strconv.FormatInt(reqs[i].Hits, 10)
+	})}
+}
+
+func countersCall(kind string, cs []bucket.Counter) call {
+	return call{kind, digest(len(cs), func(i int) string {
+		return cs[i].Name + "\x00" + cs[i].Key + "\x00" + strconv.FormatUint(cs[i].Version, 10)
+	})}
+}
+
+// hold returns how long seeded delivery holds c from → to, sent at now.
+func (m *MemNetwork) hold(from, to string, c call, now time.Time) time.Duration {
+	if m.spread <= 0 {
+		return 0
+	}
+	var b [8]byte
+	h := fnv.New64a()
+	for _, v := range []uint64{m.seed, c.digest, uint64(now.UnixNano())} {
+		for i := range b {
+			b[i] = byte(v >> (8 * i))
+		}
+		h.Write(b[:])
+	}
+	h.Write([]byte(from + "\x00" + to + "\x00" + c.kind))
+	return time.Duration(h.Sum64() % uint64(m.spread))
+}
+
 // SetDelay delays every forward by d (0: none).
 func (m *MemNetwork) SetDelay(d time.Duration) {
 	m.mu.Lock()
@@ -175,7 +268,11 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 	p.m.mu.Lock()
 	p.m.calls++
 	p.m.mu.Unlock()
-	h, err := p.reach(ctx, addr)
+	c := reqsCall("forward", reqs)
+	if standIn {
+		c = reqsCall("stand-in", reqs)
+	}
+	h, err := p.reach(ctx, addr, c)
 	if err != nil {
 		return err
 	}
@@ -195,7 +292,11 @@ func (p memPeers) forward(ctx context.Context, addr string, standIn bool, reqs [
 }
 
 func (p memPeers) Replicate(ctx context.Context, addr string, handoff bool, counters []bucket.Counter) (int, int, error) {
-	h, err := p.reach(ctx, addr)
+	kind := "replicate"
+	if handoff {
+		kind = "handoff"
+	}
+	h, err := p.reach(ctx, addr, countersCall(kind, counters))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -214,7 +315,11 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 	if slow {
 		return fmt.Errorf("memnet: pull %s → %s: %w", p.from, addr, context.DeadlineExceeded)
 	}
-	h, err := p.reach(ctx, addr)
+	kind := "pull"
+	if release {
+		kind = "pull-release"
+	}
+	h, err := p.reach(ctx, addr, countersCall(kind, keys))
 	if err != nil {
 		return err
 	}
@@ -224,7 +329,10 @@ func (p memPeers) Pull(ctx context.Context, addr string, keys []bucket.Counter, 
 
 // Return passes lease returns to the node at addr, when it takes them.
 func (p memPeers) Return(ctx context.Context, addr string, rets []check.LeaseReturn) ([]int64, error) {
-	h, err := p.reach(ctx, addr)
+	h, err := p.reach(ctx, addr, call{"return", digest(len(rets), func(i int) string {
+		r := rets[i]
+		return r.Request.Name + "\x00" + r.Request.Key + "\x00" + strconv.FormatInt(r.Request.Hits, 10) + "\x00" + strconv.FormatInt(r.GrantedAt, 10)
+	})})
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +350,7 @@ func (p memPeers) Return(ctx context.Context, addr string, rets []check.LeaseRet
 // Decided asks the node at addr which keys it decided lately, when it
 // records them.
 func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration, count int, parts []uint32) (keymove.DecidedAnswer, error) {
-	h, err := p.reach(ctx, addr)
+	h, err := p.reach(ctx, addr, call{"decided", digest(len(parts), func(i int) string { return strconv.FormatUint(uint64(parts[i]), 10) })})
 	if err != nil {
 		return keymove.DecidedAnswer{}, err
 	}
@@ -266,7 +374,10 @@ func (p memPeers) Decided(ctx context.Context, addr string, within time.Duration
 
 // RegionGrant passes a region's asks to the node at addr, when it lends.
 func (p memPeers) RegionGrant(ctx context.Context, addr string, q *check.RegionQuery, ans []check.RegionAnswer) (string, error) {
-	h, err := p.reach(ctx, addr)
+	h, err := p.reach(ctx, addr, call{"region", digest(len(q.Asks), func(i int) string {
+		a := q.Asks[i]
+		return a.Request.Name + "\x00" + a.Request.Key + "\x00" + strconv.FormatInt(a.Request.Hits, 10)
+	})})
 	if err != nil {
 		return "", err
 	}
@@ -285,17 +396,19 @@ func (p memPeers) RegionGrant(ctx context.Context, addr string, q *check.RegionQ
 	return region, nil
 }
 
-// reach applies the link's delay and fault and returns the handler at addr.
-func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error) {
+// reach applies the link's delay and fault and returns the handler at addr
+// for call c.
+func (p memPeers) reach(ctx context.Context, addr string, c call) (ForwardHandler, error) {
 	p.m.mu.Lock()
 	h, ok := p.m.nodes[addr]
 	fault := p.m.faults[[2]string{p.from, addr}]
 	crashed := p.m.gen[p.from] != p.gen
-	delay := p.m.delay
+	delay := p.m.delay + p.m.hold(p.from, addr, c, time.Now())
 	p.m.mu.Unlock()
 	if crashed {
 		return nil, fmt.Errorf("%w: %s → %s (crashed)", ErrUnreachable, p.from, addr)
 	}
+	defer p.m.delivered(p.from, addr, c)
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {
@@ -319,4 +432,14 @@ func (p memPeers) reach(ctx context.Context, addr string) (ForwardHandler, error
 		return nil, err
 	}
 	return h, nil
+}
+
+// delivered records c from → to as it reaches (or fails to reach) its
+// receiver, when recording.
+func (m *MemNetwork) delivered(from, to string, c call) {
+	m.mu.Lock()
+	if m.recording {
+		m.deliveries = append(m.deliveries, fmt.Sprintf("%d %s→%s %s %016x", time.Now().UnixNano(), from, to, c.kind, c.digest))
+	}
+	m.mu.Unlock()
 }

@@ -3,7 +3,11 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -58,6 +62,71 @@ func TestMemNetworkCrashSilencesTheOldIncarnation(t *testing.T) {
 	if b.replicated != 2 || a.replicated != 1 {
 		t.Fatalf("b received %d, a %d counters; want 2 and 1", b.replicated, a.replicated)
 	}
+}
+
+// arrivals records the sender of each replicate call it receives, and
+// when (the bubble's clock).
+type arrivals struct {
+	countingHandler
+	mu   sync.Mutex
+	from []string
+	at   []time.Time
+}
+
+func (h *arrivals) Replicate(_ context.Context, from string, _ bool, c []bucket.Counter) (int, int) {
+	h.mu.Lock()
+	h.from, h.at = append(h.from, from), append(h.at, time.Now())
+	h.mu.Unlock()
+	return len(c), 0
+}
+
+// Seeded delivery: calls sent at the same moment reach their receiver one
+// after another, in an order the seed fixes, whatever order the senders'
+// goroutines ran in; another seed may give another order.
+func TestSeededDeliveryOrdersSimultaneousCalls(t *testing.T) {
+	t.Parallel()
+	const senders, runs = 5, 20
+	order := func(seed uint64) string {
+		var got string
+		synctest.Test(t, func(t *testing.T) {
+			m := NewMemNetwork()
+			m.SeedDelivery(seed, time.Millisecond)
+			h := &arrivals{}
+			m.Register("r", h)
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range senders {
+				from := fmt.Sprint("s", i)
+				wg.Go(func() {
+					if _, _, err := m.Peers(from).Replicate(context.Background(), "r", false, []bucket.Counter{{Name: "n", Key: from}}); err != nil {
+						t.Errorf("%s: %v", from, err)
+					}
+				})
+			}
+			wg.Wait()
+			for i, at := range h.at {
+				if d := at.Sub(start); d < 0 || d >= time.Millisecond || (i > 0 && !at.After(h.at[i-1])) {
+					t.Errorf("arrival %d at +%v after %v: want each within the spread, one after another", i, d, h.at)
+				}
+			}
+			got = strings.Join(h.from, " ")
+		})
+		return got
+	}
+	orders := map[string]bool{}
+	for seed := uint64(1); seed <= runs; seed++ {
+		want := order(seed)
+		for range 3 {
+			if got := order(seed); got != want {
+				t.Fatalf("seed %d: arrivals %s, then %s", seed, want, got)
+			}
+		}
+		orders[want] = true
+	}
+	if len(orders) < 2 {
+		t.Fatalf("%d seeds gave one order of arrival: %v", runs, orders)
+	}
+	t.Logf("%d seeds, %d orders of %d simultaneous calls", runs, len(orders), senders)
 }
 
 // TestConfigStoreReplacesDataDir: with a Store, no DataDir is needed and

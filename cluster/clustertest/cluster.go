@@ -54,7 +54,15 @@ type Options struct {
 	Configure func(*cluster.Config)
 	// Log receives the nodes' logs; nil discards them.
 	Log *slog.Logger
+	// Seed fixes the order in which peer calls reach their receivers
+	// (cluster.MemNetwork.SeedDelivery): each call is held for up to
+	// DeliverySpread, a time the seed and the call fix.
+	Seed uint64
 }
+
+// DeliverySpread is the longest a peer call is held by seeded delivery
+// (Options.Seed): a network's latency, far below the forward timeout.
+const DeliverySpread = time.Millisecond
 
 // State is where a member is.
 type State uint8
@@ -105,6 +113,7 @@ func New(t testing.TB, opts Options) *Cluster {
 	}
 	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
 		failed: map[string]int64{}}
+	c.Peers.SeedDelivery(opts.Seed, DeliverySpread)
 	t.Cleanup(c.Close)
 	return c
 }

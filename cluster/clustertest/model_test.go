@@ -59,7 +59,7 @@ func runModel(t *testing.T, seed uint64, verbose bool) {
 		t.Logf("seed %d:\n%s", seed, text)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{})
+		c := New(t, Options{Seed: seed})
 		r := NewRunner(c)
 		r.Limit = modelLimit
 		if err := r.Run(steps); err != nil {
