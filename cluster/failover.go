@@ -169,9 +169,8 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 	// say (ownership.Serve): a key it had released is taken back.
 	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	if errors.Is(err, writeback.ErrFenced) {
-		if eff := ownership.Step(n.released(n.facts(n.ring.Table(), rt.hash, k, rt.lims, now), k), ownership.Event{Kind: ownership.Serve}); eff.Reclaim {
-			n.reclaim(rt.hash, k, rt.lims, math.MaxUint64) // whatever released it
-		}
+		eff := ownership.Step(n.released(n.facts(n.ring.Table(), rt.hash, k, rt.lims, now), k), ownership.Event{Kind: ownership.Serve})
+		n.carry(rt.hash, k, rt.lims, eff, change{mark: math.MaxUint64}, now) // Reclaim, whatever released it
 		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
 	}
 	o.Owner = n.name

@@ -126,15 +126,15 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		// Fenced only if this node still decides the key: one it had
 		// released to another node meanwhile is not handed off
 		// (Step(Lost) with Released).
-		rec, held, err := n.cache.FenceIfDeciding(h, r.Key, now, n.cfg.MoveWindow)
-		if errors.Is(err, writeback.ErrFenced) {
+		got := n.carry(h, r.Key, limits{}, eff, change{ttl: n.cfg.MoveWindow, ifDeciding: true}, now)
+		if errors.Is(got.err, writeback.ErrFenced) {
 			f.Released = true
 			eff = ownership.Step(f, ownership.Event{Kind: ownership.Lost})
 		}
-		if err != nil || !held || !eff.Push {
+		if got.err != nil || !got.held || !eff.Push {
 			return true
 		}
-		n.book.Carried(r.Key, eff, now)
+		rec := got.rec
 		n.pushing.add(h, done)
 		hashes = append(hashes, h)
 		if n.debug {
@@ -318,20 +318,7 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 		// A copy from a node that still believes it owns this key is
 		// refused (Stale): the owner's own state is authoritative; a copy
 		// never replaces it.
-		var installed1 bool
-		switch {
-		case eff.Adopt:
-			installed1 = n.cache.Install(h, rec)
-		case eff.Merge:
-			installed1 = n.cache.Merge(h, rec)
-		}
-		if eff.MarkSettled && installed1 {
-			// A push that installed nothing told this node nothing newer
-			// than it holds: a leaving node's stale replica copy, say. The
-			// key stays as it was: unsettled, it is still pulled on first
-			// touch; released, a check takes it back from where it went.
-			n.book.Carried(rec.Key, eff, now)
-		}
+		installed1 := n.carry(h, rec.Key, limits{}, eff, change{rec: rec}, now).installed
 		if n.debug && handoff {
 			n.log.Debug("handoff received", "name", rec.Key.Name, "key", rec.Key.Key, "from", from, "count", rec.State.Count, "version", rec.Version, "installed", installed1)
 		}
@@ -384,8 +371,8 @@ func (n *Node) Pull(ctx context.Context, from, fromAddr string, keys []bucket.Co
 		}
 		if eff.Release {
 			// Released keys are redirected to the puller from now on.
-			rec, ok, err = n.cache.Fence(h, k, now, ttl)
-			n.book.Carried(k, eff, now)
+			got := n.carry(h, k, limits{}, eff, change{ttl: ttl}, now)
+			rec, ok, err = got.rec, got.held, got.err
 		} else {
 			rec, ok, err = n.cache.Get(h, k, now)
 		}

@@ -379,7 +379,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			o.Owner, o.Err = n.name, errUnsettled
 			return ""
 		}
-		if eff.Reclaim && !n.reclaim(h, k, lims, mark) {
+		if eff.Reclaim && !n.carry(h, k, lims, eff, change{mark: mark}, now).reclaimed {
 			// The node this one pulled the key back from pulled it from
 			// here in the same moment (each took the other for the node
 			// it had released the key to): it took this node's state and
@@ -451,20 +451,6 @@ func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims l
 // check up (abandoned): two nodes that keep pulling one key from each
 // other would otherwise hold the check until its deadline.
 const maxCrossedPulls = 2
-
-// reclaim takes back every cache key of k's limits, unless one was
-// released again after mark (Cache.FenceMark): it reports whether every
-// one is taken back.
-func (n *Node) reclaim(h uint64, k writeback.Key, lims limits, mark uint64) bool {
-	if len(lims.more) == 0 {
-		return n.cache.UnfenceUnlessFencedAfter(h, k, mark)
-	}
-	ok := true
-	for i := range 1 + len(lims.more) {
-		ok = n.cache.UnfenceUnlessFencedAfter(h, writeback.SubKey(k, i), mark) && ok
-	}
-	return ok
-}
 
 // routed is a request bound for another node.
 type routed struct {

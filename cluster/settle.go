@@ -88,7 +88,7 @@ func (n *Node) settleBatch(ctx context.Context, s *ownership.Settle, ms ownershi
 				"version", best[i].Version, "ctx_err", ctx.Err())
 		}
 		if best[i].Version > 0 {
-			n.cache.InstallUnlessFencedSince(h, writeback.Record{Key: k, State: best[i].State, Version: best[i].Version}, now)
+			n.adopt(h, writeback.Record{Key: k, State: best[i].State, Version: best[i].Version}, now)
 		}
 	}
 	for _, d := range s.Finish(cur, ctx.Err() != nil) {
@@ -222,7 +222,7 @@ func (n *Node) pullKey(ctx context.Context, h uint64, k writeback.Key, lims limi
 			n.log.Debug("pulled back", "name", sk.Name, "key", sk.Key, "from", addr, "asked", s.Asked(i), "count", got.State.Count, "version", got.Version)
 		}
 		if got.Version > 0 {
-			n.cache.InstallUnlessFencedAfter(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, mark)
+			n.adoptUncrossed(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, mark)
 		}
 	}
 }

@@ -136,7 +136,7 @@ func (n *Node) pullStandIn(ctx context.Context, h uint64, k writeback.Key, lims 
 			n.log.Debug("pulled a stand-in's copy", "name", sk.Name, "key", sk.Key, "from", rep.Name, "count", got.State.Count, "version", got.Version)
 		}
 		if got.Version > 0 {
-			n.cache.InstallUnlessFencedSince(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, now)
+			n.adopt(h, writeback.Record{Key: sk, State: got.State, Version: got.Version}, now)
 		}
 	}
 }
