@@ -6,7 +6,7 @@ HELM_VERSION               := v3.22.0
 GOBIN ?= $(shell go env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all build test upgrade-test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale capacity deploy-scale sim-scale sim-deep
+.PHONY: all build test upgrade-test race lint generate check-generate tools bench fuzz tidy-check faults helm-check soak compare hotkey scale capacity deploy-scale sim-scale sim-deep sim-load
 
 all: build lint test
 
@@ -165,6 +165,15 @@ SIM_PARTITIONS ?= 65521
 SIM_LOAD ?= 1.25
 sim-scale:
 	SLUICE_SIM_NODES=$(SIM_NODES) SLUICE_SIM_PARTITIONS=$(SIM_PARTITIONS) SLUICE_SIM_LOAD=$(SIM_LOAD) GOMEMLIMIT=$(SIM_MEMLIMIT) go test -count=1 -v -timeout 60m -run '^TestThousandMembers$$' ./cluster/clustertest/
+
+# Membership changes under concurrent checks, in cluster/clustertest at
+# depth: SIM_LOAD_SEEDS runs of two joins and two graceful leaves under 8
+# callers (TestMembershipChangesUnderConcurrentChecks); a failure prints
+# the two answers that decided from the same count and the nodes' debug
+# log of the key. docs/testing.md states its time and what it finds.
+SIM_LOAD_SEEDS ?= 3000
+sim-load:
+	bash -o pipefail -c "go test -count=1 -v -timeout 0 -run '^TestMembershipChangesUnderConcurrentChecks$$' ./cluster/clustertest/ -underload-seeds $(SIM_LOAD_SEEDS) -underload-trace 2>&1 | grep -v -E '^ *(=== (RUN|PAUSE|CONT|NAME)|--- PASS)|: seed [0-9]+: '"
 
 # The model of cluster/clustertest at depth: SIM_SEEDS random runs of
 # joins, leaves, crashes, restarts, partitions and checks, each held to
