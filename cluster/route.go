@@ -387,6 +387,12 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			// from the same count. The step for the new release says
 			// where to point, or to pull it back once more.
 			if lost++; lost > maxCrossedPulls {
+				if f.Owns && owning(ev) {
+					// The check fails over to the key's replica, which
+					// decides it as a stand-in: this node pulls that
+					// decision before it decides the key again.
+					n.noteGivenUp(k, lims, now)
+				}
 				o.Owner, o.Err = n.name, abandoned+"the key was pulled from here again while this node took it back"
 				return ""
 			}
