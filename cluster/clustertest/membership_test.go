@@ -1,9 +1,13 @@
 package clustertest
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"testing/synctest"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/ring"
@@ -114,6 +118,62 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 		for i, k := range keys {
 			if got := admitted(t, c, []string{"n1", "n2"}[i%2], k, limit, limit); got != limit-before {
 				t.Fatalf("%s: %d admitted after n3 left, want %d", k, got, limit-before)
+			}
+		}
+	})
+}
+
+// A graceful leave hands on the counters of multi-limit checks too: the
+// drain reads them back from the store, and before the limit index was
+// typed their store keys decoded as other keys ("api" + "0\x00key"), so
+// the next owner got them under the wrong keys and admitted the limit
+// again.
+func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2", "n3")
+		r := NewRunner(c)
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		const limit = 6
+		keys := ownedBy(c, "n1", "n3", "multi:", 20)
+		multi := func(via, k string, times int) int {
+			got := 0
+			for range times {
+				req := Request(k, limit, 1)
+				req.More = []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: 100, WindowMS: Window.Milliseconds()}}
+				out := make([]check.Outcome, 1)
+				ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
+				c.Member(via).Node.Check(ctx, []check.Request{req}, out)
+				cancel()
+				if out[0].Err != "" {
+					t.Fatalf("key %s via %s: %s", k, via, out[0].Err)
+				}
+				if out[0].Allowed() {
+					got++
+				}
+			}
+			return got
+		}
+		for _, k := range keys {
+			if got := multi("n1", k, limit); got != limit {
+				t.Fatalf("key %s: %d admitted, want %d", k, got, limit)
+			}
+		}
+		leaver := c.Member("n3").Node
+		if err := c.Leave("n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		// Each key's two counters (one per limit) went to the next owner.
+		if h := leaver.Status().HandedOff; h < uint64(2*len(keys)) {
+			t.Fatalf("n3 handed off %d counters, want at least %d (two limits of %d keys)", h, 2*len(keys), len(keys))
+		}
+		for i, k := range keys {
+			if got := multi([]string{"n1", "n2"}[i%2], k, 3); got != 0 {
+				t.Fatalf("key %s: %d admitted after n3 left with its count at the limit, want 0", k, got)
 			}
 		}
 	})
