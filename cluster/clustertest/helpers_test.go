@@ -1,8 +1,11 @@
 package clustertest
 
 import (
+	"context"
 	"fmt"
 	"testing"
+
+	"github.com/sluicehq/sluice/cluster/check"
 
 	"github.com/sluicehq/sluice/ring"
 )
@@ -49,4 +52,19 @@ func admitted(t *testing.T, c *Cluster, via, key string, limit int64, n int) int
 		}
 	}
 	return got
+}
+
+// checkVia sends r, a request of the test's own making (another algorithm,
+// several limits), through the member via and returns its answer, error
+// included; none within CheckTimeout fails t.
+func checkVia(t *testing.T, c *Cluster, via string, r check.Request) check.Outcome {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
+	defer cancel()
+	out := make([]check.Outcome, 1)
+	c.Member(via).Node.Check(ctx, []check.Request{r}, out)
+	if ctx.Err() != nil {
+		t.Fatalf("%s via %s: not answered within %v", r.Key, via, CheckTimeout)
+	}
+	return out[0]
 }

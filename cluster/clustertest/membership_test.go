@@ -1,8 +1,8 @@
 package clustertest
 
 import (
-	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"testing/synctest"
 
@@ -142,14 +142,11 @@ func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
 			for range times {
 				req := Request(k, limit, 1)
 				req.More = []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: 100, WindowMS: Window.Milliseconds()}}
-				out := make([]check.Outcome, 1)
-				ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
-				c.Member(via).Node.Check(ctx, []check.Request{req}, out)
-				cancel()
-				if out[0].Err != "" {
-					t.Fatalf("key %s via %s: %s", k, via, out[0].Err)
+				o := checkVia(t, c, via, req)
+				if o.Err != "" {
+					t.Fatalf("key %s via %s: %s", k, via, o.Err)
 				}
-				if out[0].Allowed() {
+				if o.Allowed() {
 					got++
 				}
 			}
@@ -175,6 +172,40 @@ func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
 			if got := multi([]string{"n1", "n2"}[i%2], k, 3); got != 0 {
 				t.Fatalf("key %s: %d admitted after n3 left with its count at the limit, want 0", k, got)
 			}
+		}
+	})
+}
+
+// A check that asks another algorithm for a key than the one counting it
+// gets an error naming both, on whichever node it arrives, and the count
+// goes on: before, the owner started the key afresh under the new
+// algorithm and admitted the limit again.
+func TestAnotherAlgorithmIsRefusedAcrossTheCluster(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2", "n3")
+		const key = "user:7"
+		owner, _ := c.Member("n1").Node.Ring().Owner(ring.Hash(LimitName, key))
+		via := "n1" // a node that forwards to the owner
+		if owner.Name == via {
+			via = "n2"
+		}
+		sw := check.Request{Name: LimitName, Key: key, Hits: 1,
+			Limit: bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 5, WindowMS: Window.Milliseconds()}}
+		for i := range 5 {
+			if o := checkVia(t, c, via, sw); o.Err != "" || !o.Allowed() {
+				t.Fatalf("hit %d: %+v", i, o)
+			}
+		}
+		tb := sw
+		tb.Limit.Algorithm = bucket.TokenBucket
+		for _, n := range c.Up() {
+			o := checkVia(t, c, n, tb)
+			if o.Allowed() || !strings.Contains(o.Err, "counted by sliding_window") || !strings.Contains(o.Err, "asks token_bucket") {
+				t.Fatalf("token_bucket via %s: %+v, want refused with an error naming both algorithms", n, o)
+			}
+		}
+		if o := checkVia(t, c, via, sw); o.Err != "" || o.Allowed() {
+			t.Fatalf("sliding_window after the refusals: %+v, want over the limit (5 of 5 admitted)", o)
 		}
 	})
 }
