@@ -48,6 +48,13 @@ func (b *traceBuf) of(key string) string {
 	return out.String()
 }
 
+// admittedAnswer is one admitted answer of the load: how it is printed,
+// and the remaining it said (two alike decided from the same count).
+type admittedAnswer struct {
+	line      string
+	remaining int64
+}
+
 // underLoad is a load of concurrent callers over the members it targets:
 // half its checks on tight keys (a small limit the load reaches), half on
 // loose keys (a limit it never reaches), as test/'s TestScaleOutThenInUnderLoad
@@ -60,7 +67,7 @@ type underLoad struct {
 
 	admitted  sync.Map // key → *atomic.Int64
 	answersMu sync.Mutex
-	answers   map[string][]string // key → the admitted answers, with traces on
+	answers   map[string][]admittedAnswer // key → its admitted answers, with traces on
 	calls     atomic.Int64
 	errors    atomic.Int64
 	firstErr  atomic.Pointer[string]
@@ -137,9 +144,12 @@ func (l *underLoad) start(seed uint64, callers int, every time.Duration) {
 					if *underloadTrace {
 						l.answersMu.Lock()
 						if l.answers == nil {
-							l.answers = map[string][]string{}
+							l.answers = map[string][]admittedAnswer{}
 						}
-						l.answers[key] = append(l.answers[key], fmt.Sprintf("%s via %s owner %s remaining %d", begin.UTC().Format("05.000000"), n.Name(), out[0].Owner, out[0].Decision.Remaining))
+						l.answers[key] = append(l.answers[key], admittedAnswer{
+							line:      fmt.Sprintf("%s via %s owner %s remaining %d", begin.UTC().Format("05.000000"), n.Name(), out[0].Owner, out[0].Decision.Remaining),
+							remaining: out[0].Decision.Remaining,
+						})
 						l.answersMu.Unlock()
 					}
 				}
@@ -257,12 +267,10 @@ func TestMembershipChangesUnderConcurrentChecks(t *testing.T) {
 							seen := map[int64]string{}
 							l.answersMu.Lock()
 							for _, a := range l.answers[k] {
-								var rem int64
-								fmt.Sscanf(a[strings.LastIndex(a, " ")+1:], "%d", &rem)
-								if prev, ok := seen[rem]; ok {
-									t.Logf("two admitted answers with the same count: %s | %s", prev, a)
+								if prev, ok := seen[a.remaining]; ok {
+									t.Logf("two admitted answers with the same count: %s | %s", prev, a.line)
 								}
-								seen[rem] = a
+								seen[a.remaining] = a.line
 							}
 							l.answersMu.Unlock()
 							t.Logf("the nodes' log of %s:\n%s", k, trace.of(k))
