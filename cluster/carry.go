@@ -66,11 +66,13 @@ func (n *Node) carry(h uint64, k writeback.Key, lims limits, eff ownership.Effec
 		}
 	case eff.Adopt:
 		r.installed = n.cache.Install(h, c.rec)
-		if eff.MarkSettled && r.installed {
-			// A push that installed nothing told this node nothing newer
-			// than it holds: a leaving node's stale replica copy, say. The
-			// key stays as it was: unsettled, it is still pulled on first
-			// touch; released, a check takes it back from where it went.
+		// A push that installed nothing told this node nothing newer
+		// than it holds: a leaving node's stale replica copy, say. The
+		// key stays as it was: unsettled, it is still pulled on first
+		// touch; released, a check takes it back from where it went. Its
+		// sender still points the key's checks here (HandedFrom).
+		eff.MarkSettled = eff.MarkSettled && r.installed
+		if eff.MarkSettled || eff.HandedFrom != "" {
 			n.book.Carried(k, eff, now)
 		}
 	case eff.Merge:

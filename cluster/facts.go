@@ -29,6 +29,7 @@ func (n *Node) factsIn(ms ownership.Moves, tbl *ring.Table, h uint64, k writebac
 	f.Owns = !ok || owner.Name == n.name
 	if !f.Owns {
 		f.OwnerAddr = owner.Addr
+		f.HandedBy = n.handedBy(k, lims, now)
 	}
 	if len(ms) > 0 {
 		if len(lims.more) == 0 {
@@ -41,12 +42,30 @@ func (n *Node) factsIn(ms ownership.Moves, tbl *ring.Table, h uint64, k writebac
 	return f
 }
 
+// handedBy is Book.HandedBy for the key k of a check with limits lims (a
+// multi-limit key's handoff pushes its sub-keys).
+func (n *Node) handedBy(k writeback.Key, lims limits, now int64) string {
+	if n.book.HandedRecords() == 0 {
+		return ""
+	}
+	if len(lims.more) > 0 {
+		k = writeback.SubKey(k, 0)
+	}
+	return n.book.HandedBy(k, now)
+}
+
 // released adds to f what this node knows of the release of key k (ring
 // hash h) once its cache refused a decision of it: where it went, if
 // recorded.
 func (n *Node) released(f ownership.Facts, k writeback.Key) ownership.Facts {
 	f.Released = true
 	f.ReleasedTo, _ = n.book.ReleasedTo(k)
+	if f.ReleasedTo != "" && f.ReleasedTo != n.cfg.GRPCAddr {
+		// Not in the table for want of news (unknown here, or joining and
+		// not ready yet), not because it is leaving, left or died: its
+		// table is then no newer than this node's.
+		f.ReleasedToUnseen = !n.ring.Table().HasAddr(f.ReleasedTo) && !n.roster.departing(f.ReleasedTo)
+	}
 	return f
 }
 

@@ -307,7 +307,9 @@ func (n *Node) Replicate(ctx context.Context, from string, handoff bool, counter
 	tbl := n.ring.Table()
 	ev := ownership.Event{Kind: ownership.Replicate}
 	if handoff {
-		ev.Kind = ownership.Push
+		// The pusher's address: its table names this node the owner, and
+		// this node decides the keys while its own names the pusher.
+		ev.Kind, ev.From = ownership.Push, n.addrOf(from)
 	}
 	moves := n.book.Moves()
 	now := n.now().UnixNano()

@@ -414,6 +414,19 @@ func (r *roster) counts() MemberEvents {
 	return r.events
 }
 
+// departing reports whether the member with the gRPC address addr is
+// leaving, has left or died, as memberlist last reported it here.
+func (r *roster) departing(addr string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.m {
+		if m.metaErr == nil && m.meta.grpcAddr == addr {
+			return m.meta.leaving || m.state == StateLeft || m.state == StateDead
+		}
+	}
+	return false
+}
+
 // all returns every member, sorted by name.
 func (r *roster) all() []memberInfo {
 	r.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -379,7 +380,13 @@ func (n *Node) rebuild() {
 		lost = n.tableChanged(old, cur)
 	}
 	n.ring.SetTable(cur)
-	n.log.Debug("ring rebuilt", "members", len(ms))
+	if n.debug {
+		names := make([]string, len(ms))
+		for i, m := range ms {
+			names[i] = m.Name
+		}
+		n.log.Debug("ring rebuilt", "members", len(ms), "names", strings.Join(names, ","))
+	}
 	// A lease is spent only while its key stays with the owner that
 	// granted it (docs/leases.md); the keys that did not move keep theirs.
 	moved := func(h uint64) bool {

@@ -61,7 +61,7 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 		}
 		h := ring.Hash(r.Name, r.Key)
 		owner, ok := tbl.Owner(h)
-		if !ok || owner.Name == n.name {
+		if !ok || owner.Name == n.name || n.handedByOwner(r, lims, owner, now) {
 			var to string
 			if slices.Contains(deferred, h) {
 				out[i] = check.Outcome{Owner: n.name, Err: errUnsettled}
@@ -95,6 +95,14 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 	if len(unsettled) > 0 {
 		n.failover(ctx, reqs, out, unsettled, n.cfg.GRPCAddr, now)
 	}
+}
+
+// handedByOwner reports whether owner, the owner of r's key in this
+// node's table, handed the key here (ownership.Facts.Decides): this node
+// decides it, as the owner would point the check here.
+func (n *Node) handedByOwner(r *check.Request, lims limits, owner ring.Member, now int64) bool {
+	by := n.handedBy(writeback.Key{Name: r.Name, Key: r.Key}, lims, now)
+	return by != "" && by == owner.Addr
 }
 
 // refusedAll answers every item with the refusal when this node gave up
@@ -353,6 +361,12 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	eff := ownership.Step(f, ev)
 	for lost := 0; ; {
+		if n.debug && (!eff.DecidesAsItStands() || f.Released || !f.Owns) {
+			// Every step but the plain decision of an owned key.
+			n.log.Debug("step", "name", k.Name, "key", k.Key, "event", ev.Kind, "from", ev.From, "owns", f.Owns, "owner", f.OwnerAddr,
+				"handed_by", f.HandedBy, "unsettled", f.Unsettled, "released", f.Released, "released_to", f.ReleasedTo, "unseen", f.ReleasedToUnseen,
+				"effects", fmt.Sprintf("%+v", eff))
+		}
 		switch {
 		case eff.Joining:
 			o.Owner, o.Err = n.name, errJoining
@@ -637,8 +651,12 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []check.Request, out []che
 		}
 		// Pointed on again: the node the first receiver handed the key to
 		// decides it as a stand-in, after pulling the key from that
-		// receiver.
-		for _, rg := range groupByAddr(stuck) {
+		// receiver. When the two point at each other (each table names
+		// the other the owner while the views differ), the one with the
+		// lower address stands in, whichever was asked first: every
+		// sender then picks the same node, and the key stays there
+		// instead of being pulled from one to the other on every check.
+		for _, rg := range groupByAddr(standInRoutes(stuck)) {
 			f, m := n.send(ctx, rg[0].owner.Addr, true, reqs, out, rg)
 			failed = append(failed, f...)
 			failed = append(failed, m...)
@@ -654,6 +672,22 @@ func (n *Node) forwardGroup(ctx context.Context, reqs []check.Request, out []che
 		return
 	}
 	n.failover(ctx, reqs, out, failed, failedAddr, now)
+}
+
+// standInRoutes returns the stuck routes (first receiver from, second receiver
+// owner, which points on to to) bound for their stand-in: the second
+// receiver, pulling from the first, or, when the second points back at the
+// first, the one of the two with the lower address, pulling from the
+// other.
+func standInRoutes(stuck []routed) []routed {
+	for j, rt := range stuck {
+		if rt.to == rt.from && rt.from < rt.owner.Addr {
+			rt.owner, rt.from = ring.Member{Addr: rt.from}, rt.owner.Addr
+		}
+		rt.to = ""
+		stuck[j] = rt
+	}
+	return stuck
 }
 
 // retarget points routes at the address their answer moved them to,

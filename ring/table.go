@@ -277,6 +277,12 @@ func (t *Table) Has(name string) bool {
 	return ok
 }
 
+// HasAddr reports whether a member of t has the address addr (a linear
+// search: for the rare paths that know a node by its address only).
+func (t *Table) HasAddr(addr string) bool {
+	return slices.ContainsFunc(t.members, func(m Member) bool { return m.Addr == addr })
+}
+
 // Members returns a copy of the members, sorted by name.
 func (t *Table) Members() []Member { return slices.Clone(t.members) }
 

@@ -24,6 +24,7 @@ type GossipNetwork struct {
 	mu    sync.Mutex
 	nodes map[string]*GossipTransport // by host:port
 	cut   map[[2]string]bool          // (from, to) host:port: dropped
+	deaf  map[string]bool             // host:port: everything sent there dropped
 	next  int
 }
 
@@ -40,7 +41,7 @@ var errGossipUnreachable = errors.New("clustertest: gossip address unreachable")
 
 // NewGossipNetwork returns an empty network.
 func NewGossipNetwork() *GossipNetwork {
-	return &GossipNetwork{nodes: make(map[string]*GossipTransport), cut: make(map[[2]string]bool)}
+	return &GossipNetwork{nodes: make(map[string]*GossipTransport), cut: make(map[[2]string]bool), deaf: make(map[string]bool)}
 }
 
 // NewAddr returns a fresh address (10.0.x.y:7946) for a transport.
@@ -85,10 +86,19 @@ func (g *GossipNetwork) Cut(from, to string) {
 	g.mu.Unlock()
 }
 
+// Deafen drops everything sent to addr, from any node, until Heal: the
+// node there learns of no membership change while the others do.
+func (g *GossipNetwork) Deafen(addr string) {
+	g.mu.Lock()
+	g.deaf[addr] = true
+	g.mu.Unlock()
+}
+
 // Heal removes every cut.
 func (g *GossipNetwork) Heal() {
 	g.mu.Lock()
 	clear(g.cut)
+	clear(g.deaf)
 	g.mu.Unlock()
 }
 
@@ -96,7 +106,7 @@ func (g *GossipNetwork) Heal() {
 func (g *GossipNetwork) route(from *GossipTransport, to string) *GossipTransport {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if from.crashed || g.cut[[2]string{from.addr, to}] {
+	if from.crashed || g.cut[[2]string{from.addr, to}] || g.deaf[to] {
 		return nil
 	}
 	return g.nodes[to]

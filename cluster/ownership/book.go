@@ -4,7 +4,8 @@ package ownership
 // settled sets, and where released keys went. Every record has a bound:
 // a move stops applying at the end of its window and is dropped by the
 // next move or Sweep; a released-to record is dropped once the cache no
-// longer holds the key's release.
+// longer holds the key's release; a handed record when the key is released
+// or its move window ends.
 
 import (
 	"slices"
@@ -86,6 +87,11 @@ type Book struct {
 	movesMu sync.Mutex // held by the writers of moves
 
 	releasedTo sync.Map // key.Key → gRPC address of the node that took it
+	// handed holds the keys pushed here by a handoff and not released
+	// since: key.Key → handed. handedN counts its entries (roughly: a
+	// check of a key it does not own skips the map while it is 0).
+	handed  sync.Map
+	handedN atomic.Int64
 	// stores counts noteReleased calls since the last prune of releasedTo,
 	// sweepAt is the count that starts the next one, and pruning lets one
 	// prune run at a time.
@@ -243,13 +249,65 @@ func (ms Moves) Active(now int64) bool {
 // events only: TableChanged, Paused, Narrow, Sweep, a Settle's Finish and
 // this (TestOnlyEventsWriteTheBook).
 func (b *Book) Carried(k key.Key, eff Effects, now int64) {
-	if eff.Release && eff.NoteTo != "" {
-		b.noteReleased(k, eff.NoteTo, now)
+	if eff.Release {
+		b.forgetHanded(k)
+		if eff.NoteTo != "" {
+			b.noteReleased(k, eff.NoteTo, now)
+		}
+	}
+	if eff.HandedFrom != "" {
+		b.noteHanded(k, eff.HandedFrom, now)
 	}
 	if eff.MarkSettled {
 		b.markSettled(k)
 	}
 }
+
+// handed is the record of a key pushed here: by whom, and until when it
+// counts (Unix ns).
+type handed struct {
+	from  string
+	until int64
+}
+
+// noteHanded records that the node at from handed k here at now: for the
+// move window, or until this node releases k, its table named this node
+// the key's owner (Facts.HandedBy).
+func (b *Book) noteHanded(k key.Key, from string, now int64) {
+	if _, loaded := b.handed.Swap(CloneKey(k), handed{from: from, until: now + int64(b.window)}); !loaded {
+		b.handedN.Add(1)
+	}
+}
+
+// forgetHanded drops k's handed record: this node released k.
+func (b *Book) forgetHanded(k key.Key) {
+	if b.handedN.Load() == 0 {
+		return
+	}
+	if _, loaded := b.handed.LoadAndDelete(k); loaded {
+		b.handedN.Add(-1)
+	}
+}
+
+// HandedBy returns the address of the node that handed k here by a push,
+// when this node has not released k since and the move window that began
+// with the push has not ended at now; "" otherwise.
+func (b *Book) HandedBy(k key.Key, now int64) string {
+	if b.handedN.Load() == 0 {
+		return ""
+	}
+	v, ok := b.handed.Load(k)
+	if !ok {
+		return ""
+	}
+	if h := v.(handed); h.until >= now {
+		return h.from
+	}
+	return ""
+}
+
+// HandedRecords returns how many handed records the book holds.
+func (b *Book) HandedRecords() int { return int(b.handedN.Load()) }
 
 // markSettled records that k arrived by handoff: no move pulls it again.
 func (b *Book) markSettled(k key.Key) {
@@ -324,6 +382,16 @@ func (b *Book) prune(now int64) {
 		return true
 	})
 	b.sweepAt.Store(2 * kept)
+	if b.handedN.Load() > 0 {
+		b.handed.Range(func(k, v any) bool {
+			if v.(handed).until < now {
+				if _, loaded := b.handed.LoadAndDelete(k); loaded {
+					b.handedN.Add(-1)
+				}
+			}
+			return true
+		})
+	}
 }
 
 // Sweep forgets what membership changes left behind (the window-end

@@ -358,7 +358,7 @@ func TestPlanAsksTheKeysCurrentReplicas(t *testing.T) {
 func TestOnlyEventsWriteTheBook(t *testing.T) {
 	t.Parallel()
 	events := map[string]bool{"TableChanged": true, "Paused": true, "Narrow": true, "Sweep": true, "Carried": true}
-	reads := map[string]bool{"Moves": true, "Unsettled": true, "ReleasedTo": true, "ReleasedRecords": true}
+	reads := map[string]bool{"Moves": true, "Unsettled": true, "ReleasedTo": true, "ReleasedRecords": true, "HandedBy": true, "HandedRecords": true}
 	bt := reflect.TypeFor[*Book]()
 	for i := range bt.NumMethod() {
 		name := bt.Method(i).Name
@@ -372,5 +372,38 @@ func TestOnlyEventsWriteTheBook(t *testing.T) {
 				t.Errorf("Book.%s is an exported field: the records are the component's to change", f.Name)
 			}
 		}
+	}
+}
+
+// A push's record (Facts.HandedBy) lasts until the key is released or the
+// move window ends, and Sweep drops it then.
+func TestHandedRecordLastsUntilReleasedOrTheWindowEnds(t *testing.T) {
+	t.Parallel()
+	const window = time.Second
+	b := NewBook("n1", window, func(key.Key, int64) bool { return false })
+	k1, k2 := key.Key{Name: "api", Key: "a"}, key.Key{Name: "api", Key: "b"}
+	now := int64(1e12)
+	if got := b.HandedBy(k1, now); got != "" {
+		t.Fatalf("HandedBy before any push = %q", got)
+	}
+	push := Step(Facts{SelfAddr: "n1:1", InRing: true, OwnerAddr: "n2:1"}, Event{Kind: Push, From: "n2:1"})
+	b.Carried(k1, push, now)
+	b.Carried(k2, push, now)
+	if got := b.HandedBy(k1, now+int64(window)); got != "n2:1" {
+		t.Errorf("HandedBy at the window's end = %q, want n2:1", got)
+	}
+	if got := b.HandedBy(k1, now+int64(window)+1); got != "" {
+		t.Errorf("HandedBy after the window = %q, want none", got)
+	}
+	b.Carried(k1, Effects{Release: true, NoteTo: "n3:1"}, now+1)
+	if got := b.HandedBy(k1, now+1); got != "" {
+		t.Errorf("HandedBy after a release = %q, want none", got)
+	}
+	if got := b.HandedRecords(); got != 1 {
+		t.Errorf("%d handed records after one release, want 1", got)
+	}
+	b.Sweep(now + int64(window) + 1)
+	if got := b.HandedRecords(); got != 0 {
+		t.Errorf("%d handed records after the window's sweep, want 0", got)
 	}
 }

@@ -49,6 +49,26 @@ type Facts struct {
 	// answer ErrMoved); ReleasedTo is where it went, when recorded.
 	Released   bool
 	ReleasedTo string
+	// ReleasedToUnseen: ReleasedTo is no member of this node's table, and
+	// not because it is leaving, left or died: a node whose join this one
+	// has yet to see through took the key. Its table is newer than this
+	// node's, and names it the owner.
+	ReleasedToUnseen bool
+	// HandedBy is the address of the node that handed the key here by a
+	// handoff (a push), when this node has not released the key since and
+	// the move window has not ended (Book.HandedBy). Its table named this
+	// node the owner, so when this node's own table still names that node
+	// (this node has not seen the change yet), this node decides the key:
+	// the node that handed it points checks here, and would otherwise
+	// point them back and forth with this node.
+	HandedBy string
+}
+
+// Decides reports whether the key's checks are decided here rather than
+// forwarded: this node owns the key in its table (or its table names
+// nobody), or the owner its table names handed the key here (HandedBy).
+func (f Facts) Decides() bool {
+	return f.Owns || (f.HandedBy != "" && f.HandedBy == f.OwnerAddr)
 }
 
 // State returns the key's state the facts describe.
@@ -58,7 +78,7 @@ func (f Facts) State() State {
 		return ReleasedTo
 	case f.Owns && f.Unsettled:
 		return Unsettled
-	case f.Owns:
+	case f.Decides():
 		return Owned
 	case f.Replica:
 		return Replica
@@ -141,6 +161,9 @@ type Effects struct {
 	Holders bool
 	// Push: push the released record to NoteTo (handoff).
 	Push bool
+	// HandedFrom: the key was pushed here by the node at this address;
+	// the book records it for the key's facts (Facts.HandedBy).
+	HandedFrom string
 	// SendCopy: send the record to OwnerAddr as a copy (a replicate, not
 	// a handoff): the new owner installs it when newer and still pulls the
 	// key on first touch, but no longer needs this node alive for it.
@@ -192,7 +215,7 @@ func Step(f Facts, e Event) Effects {
 		if f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
 		}
-		return Effects{Next: Owned, Adopt: true, MarkSettled: true}
+		return Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: e.From}
 	case Replicate:
 		if f.Owns && !f.Unsettled && !f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
@@ -229,11 +252,13 @@ func Step(f Facts, e Event) Effects {
 // check is a check of a key the cache has not refused (yet).
 func check(f Facts, e Event) Effects {
 	switch {
-	case e.Kind == Check && !f.Owns:
+	case e.Kind == Check && !f.Decides():
 		return Effects{Next: f.State(), Forward: true}
 	case f.Phase.Drains() && !f.Owns:
+		// A draining node decides nothing it does not own, not even a
+		// key handed here: it hands on what it holds.
 		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
-	case e.Kind == Forwarded && !f.Owns:
+	case e.Kind == Forwarded && !f.Decides():
 		// Never forwarded again: the sender asks the owner this node sees.
 		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
 	}
@@ -253,12 +278,16 @@ func check(f Facts, e Event) Effects {
 // checkReleased is a check whose decision the cache refused: this node
 // had released the key (released to X).
 func checkReleased(f Facts, e Event) Effects {
-	if f.Phase.Leaves() || (!f.Owns && e.Kind != StandIn) {
+	if f.Phase.Leaves() || ((!f.Owns || f.ReleasedToUnseen) && e.Kind != StandIn) {
 		// A leaving node still owns every key in its own view, but it
 		// never takes back a key another node pulled from it: taking it
 		// back would let the puller, which owns the key in every other
 		// view, decide from the same count. It points there, or, when it
-		// knows nowhere to point, decides.
+		// knows nowhere to point, decides. So does a node whose table
+		// has yet to show the node it released the key to (a joiner that
+		// took its keys): that node's table is the newer one, and taking
+		// the key back would have the two pull it from each other on every
+		// check until this node's table catches up.
 		to := f.ReleasedTo
 		if to == f.SelfAddr {
 			to = "" // never pointed at itself

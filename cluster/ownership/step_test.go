@@ -23,6 +23,7 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 	unsettled := with(owned, func(f *Facts) { f.Unsettled = true })
 	releasedOwned := with(owned, func(f *Facts) { f.Released, f.ReleasedTo = true, third })
 	releasedUnowned := with(unowned, func(f *Facts) { f.Released, f.ReleasedTo = true, third })
+	handed := with(unowned, func(f *Facts) { f.HandedBy = other })
 	leaving := func(f Facts) Facts { f.Phase = Leaving; return f }
 	draining := func(f Facts) Facts { f.Phase = Draining; return f }
 
@@ -48,11 +49,19 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"stand-in with pull_from itself: no pull", unowned, Event{Kind: StandIn, From: self}, Effects{Next: StandingIn, Decide: true}},
 		{"replica, forward failure: decided from the copy", replica, Event{Kind: Failover}, Effects{Next: StandingIn, Decide: true}},
 		{"leaving, owned: still decided", leaving(owned), Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true}},
+		{"handed here by its view's owner, check: decided", handed, Event{Kind: Check}, Effects{Next: Owned, Decide: true}},
+		{"handed here by its view's owner, forward received: decided", handed, Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true}},
+		{"handed here by a node not its view's owner, check: forwarded", with(handed, func(f *Facts) { f.HandedBy = third }), Event{Kind: Check}, Effects{Next: Unowned, Forward: true}},
+		{"handed here by a node not its view's owner, forward received: moved_to the owner", with(handed, func(f *Facts) { f.HandedBy = third }), Event{Kind: Forwarded}, Effects{Next: Unowned, Redirect: other}},
+		{"draining, handed here, forward received: moved_to the owner", draining(handed), Event{Kind: Forwarded}, Effects{Next: Owned, Redirect: other}},
 
 		// Checks the cache refused: released to X.
 		{"released, owns in its view: pull X, reclaim, decide", releasedOwned, Event{Kind: Forwarded}, Effects{Next: Owned, PullFrom: third, Reclaim: true, Decide: true}},
 		{"released to itself: reclaim, decide", with(releasedOwned, func(f *Facts) { f.ReleasedTo = self }), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true}},
 		{"released, not owned: moved_to X", releasedUnowned, Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: third}},
+		{"released to a node not in its table, owns in its view: moved_to X, never taken back", with(releasedOwned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: Check}, Effects{Next: ReleasedTo, Redirect: third}},
+		{"released to a node not in its table, forward received: moved_to X", with(releasedOwned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: third}},
+		{"released to a node not in its table, stand-in forward: pull X, reclaim, decide", with(releasedUnowned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: StandIn}, Effects{Next: StandingIn, Reclaim: true, Decide: true, PullFrom: third}},
 		{"released nowhere recorded, not owned: moved_to the owner", with(releasedUnowned, func(f *Facts) { f.ReleasedTo = "" }), Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: other}},
 		{"released, leaving: moved_to X, never taken back", leaving(releasedOwned), Event{Kind: Check}, Effects{Next: ReleasedTo, Redirect: third}},
 		{"released nowhere known, leaving and owning: reclaim, decide", leaving(with(releasedOwned, func(f *Facts) { f.ReleasedTo = "" })), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true}},
@@ -76,8 +85,8 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"draining, pull with release: the record only", draining(owned), Event{Kind: Pull, From: other, Release: true}, Effects{Next: Owned}},
 
 		// Pushes and replication received.
-		{"unowned, push received: adopted, settled", unowned, Event{Kind: Push}, Effects{Next: Owned, Adopt: true, MarkSettled: true}},
-		{"released, push received: adopted (the release ends)", releasedOwned, Event{Kind: Push}, Effects{Next: Owned, Adopt: true, MarkSettled: true}},
+		{"unowned, push received: adopted, settled, handed from the pusher", unowned, Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other}},
+		{"released, push received: adopted (the release ends)", releasedOwned, Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other}},
 		{"draining, push received: refused", draining(unowned), Event{Kind: Push}, Effects{Next: Unowned, Stale: true}},
 		{"replica, replicate received: merged", replica, Event{Kind: Replicate}, Effects{Next: Replica, Merge: true}},
 		{"owned, replicate received: refused", owned, Event{Kind: Replicate}, Effects{Next: Owned, Stale: true}},
@@ -106,16 +115,20 @@ func TestStepAnswersEveryCheckOneWay(t *testing.T) {
 	addrs := []string{"", self, other, third}
 	for _, kind := range []Kind{Check, Forwarded, StandIn, Failover, Serve} {
 		for phase := range numPhases {
-			for bits := range 1 << 5 {
+			for bits := range 1 << 7 {
 				for _, to := range addrs {
 					for _, from := range addrs {
 						f := Facts{Phase: phase, SelfAddr: self, InRing: bits&1 != 0, Owns: bits&2 != 0,
-							Replica: bits&4 != 0, Unsettled: bits&8 != 0, Released: bits&16 != 0, ReleasedTo: to}
+							Replica: bits&4 != 0, Unsettled: bits&8 != 0, Released: bits&16 != 0, ReleasedTo: to,
+							ReleasedToUnseen: bits&32 != 0 && to != "" && to != self}
 						if !f.Owns {
 							f.OwnerAddr = other
+							if bits&64 != 0 {
+								f.HandedBy = other
+							}
 						}
 						if !f.Released {
-							f.ReleasedTo = ""
+							f.ReleasedTo, f.ReleasedToUnseen = "", false
 						}
 						e := Event{Kind: kind, From: from}
 						eff := Step(f, e)
@@ -136,6 +149,9 @@ func TestStepAnswersEveryCheckOneWay(t *testing.T) {
 						}
 						if eff.Decide && f.Released && !eff.Reclaim {
 							t.Fatalf("facts %+v, event %+v: %+v decides a released key without taking it back", f, e, eff)
+						}
+						if f.ReleasedToUnseen && eff.Reclaim && kind != StandIn && kind != Serve {
+							t.Fatalf("facts %+v, event %+v: %+v takes back a key from a node whose table is newer", f, e, eff)
 						}
 						if (eff.Release || eff.Adopt || eff.Merge || eff.Stale || eff.Push) && kind != Pull {
 							t.Fatalf("facts %+v, event %+v: %+v has effects of another event", f, e, eff)
