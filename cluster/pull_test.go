@@ -1,8 +1,9 @@
 package cluster
 
 // Tests of pulls: a new owner taking a key's counter from its old holder
-// (released meanwhile), in batches after a join, not while draining or
-// leaving, right after the table changes, merged copies, pruned releases.
+// (released meanwhile), not while draining or leaving, right after the
+// table changes, merged copies, pruned releases. (Batched pulls after a
+// join: clustertest's TestBatchAfterJoinSettlesInOneRoundOfPulls.)
 
 import (
 	"context"
@@ -130,41 +131,6 @@ func wantTakenBack(t *testing.T, owner *Node, key string) {
 	owner.CheckForwarded(context.Background(), "x", []check.Request{req("api", key, 1, 10)}, out, moved)
 	if moved[0] != "" || out[0].Owner != owner.Name() || out[0].Remaining != 4 {
 		t.Fatalf("%s answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", owner.Name(), out[0], moved[0])
-	}
-}
-
-// A batch of keys that a join moved to the new node is settled with one
-// Pull per node asked, not one per key: key by key, a 100-item forward
-// after a membership change took 100 round trips or more on the owner, ran
-// past the sender's forward deadline, and the sender had the batch decided
-// again by a replica — every item counted twice.
-func TestBatchAfterJoinSettlesInOneRoundOfPulls(t *testing.T) {
-	t.Parallel()
-	nodes, net := memCluster(t, 3, func(c *Config) { c.ForwardTimeout = time.Second })
-	// Every call takes 20 ms: 100 keys settled one by one would take
-	// seconds, past the forward deadline.
-	net.SetDelay(20 * time.Millisecond)
-	keys := keysOwnedBy(nodes[2], "n2", 100)
-	reqs := make([]check.Request, len(keys))
-	for i, k := range keys {
-		reqs[i] = req("api", k, 1, 10)
-	}
-	before := net.Pulls(memAddr(2))
-	out := make([]check.Outcome, len(reqs))
-	nodes[0].Check(context.Background(), reqs, out)
-	for i, o := range out {
-		if o.Err != "" || o.Owner != "n2" || !o.Allowed() || o.Remaining != 9 {
-			t.Fatalf("item %d (%s): %+v, want decided once by n2 (remaining 9)", i, keys[i], o)
-		}
-	}
-	if pulls := net.Pulls(memAddr(2)) - before; pulls > 4 {
-		t.Fatalf("n2 made %d Pull calls to settle one batch of %d moved keys, want at most 4 (one per node and release flag)", pulls, len(keys))
-	}
-	if st := nodes[0].Status(); st.ForwardErrors != 0 || st.Failovers != 0 {
-		t.Fatalf("forward errors %d, failovers %d", st.ForwardErrors, st.Failovers)
-	}
-	if st := nodes[2].Status(); st.Pulls < uint64(len(keys)) {
-		t.Fatalf("n2 pulled %d keys, want every one of the %d moved keys asked for", st.Pulls, len(keys))
 	}
 }
 

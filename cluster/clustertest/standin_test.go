@@ -1,11 +1,13 @@
 package clustertest
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"testing/synctest"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 )
 
@@ -76,5 +78,56 @@ func TestOwnerPullsWhatAStandInDecidedForIt(t *testing.T) {
 				t.Errorf("%s holds %d, want %d", k, got, want)
 			}
 		}
+	})
+}
+
+// A stand-in forward reaching a node that had released the key to
+// another node X decides only after pulling the key from X: X took the
+// node's state and decided more since. Before 2026-11-25 the node decided
+// from its own, older copy, and X's decisions were lost (a hit in about
+// one run of five of TestScaleOutThenInUnderLoad).
+func TestStandInAtAReleasedKeyPullsWhereItWent(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 }}, "n1", "n2", "n3")
+		const key, limit = "moved", 100
+		owner, _ := c.Member("n1").Node.Ring().Table().Owner(ring.Hash(LimitName, key))
+		var a, b, x *Member // the owner, and two members that do not own the key
+		for _, name := range []string{"n1", "n2", "n3"} {
+			switch m := c.Member(name); {
+			case name == owner.Name:
+				a = m
+			case b == nil:
+				b = m
+			default:
+				x = m
+			}
+		}
+		for i := range 3 {
+			if o, err := c.Check(a.Name, key, limit, 1); err != nil || !o.Allowed() || o.Owner != a.Name {
+				t.Fatalf("check %d at the owner: %+v, %v", i, o, err)
+			}
+		}
+		out, moved := make([]check.Outcome, 1), make([]string, 1)
+		standIn := func(n, pullFrom *Member, want int64) {
+			t.Helper()
+			var pf []string
+			if pullFrom != nil {
+				pf = []string{pullFrom.PeerAddr}
+			}
+			n.Node.CheckStandIn(context.Background(), "sender", []check.Request{Request(key, limit, 1)}, pf, out, moved)
+			if !out[0].Allowed() || moved[0] != "" || out[0].Decision.Remaining != limit-want {
+				t.Fatalf("stand-in at %s: %+v, moved to %q; want allowed with %d counted (remaining %d)", n.Name, out[0], moved[0], want, limit-want)
+			}
+		}
+		// B stands in, pulling the key from A (A releases it to B): 4.
+		standIn(b, a, 4)
+		// X stands in, pulling it from B (B releases it to X): 5, 6.
+		standIn(x, b, 5)
+		standIn(x, nil, 6)
+		// A stand-in at B, which does not own the key and released it to
+		// X: it must pull X's 6 before deciding (from its own copy it
+		// would say 5).
+		standIn(b, nil, 7)
 	})
 }
