@@ -1,9 +1,9 @@
 package cluster
 
-// Tests of pulls: a new owner taking a key's counter from its old holder
-// (released meanwhile), not while draining or leaving, right after the
-// table changes, merged copies, pruned releases. (Batched pulls after a
-// join: clustertest's TestBatchAfterJoinSettlesInOneRoundOfPulls.)
+// Tests of pulls: not while draining or leaving, right after the table
+// changes, merged copies, pruned releases. (A new owner taking a key's
+// counter from its old holder, and batched pulls after a join:
+// cluster/clustertest's pull_test.go and pullbatch_test.go.)
 
 import (
 	"context"
@@ -19,120 +19,6 @@ import (
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
-
-func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 2, nil)
-	key := keysOwnedBy(nodes[0], "n0", 1)[0]
-	admit(t, nodes[0], key, 3, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
-	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
-	if keys[0].Version == 0 || keys[0].State.Count != 3 {
-		t.Fatalf("pulled %+v", keys[0])
-	}
-	h := ring.Hash("api", key)
-	k := writeback.Key{Name: "api", Key: key}
-	if !nodes[0].Cache().Fenced(h, k, t0.UnixNano()) {
-		t.Fatal("a pull with release did not release the key")
-	}
-	// n1 decides two hits with what it pulled.
-	nodes[1].Cache().Install(h, writeback.Record{Key: k, State: keys[0].State, Version: keys[0].Version})
-	out, moved := make([]check.Outcome, 1), make([]string, 1)
-	nodes[1].CheckStandIn(context.Background(), "x", []check.Request{req("api", key, 2, 10)}, []string{""}, out, moved)
-	if !out[0].Allowed() || out[0].Remaining != 5 {
-		t.Fatalf("n1 answered %+v", out[0])
-	}
-	// n0 still owns the key in its view: a check there takes it back from
-	// n1, with n1's count, instead of deciding from its stale copy.
-	nodes[0].CheckForwarded(context.Background(), "x", []check.Request{req("api", key, 1, 10)}, out, moved)
-	if moved[0] != "" || out[0].Owner != "n0" || out[0].Remaining != 4 {
-		t.Fatalf("n0 answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4)", out[0], moved[0])
-	}
-	if !nodes[1].Cache().Fenced(h, k, t0.UnixNano()) {
-		t.Fatal("taking the key back did not release it on n1")
-	}
-}
-
-// A node can be pulled from, with release, by a node it does not know yet:
-// in a burst of restarts, the puller joined a moment ago and the gossip
-// about it has not reached this node. The pull names the puller's address,
-// so the releaser still knows where the key went: a check it then gets,
-// still owning the key in its view, takes the key back from the puller
-// with the puller's count. Knowing only the name, it reclaimed the key
-// and decided from its stale copy, and the hits the puller had admitted
-// meanwhile were lost (TestRollingDeployAtScale at 10 nodes, phase B:
-// 217 lost, 2026-11-27).
-func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 2, nil)
-	key := keysOwnedBy(nodes[0], "n0", 1)[0]
-	admit(t, nodes[0], key, 3, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
-	nodes[0].Pull(context.Background(), "n1-restarted", memAddr(1), keys, true, time.Minute, ans)
-	if keys[0].Version == 0 || keys[0].State.Count != 3 {
-		t.Fatalf("pulled %+v", keys[0])
-	}
-	// n1 decides two hits with what it pulled, in its cache: no call of
-	// its own reaches n0 (which would name it).
-	decideTwoFromPulled(t, nodes[1], keys[0])
-	wantTakenBack(t, nodes[0], key)
-}
-
-// A key released to another node stays released when a third node hands
-// this node a stale copy of it: a leaving node pushes every record of its
-// store to the keys' next owners, replica copies among them, and in a
-// burst of restarts such a push reaches a node that had meanwhile released
-// the key. The check it then gets takes the key back from where it went,
-// with that node's hits; the stale push lifted the release, and the node
-// decided from the state it had released (TestRollingDeployAtScale at 10
-// nodes, phase B: 87 admitted hits lost, 2026-11-27). The push also does
-// not mark the key settled: it told this node nothing newer.
-func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 3, nil)
-	key := keysOwnedBy(nodes[0], "n0", 1)[0]
-	admit(t, nodes[0], key, 1, 10)
-	h := ring.Hash("api", key)
-	k := writeback.Key{Name: "api", Key: key}
-	old, _, _ := nodes[0].Cache().Get(h, k, t0.UnixNano()) // n2's stale copy
-	admit(t, nodes[0], key, 2, 10)
-	keys, ans := []bucket.Counter{{Name: "api", Key: key}}, make([]keymove.PullAnswer, 1)
-	nodes[0].Pull(context.Background(), "n1", memAddr(1), keys, true, time.Minute, ans)
-	if keys[0].State.Count != 3 {
-		t.Fatalf("pulled %+v", keys[0])
-	}
-	decideTwoFromPulled(t, nodes[1], keys[0])
-	if installed, _ := nodes[0].Replicate(context.Background(), "n2", true, []bucket.Counter{old.Counter()}); installed != 0 {
-		t.Fatalf("n0 installed n2's stale copy (%d hits) over its own (3)", old.State.Count)
-	}
-	wantTakenBack(t, nodes[0], key)
-}
-
-// decideTwoFromPulled installs at n the record of 3 hits (limit 10) it
-// pulled, and decides two more hits in its cache, as the node the key was
-// released to would.
-func decideTwoFromPulled(t *testing.T, n *Node, pulled bucket.Counter) {
-	t.Helper()
-	k := writeback.KeyOf(pulled)
-	h := keyHash(k)
-	n.Cache().Install(h, writeback.RecordOf(pulled))
-	r := req(k.Name, k.Key, 2, 10)
-	if d, err := n.Cache().Decide(h, k, r.Limit, r.Hits, t0.UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
-		t.Fatalf("%s decided %+v, %v", n.Name(), d, err)
-	}
-}
-
-// wantTakenBack checks that a check of key forwarded to owner (n0, which
-// released it to n1, where decideTwoFromPulled left 5 hits) takes the key
-// back with n1's hits and decides it there.
-func wantTakenBack(t *testing.T, owner *Node, key string) {
-	t.Helper()
-	out, moved := make([]check.Outcome, 1), make([]string, 1)
-	owner.CheckForwarded(context.Background(), "x", []check.Request{req("api", key, 1, 10)}, out, moved)
-	if moved[0] != "" || out[0].Owner != owner.Name() || out[0].Remaining != 4 {
-		t.Fatalf("%s answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): n1's 2 hits lost", owner.Name(), out[0], moved[0])
-	}
-}
 
 // A draining node settles nothing: a pull releases the key at its holder,
 // which then sends the key's checks to the leaving node, after it has

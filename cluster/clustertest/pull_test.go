@@ -1,0 +1,148 @@
+package clustertest
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
+	"github.com/sluicehq/sluice/cluster/keymove"
+	"github.com/sluicehq/sluice/ring"
+	"github.com/sluicehq/sluice/writeback"
+)
+
+// Pulls received: a node pulled from with release stops deciding the key,
+// and takes it back, with the puller's count, when it still owns the key
+// in its view.
+
+// pullFrom has the member puller pull key from the member from, with
+// release, as a node whose table gives it the key would, and returns what
+// it got.
+func pullFrom(t *testing.T, c *Cluster, from, puller, pullerName, key string) bucket.Counter {
+	t.Helper()
+	keys, ans := []bucket.Counter{{Name: LimitName, Key: key}}, make([]keymove.PullAnswer, 1)
+	c.Member(from).Node.Pull(context.Background(), pullerName, c.Member(puller).PeerAddr, keys, true, time.Minute, ans)
+	return keys[0]
+}
+
+// decideTwoFromPulled installs at member the record of 3 hits (limit 10)
+// it pulled, and decides two more hits in its cache, as the node the key
+// was released to would, without a call that reaches the node it pulled
+// from.
+func decideTwoFromPulled(t *testing.T, c *Cluster, member string, pulled bucket.Counter) {
+	t.Helper()
+	n := c.Member(member).Node
+	k := writeback.KeyOf(pulled)
+	h := ring.Hash(k.Name, k.Key)
+	n.Cache().Install(h, writeback.RecordOf(pulled))
+	r := Request(k.Key, 10, 2)
+	if d, err := n.Cache().Decide(h, k, r.Limit, r.Hits, time.Now().UnixNano()); err != nil || !d.Allowed() || d.Remaining != 5 {
+		t.Fatalf("%s decided %+v, %v", member, d, err)
+	}
+}
+
+// wantTakenBack checks that a check of key forwarded to owner (which
+// released it to the node where decideTwoFromPulled left 5 hits) takes the
+// key back with that node's hits and decides it there.
+func wantTakenBack(t *testing.T, c *Cluster, owner, key string) {
+	t.Helper()
+	out, moved := make([]check.Outcome, 1), make([]string, 1)
+	c.Member(owner).Node.CheckForwarded(context.Background(), "x", []check.Request{Request(key, 10, 1)}, out, moved)
+	if moved[0] != "" || out[0].Owner != owner || out[0].Decision.Remaining != 4 {
+		t.Fatalf("%s answered %+v moved to %q, want a decision on 5 earlier hits (remaining 4): the puller's 2 hits lost", owner, out[0], moved[0])
+	}
+}
+
+func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2")
+		key := ownedBy(c, "n1", "n1", "k", 1)[0]
+		if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
+			t.Fatalf("%d of 3 admitted", got)
+		}
+		pulled := pullFrom(t, c, "n1", "n2", "n2", key)
+		if pulled.Version == 0 || pulled.State.Count != 3 {
+			t.Fatalf("pulled %+v", pulled)
+		}
+		h, k := ring.Hash(LimitName, key), writeback.Key{Name: LimitName, Key: key}
+		if !c.Member("n1").Node.Cache().Fenced(h, k, time.Now().UnixNano()) {
+			t.Fatal("a pull with release did not release the key")
+		}
+		// n2 decides two hits with what it pulled.
+		c.Member("n2").Node.Cache().Install(h, writeback.RecordOf(pulled))
+		out, moved := make([]check.Outcome, 1), make([]string, 1)
+		c.Member("n2").Node.CheckStandIn(context.Background(), "x", []check.Request{Request(key, 10, 2)}, []string{""}, out, moved)
+		if !out[0].Allowed() || out[0].Decision.Remaining != 5 {
+			t.Fatalf("n2 answered %+v", out[0])
+		}
+		// n1 still owns the key in its view: a check there takes it back
+		// from n2, with n2's count, instead of deciding from its stale copy.
+		wantTakenBack(t, c, "n1", key)
+		if !c.Member("n2").Node.Cache().Fenced(h, k, time.Now().UnixNano()) {
+			t.Fatal("taking the key back did not release it on n2")
+		}
+	})
+}
+
+// A node can be pulled from, with release, by a node it does not know yet
+// by that name: in a burst of restarts, the puller restarted a moment ago
+// and the gossip about it has not reached this node. The pull names the
+// puller's address, so the releaser still knows where the key went: a
+// check it then gets, still owning the key in its view, takes the key back
+// from the puller with the puller's count. Knowing only the name, it
+// reclaimed the key and decided from its stale copy, and the hits the
+// puller had admitted meanwhile were lost (TestRollingDeployAtScale at 10
+// nodes, phase B: 217 lost, 2026-11-27).
+func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2")
+		key := ownedBy(c, "n1", "n1", "k", 1)[0]
+		if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
+			t.Fatalf("%d of 3 admitted", got)
+		}
+		pulled := pullFrom(t, c, "n1", "n2", "n2-restarted", key)
+		if pulled.Version == 0 || pulled.State.Count != 3 {
+			t.Fatalf("pulled %+v", pulled)
+		}
+		decideTwoFromPulled(t, c, "n2", pulled)
+		wantTakenBack(t, c, "n1", key)
+	})
+}
+
+// A key released to another node stays released when a third node hands
+// this node a stale copy of it: a leaving node pushes every record of its
+// store to the keys' next owners, replica copies among them, and in a
+// burst of restarts such a push reaches a node that had meanwhile released
+// the key. The check it then gets takes the key back from where it went,
+// with that node's hits; the stale push lifted the release, and the node
+// decided from the state it had released (TestRollingDeployAtScale at 10
+// nodes, phase B: 87 admitted hits lost, 2026-11-27). The push also does
+// not mark the key settled: it told this node nothing newer.
+func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2", "n3")
+		key := ownedBy(c, "n1", "n1", "k", 1)[0]
+		if got := admitted(t, c, "n1", key, 10, 1); got != 1 {
+			t.Fatalf("%d of 1 admitted", got)
+		}
+		h, k := ring.Hash(LimitName, key), writeback.Key{Name: LimitName, Key: key}
+		old, _, _ := c.Member("n1").Node.Cache().Get(h, k, time.Now().UnixNano()) // n3's stale copy
+		if got := admitted(t, c, "n1", key, 10, 2); got != 2 {
+			t.Fatalf("%d of 2 admitted", got)
+		}
+		pulled := pullFrom(t, c, "n1", "n2", "n2", key)
+		if pulled.State.Count != 3 {
+			t.Fatalf("pulled %+v", pulled)
+		}
+		decideTwoFromPulled(t, c, "n2", pulled)
+		if installed, _ := c.Member("n1").Node.Replicate(context.Background(), "n3", true, []bucket.Counter{old.Counter()}); installed != 0 {
+			t.Fatalf("n1 installed n3's stale copy (%d hits) over its own (3)", old.State.Count)
+		}
+		wantTakenBack(t, c, "n1", key)
+	})
+}
