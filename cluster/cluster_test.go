@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/check"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
 
@@ -44,63 +43,6 @@ func check1(n *Node, r check.Request) check.Outcome {
 	out := make([]check.Outcome, 1)
 	n.Check(context.Background(), []check.Request{r}, out)
 	return out[0]
-}
-
-func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 3, nil)
-	var reqs []check.Request
-	for k := range 30 {
-		reqs = append(reqs, req("api", fmt.Sprint("user:", k), 1, 5))
-	}
-	reqs = append(reqs, check.Request{Name: "", Key: "x", Hits: 1, Limit: bucket.Limit{Limit: 1, WindowMS: 1000}})
-	reqs = append(reqs, check.Request{Name: "api", Key: "no-limit", Hits: 1})
-	out := make([]check.Outcome, len(reqs))
-	nodes[1].Check(context.Background(), reqs, out)
-	owners := map[string]bool{}
-	for i := range 30 {
-		if out[i].Err != "" || !out[i].Allowed() || out[i].Remaining != 4 {
-			t.Fatalf("item %d: %+v", i, out[i])
-		}
-		owners[out[i].Owner] = true
-	}
-	if len(owners) != 3 {
-		t.Fatalf("30 keys decided by %d owners, want 3", len(owners))
-	}
-	if out[30].Err == "" || out[30].Status != bucket.StatusUnspecified {
-		t.Fatalf("empty name answered %+v", out[30])
-	}
-	if out[31].Err == "" {
-		t.Fatalf("no limit and no rule answered %+v", out[31])
-	}
-}
-
-func TestForwardedIsNeverForwardedAgain(t *testing.T) {
-	t.Parallel()
-	nodes, net := memCluster(t, 2, nil)
-	var key string
-	for k := 0; ; k++ {
-		key = fmt.Sprint("user:", k)
-		if o, _ := nodes[0].Ring().Owner(ring.Hash("api", key)); o.Name == "n1" {
-			break
-		}
-	}
-	// n0 receives a forward for a key it sees owned by n1: it does not
-	// forward it; it answers where the key lives.
-	before := net.Calls()
-	out, moved := make([]check.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "n1", []check.Request{req("api", key, 1, 3)}, out, moved)
-	if moved[0] != memAddr(1) || out[0].Status != bucket.StatusUnspecified {
-		t.Fatalf("forwarded check for another owner's key answered %+v moved to %q, want moved to %s", out[0], moved[0], memAddr(1))
-	}
-	// As a stand-in for an owner that did not answer, it decides.
-	nodes[0].CheckStandIn(context.Background(), "n1", []check.Request{req("api", key, 1, 3)}, nil, out, moved)
-	if out[0].Owner != "n0" || !out[0].Allowed() || moved[0] != "" {
-		t.Fatalf("stand-in check answered %+v moved to %q", out[0], moved[0])
-	}
-	if net.Calls() != before {
-		t.Fatal("a forwarded check was forwarded again")
-	}
 }
 
 func TestMetadataRoundTripAndRefusal(t *testing.T) {
