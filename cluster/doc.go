@@ -13,7 +13,8 @@
 // The sender follows one such redirect; pointed on again, it sends the
 // request there as a stand-in (Peers.ForwardStandIn, with pullFrom the first
 // receiver), which decides it; when the two point at each other, the one
-// with the lower address stands in, so that every sender picks the same one. docs/ownership.md has the key-ownership protocol as a state machine;
+// with the lower address stands in, so that every sender picks the same
+// one. docs/ownership.md has the key-ownership protocol as a state machine;
 // package cluster/ownership holds its records and its step function, whose
 // effects the node carries out.
 // When an owner cannot be reached before the forward deadline, the node

@@ -5,6 +5,7 @@ package cluster
 // ownership.Step, whose effects the callers carry out.
 
 import (
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -52,6 +53,14 @@ func (n *Node) handedBy(k writeback.Key, lims limits, now int64) string {
 		k = writeback.SubKey(k, 0)
 	}
 	return n.book.HandedBy(k, now)
+}
+
+// handedByOwner reports whether owner, the owner of r's key in this
+// node's table, handed the key here (ownership.Facts.Decides): this node
+// decides it, as the owner would point the check here.
+func (n *Node) handedByOwner(r *check.Request, lims limits, owner ring.Member, now int64) bool {
+	by := n.handedBy(writeback.Key{Name: r.Name, Key: r.Key}, lims, now)
+	return by != "" && by == owner.Addr
 }
 
 // released adds to f what this node knows of the release of key k (ring

@@ -97,14 +97,6 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 	}
 }
 
-// handedByOwner reports whether owner, the owner of r's key in this
-// node's table, handed the key here (ownership.Facts.Decides): this node
-// decides it, as the owner would point the check here.
-func (n *Node) handedByOwner(r *check.Request, lims limits, owner ring.Member, now int64) bool {
-	by := n.handedBy(writeback.Key{Name: r.Name, Key: r.Key}, lims, now)
-	return by != "" && by == owner.Addr
-}
-
 // refusedAll answers every item with the refusal when this node gave up
 // joining (its name is taken): it is no member, neither deciding nor
 // forwarding, so its clients learn it at once.

@@ -27,6 +27,22 @@ func pullFrom(t *testing.T, c *Cluster, from, puller, pullerName, key string) bu
 	return keys[0]
 }
 
+// pulledAfterThree admits 3 hits (limit 10) of a key n1 owns, has n2
+// pull it from n1 with release under the name pullerName, and returns the
+// key and what n2 got.
+func pulledAfterThree(t *testing.T, c *Cluster, pullerName string) (string, bucket.Counter) {
+	t.Helper()
+	key := ownedBy(c, "n1", "n1", "k", 1)[0]
+	if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
+		t.Fatalf("%d of 3 admitted", got)
+	}
+	pulled := pullFrom(t, c, "n1", "n2", pullerName, key)
+	if pulled.Version == 0 || pulled.State.Count != 3 {
+		t.Fatalf("pulled %+v", pulled)
+	}
+	return key, pulled
+}
+
 // decideTwoFromPulled installs at member the record of 3 hits (limit 10)
 // it pulled, and decides two more hits in its cache, as the node the key
 // was released to would, without a call that reaches the node it pulled
@@ -59,14 +75,7 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		c := formed(t, Options{}, "n1", "n2")
-		key := ownedBy(c, "n1", "n1", "k", 1)[0]
-		if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
-			t.Fatalf("%d of 3 admitted", got)
-		}
-		pulled := pullFrom(t, c, "n1", "n2", "n2", key)
-		if pulled.Version == 0 || pulled.State.Count != 3 {
-			t.Fatalf("pulled %+v", pulled)
-		}
+		key, pulled := pulledAfterThree(t, c, "n2")
 		h, k := ring.Hash(LimitName, key), writeback.Key{Name: LimitName, Key: key}
 		if !c.Member("n1").Node.Cache().Fenced(h, k, time.Now().UnixNano()) {
 			t.Fatal("a pull with release did not release the key")
@@ -100,14 +109,7 @@ func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		c := formed(t, Options{}, "n1", "n2")
-		key := ownedBy(c, "n1", "n1", "k", 1)[0]
-		if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
-			t.Fatalf("%d of 3 admitted", got)
-		}
-		pulled := pullFrom(t, c, "n1", "n2", "n2-restarted", key)
-		if pulled.Version == 0 || pulled.State.Count != 3 {
-			t.Fatalf("pulled %+v", pulled)
-		}
+		key, pulled := pulledAfterThree(t, c, "n2-restarted")
 		decideTwoFromPulled(t, c, "n2", pulled)
 		wantTakenBack(t, c, "n1", key)
 	})

@@ -10,6 +10,41 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
+// joinUnseenBy checks one hit of 300 keys (limit) through via, so that
+// their owners hold records, then has n4 join while deaf hears no gossip:
+// once the three others see four members and deaf still three, it returns
+// the keys.
+func joinUnseenBy(t *testing.T, c *Cluster, deaf, via string, limit int64) []string {
+	t.Helper()
+	keys := make([]string, 300)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		if _, err := c.Check(via, keys[i], limit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Gossip.Deafen(c.Member(deaf).GossipAddr)
+	if err := c.Add("n4"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Second)
+	for _, name := range []string{"n1", "n2", "n3", "n4"} {
+		if name == deaf {
+			continue
+		}
+		for c.Member(name).Node.Ring().Table().Len() != 4 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not see n4 within a second", name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if got := c.Member(deaf).Node.Ring().Table().Len(); got != 3 {
+		t.Fatalf("%s sees %d members, want 3 (it hears no gossip)", deaf, got)
+	}
+	return keys
+}
+
 // While views differ, a key can move between two old members: a join
 // rebalances partitions, and the member that sees the join hands the key
 // to the one that does not see it yet, whose table still names the first.
@@ -23,31 +58,8 @@ func TestHandedKeyIsDecidedWhereItWasHanded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := formed(t, Options{}, "n1", "n2", "n3")
 		const limit = 100
-		keys := make([]string, 300)
-		for i := range keys {
-			keys[i] = fmt.Sprint("k", i)
-			if _, err := c.Check("n2", keys[i], limit, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-
 		// n1 hears no gossip: it does not see n4 join.
-		c.Gossip.Deafen(c.Member("n1").GossipAddr)
-		if err := c.Add("n4"); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(time.Second)
-		for _, name := range []string{"n2", "n3", "n4"} {
-			for c.Member(name).Node.Ring().Table().Len() != 4 {
-				if time.Now().After(deadline) {
-					t.Fatalf("%s does not see n4 within a second", name)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-		if got := c.Member("n1").Node.Ring().Table().Len(); got != 3 {
-			t.Fatalf("n1 sees %d members, want 3 (it hears no gossip)", got)
-		}
+		keys := joinUnseenBy(t, c, "n1", "n2", limit)
 
 		// A key the join moved from n2 or n3 to n1 in their view, which
 		// n1's view still gives them.
@@ -118,29 +130,7 @@ func TestOwnerThatHasNotSeenAJoinDefersToTheJoiner(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := formed(t, Options{}, "n1", "n2", "n3")
 		const limit = 100
-		keys := make([]string, 300)
-		for i := range keys {
-			keys[i] = fmt.Sprint("k", i)
-			if _, err := c.Check("n1", keys[i], limit, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c.Gossip.Deafen(c.Member("n2").GossipAddr)
-		if err := c.Add("n4"); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(time.Second)
-		for _, name := range []string{"n1", "n3", "n4"} {
-			for c.Member(name).Node.Ring().Table().Len() != 4 {
-				if time.Now().After(deadline) {
-					t.Fatalf("%s does not see n4 within a second", name)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-		if got := c.Member("n2").Node.Ring().Table().Len(); got != 3 {
-			t.Fatalf("n2 sees %d members, want 3 (it hears no gossip)", got)
-		}
+		keys := joinUnseenBy(t, c, "n2", "n1", limit)
 		old, cur := c.Member("n2").Node.Ring().Table(), c.Member("n4").Node.Ring().Table()
 		key := ""
 		for _, k := range keys {
