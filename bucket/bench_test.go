@@ -64,6 +64,7 @@ var benchLimits = []struct {
 	{"leaky_bucket_shaping", Limit{Algorithm: LeakyBucket, Limit: 1000, WindowMS: 1000, Burst: 100, Shaping: true}},
 	{"fixed_window", Limit{Algorithm: FixedWindow, Limit: 1000, WindowMS: 1000}},
 	{"fixed_window_month", Limit{Algorithm: FixedWindow, Limit: 1000, WindowMS: 1000, Calendar: CalendarMonth}},
+	{"fixed_window_day_berlin", Limit{Algorithm: FixedWindow, Limit: 1000, WindowMS: 1000, Calendar: CalendarDay, CalendarTZ: "Europe/Berlin"}},
 	{"gcra", Limit{Algorithm: GCRA, Limit: 1000, WindowMS: 1000, Burst: 100}},
 	{"gcra_elastic", Limit{Algorithm: GCRA, Limit: 1000, WindowMS: 1000, Burst: 100, Mode: ModeElastic, ElasticCeiling: 2000, ElasticLoadPercent: 80}},
 }

@@ -6,14 +6,16 @@ import (
 )
 
 // decideFixedWindow is the fixed window: windows of length W aligned to
-// the epoch (so every node agrees on them), or calendar windows in UTC.
+// the epoch (so every node agrees on them), or calendar windows in UTC or
+// in the limit's CalendarTZ.
 // Start is the start of the state's window and Count the hits admitted in
 // it; a request is admitted when Count + hits ≤ limit. Every window admits
 // at most the limit; a trailing window of length W may see 2 × limit
 // across an edge.
-func decideFixedWindow(s *State, p *params, cal Calendar, hits, now int64) Decision {
+func decideFixedWindow(s *State, p *params, lim *Limit, hits, now int64) Decision {
 	limit := p.limit
-	start, end := windowAt(cal, p.w, now)
+	cal, loc := lim.Calendar, zoneOf(lim)
+	start, end := windowAt(cal, loc, p.w, now)
 	st := *s
 	count := int64(0)
 	if st.Algorithm == FixedWindow {
@@ -23,7 +25,7 @@ func decideFixedWindow(s *State, p *params, cal Calendar, hits, now int64) Decis
 		case st.Start > start:
 			// The state is ahead of this clock: keep counting in its window.
 			start = st.Start
-			_, end = windowAt(cal, p.w, st.Start)
+			_, end = windowAt(cal, loc, p.w, st.Start)
 			count = st.Count
 		}
 	}
@@ -61,9 +63,13 @@ func decideFixedWindow(s *State, p *params, cal Calendar, hits, now int64) Decis
 const nsPerDay = 24 * 3600 * 1_000_000_000
 
 // windowAt returns the window [start, end) that holds t ≥ 0: a multiple
-// of w since the epoch, or the UTC day, week (from Monday) or month. end
-// saturates at MaxInt64; start is never before the epoch.
-func windowAt(cal Calendar, w, t int64) (start, end int64) {
+// of w since the epoch, or the day, week (from Monday) or month in UTC,
+// or in loc when it is not nil (zoneWindowAt). end saturates at MaxInt64;
+// start is never before the epoch.
+func windowAt(cal Calendar, loc *time.Location, w, t int64) (start, end int64) {
+	if loc != nil && cal != CalendarNone {
+		return zoneWindowAt(cal, loc, t)
+	}
 	switch cal {
 	case CalendarDay:
 		start = t - t%nsPerDay

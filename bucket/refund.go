@@ -34,7 +34,7 @@ func Refund(s *State, lim *Limit, hits, grantedAt, now int64) int64 {
 		if s.Algorithm != FixedWindow {
 			return 0
 		}
-		start, end := windowAt(lim.Calendar, p.w, grantedAt)
+		start, end := windowAt(lim.Calendar, zoneOf(lim), p.w, grantedAt)
 		if s.Start != start || now >= end {
 			return 0
 		}

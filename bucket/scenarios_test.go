@@ -323,7 +323,7 @@ func TestWindowAt(t *testing.T) {
 		at := int64(i) * (lastSafe / 20000)
 		at += int64(i*7919) % nsPerDay
 		for cal := CalendarDay; cal <= CalendarMonth; cal++ {
-			s, e := windowAt(cal, 0, at)
+			s, e := windowAt(cal, nil, 0, at)
 			rs, re := refWindow(cal, 0, at)
 			if cal == CalendarWeek {
 				rs = max(rs, 0)
@@ -334,10 +334,10 @@ func TestWindowAt(t *testing.T) {
 		}
 	}
 	for cal := CalendarDay; cal <= CalendarMonth; cal++ {
-		if s, e := windowAt(cal, 0, math.MaxInt64); e != math.MaxInt64 || s < math.MaxInt64-32*nsPerDay {
+		if s, e := windowAt(cal, nil, 0, math.MaxInt64); e != math.MaxInt64 || s < math.MaxInt64-32*nsPerDay {
 			t.Errorf("%v at MaxInt64: [%d, %d)", cal, s, e)
 		}
-		if s, e := windowAt(cal, 0, 0); s != 0 || e <= 0 {
+		if s, e := windowAt(cal, nil, 0, 0); s != 0 || e <= 0 {
 			t.Errorf("%v at 0: [%d, %d)", cal, s, e)
 		}
 	}

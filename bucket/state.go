@@ -122,7 +122,7 @@ func DecideTo(out *Decision, s *State, lim *Limit, hits, now int64, load float64
 	case LeakyBucket:
 		*out = decideTAT(s, LeakyBucket, &p, hits, now, lim.Shaping)
 	case FixedWindow:
-		*out = decideFixedWindow(s, &p, lim.Calendar, hits, now)
+		*out = decideFixedWindow(s, &p, lim, hits, now)
 	case GCRA:
 		*out = decideTAT(s, GCRA, &p, hits, now, false)
 	default:

@@ -167,6 +167,9 @@ func FuzzDecide(f *testing.F) {
 		}
 		if lim.Algorithm == FixedWindow {
 			lim.Calendar = Calendar(opts>>4) & 3
+			if opts&8 != 0 {
+				lim.CalendarTZ = "America/Havana" // changes at midnight
+			}
 		}
 		// A check's hits are never negative (check.Request.Validate);
 		// Decide needs the resolved limit, checked by Limit.Validate.

@@ -129,6 +129,11 @@ type Limit struct {
 	// Calendar, for FixedWindow only: windows follow UTC calendar edges
 	// (day, week from Monday, month) instead of multiples of WindowMS.
 	Calendar Calendar
+	// CalendarTZ, with Calendar only: the IANA time zone whose calendar
+	// the windows follow ("Europe/Berlin"; LoadZone), from local midnight
+	// to local midnight, so that a day is 23 or 25 hours long across a
+	// daylight-saving change. "" is UTC.
+	CalendarTZ string
 }
 
 // Mode is the throttling mode of a limit.
@@ -284,6 +289,13 @@ func (l Limit) Validate() error {
 		return unknownCalendar(l.Calendar)
 	case l.Calendar != CalendarNone && l.Algorithm != FixedWindow:
 		return fmt.Errorf("calendar windows apply only to fixed_window, not %s", l.Algorithm)
+	case l.CalendarTZ != "" && l.Calendar == CalendarNone:
+		return fmt.Errorf("calendar_tz %q applies only to calendar windows (calendar day, week or month)", l.CalendarTZ)
+	}
+	if l.CalendarTZ != "" {
+		if _, err := LoadZone(l.CalendarTZ); err != nil {
+			return err
+		}
 	}
 	if err := l.validateMode(); err != nil {
 		return err

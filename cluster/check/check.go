@@ -108,7 +108,14 @@ func (r *Request) Validate() error {
 		return r.validateMore()
 	}
 	if r.Limit.Limit == 0 && r.WindowMS == 0 && r.Burst == 0 {
-		return bucket.ValidateKinds(r.Algorithm, r.Mode, r.Calendar)
+		if err := bucket.ValidateKinds(r.Algorithm, r.Mode, r.Calendar); err != nil {
+			return err
+		}
+		if r.CalendarTZ != "" {
+			_, err := bucket.LoadZone(r.CalendarTZ)
+			return err
+		}
+		return nil
 	}
 	return r.Limit.Validate()
 }

@@ -92,7 +92,7 @@ type checkFlags struct {
 	name, key                                string
 	limit, hits, burst, subWindows           int64
 	window                                   time.Duration
-	algorithm, mode, calendar                string
+	algorithm, mode, calendar, calendarTZ    string
 	shaping, countRefused                    bool
 	softPercent, elasticCeiling, elasticLoad int64
 	specs                                    []string // --also, one each
@@ -113,7 +113,8 @@ func (cf *checkFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&cf.elasticCeiling, "elastic-ceiling", 0, "mode elastic: the limit while the node's load is below --elastic-load-percent")
 	fs.Int64Var(&cf.elasticLoad, "elastic-load-percent", 0, "mode elastic: load, in percent of the node's CPU capacity (1..100)")
 	fs.BoolVar(&cf.countRefused, "count-refused", false, "refused hits consume too")
-	fs.StringVar(&cf.calendar, "calendar", "", "day|week|month: fixed_window windows on UTC calendar edges")
+	fs.StringVar(&cf.calendar, "calendar", "", "day|week|month: fixed_window windows on calendar edges, in UTC or --calendar-tz")
+	fs.StringVar(&cf.calendarTZ, "calendar-tz", "", "with --calendar: the IANA time zone of the calendar, e.g. Europe/Berlin (default UTC)")
 	fs.Func("also", "another limit on the same key, decided atomically with the others, e.g. \"limit=10,window=1m[,algorithm=gcra,burst=5]\"; keys: "+strings.Join(specKeys, ", ")+" (repeatable)", func(spec string) error {
 		cf.specs = append(cf.specs, spec)
 		return nil
@@ -159,7 +160,7 @@ func (cf *checkFlags) request(set map[string]bool) (*sluicev1.RateLimitRequest, 
 		Algorithm: alg, Limit: cf.limit, WindowMS: window.Milliseconds(), Burst: cf.burst,
 		SubWindows: cf.subWindows, Shaping: cf.shaping, Mode: m, SoftPercent: cf.softPercent,
 		ElasticCeiling: cf.elasticCeiling, ElasticLoadPercent: cf.elasticLoad,
-		CountRefused: cf.countRefused, Calendar: cal,
+		CountRefused: cf.countRefused, Calendar: cal, CalendarTZ: cf.calendarTZ,
 	}
 	if cf.limit == 0 && len(more) > 0 {
 		// Only the --also limits: the inline limit must be all unset.
@@ -209,11 +210,11 @@ func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 
 // inlineFlags are the flags of the inline limit other than --limit.
 var inlineFlags = []string{"window", "burst", "algorithm", "sub-windows", "shaping", "mode", "soft-percent",
-	"elastic-ceiling", "elastic-load-percent", "count-refused", "calendar"}
+	"elastic-ceiling", "elastic-load-percent", "count-refused", "calendar", "calendar-tz"}
 
 // specKeys are the keys of an --also spec.
 var specKeys = []string{"limit", "window", "algorithm", "burst", "sub_windows", "shaping", "mode", "soft_percent",
-	"elastic_ceiling", "elastic_load_percent", "count_refused", "calendar"}
+	"elastic_ceiling", "elastic_load_percent", "count_refused", "calendar", "calendar_tz"}
 
 // calendarWindow is the window sent with a calendar limit whose window was
 // omitted: the calendar's nominal length (the server uses the calendar's
@@ -285,6 +286,10 @@ func parseLimitSpec(spec string) (bucket.Limit, error) {
 			l.CountRefused, err = parseSpecBool(v, hasValue)
 		case "calendar":
 			l.Calendar, err = bucket.ParseCalendar(v)
+		case "calendar_tz":
+			if _, err = bucket.LoadZone(v); err == nil {
+				l.CalendarTZ = v
+			}
 		default:
 			return l, fmt.Errorf("unknown key %q (want %s)", k, strings.Join(specKeys, ", "))
 		}

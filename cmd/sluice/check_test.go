@@ -18,6 +18,7 @@ func TestParseLimitSpec(t *testing.T) {
 		{" limit = 5 , window = 500ms , algorithm = gcra , burst = 2 ", bucket.Limit{Algorithm: bucket.GCRA, Limit: 5, WindowMS: 500, Burst: 2}},
 		{"limit=3,window=1h,sub-windows=60", bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 3, WindowMS: 3_600_000, SubWindows: 60}},
 		{"limit=3,calendar=day", bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 3, WindowMS: 86_400_000, Calendar: bucket.CalendarDay}},
+		{"limit=3,calendar=week,calendar-tz=Asia/Tokyo", bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 3, WindowMS: 7 * 86_400_000, Calendar: bucket.CalendarWeek, CalendarTZ: "Asia/Tokyo"}},
 		{"limit=3,window=1s,algorithm=leaky_bucket,shaping", bucket.Limit{Algorithm: bucket.LeakyBucket, Limit: 3, WindowMS: 1000, Shaping: true}},
 		{"limit=3,window=1s,count_refused=false", bucket.Limit{Algorithm: bucket.SlidingWindow, Limit: 3, WindowMS: 1000}},
 	} {
@@ -40,6 +41,8 @@ func TestParseLimitSpec(t *testing.T) {
 		{"limit=99999999999999999999,window=1m", "out of range"},
 		{"limit=3,window=1m,shaping=maybe", "true or false"},
 		{"limit=-1,window=1m", "limit is -1"},
+		{"limit=3,calendar=day,calendar_tz=Mars/Olympus", "not a time zone"},
+		{"limit=3,window=1m,calendar_tz=Asia/Tokyo", "applies only to calendar windows"},
 	} {
 		if _, err := parseLimitSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("parseLimitSpec(%q) error %v, want one containing %q", tc.spec, err, tc.wantErr)

@@ -11,6 +11,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	// The tz database, for calendar windows in a named zone (calendar_tz)
+	// where the host has none, as in the FROM scratch image: package time
+	// reads the host's first and falls back to this copy (about 450 KB).
+	_ "time/tzdata"
 )
 
 const usage = `sluice: a peer-to-peer rate limiter cluster

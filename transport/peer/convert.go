@@ -50,6 +50,7 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) check.Request {
 			ElasticLoadPercent: r.ElasticLoadPercent,
 			CountRefused:       r.CountRefused,
 			Calendar:           calendarFromProto(r.Calendar),
+			CalendarTZ:         r.CalendarTz,
 			Global:             r.Global,
 		},
 	}
@@ -81,6 +82,7 @@ func LimitFromProto(m *sluicev1.Limit) bucket.Limit {
 		ElasticLoadPercent: m.ElasticLoadPercent,
 		CountRefused:       m.CountRefused,
 		Calendar:           calendarFromProto(m.Calendar),
+		CalendarTZ:         m.CalendarTz,
 		Global:             m.Global,
 	}
 }
@@ -100,6 +102,7 @@ func LimitToProto(l bucket.Limit) *sluicev1.Limit {
 		ElasticLoadPercent: l.ElasticLoadPercent,
 		CountRefused:       l.CountRefused,
 		Calendar:           sluicev1.Calendar(l.Calendar),
+		CalendarTz:         l.CalendarTZ,
 		Global:             l.Global,
 	}
 }
@@ -162,6 +165,7 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *check.Request, hits *int64) {
 	m.ElasticLoadPercent = r.ElasticLoadPercent
 	m.CountRefused = r.CountRefused
 	m.Calendar = sluicev1.Calendar(r.Calendar)
+	m.CalendarTz = r.CalendarTZ
 	m.Global = r.Global
 	m.Limits = nil
 	if len(r.More) > 0 {

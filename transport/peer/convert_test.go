@@ -25,7 +25,7 @@ func fullRequest() check.Request {
 		More: []bucket.Limit{
 			{Algorithm: bucket.LeakyBucket, Limit: 5, WindowMS: 1000, Burst: 10, Shaping: true},
 			{Algorithm: bucket.GCRA, Limit: 20, WindowMS: 60_000, Burst: 5, Mode: bucket.ModeElastic, ElasticCeiling: 40, ElasticLoadPercent: 70},
-			{Algorithm: bucket.FixedWindow, Limit: 10_000, WindowMS: 86_400_000, Calendar: bucket.CalendarMonth, CountRefused: true},
+			{Algorithm: bucket.FixedWindow, Limit: 10_000, WindowMS: 86_400_000, Calendar: bucket.CalendarMonth, CalendarTZ: "Europe/Berlin", CountRefused: true},
 		},
 	}
 }
@@ -42,6 +42,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		{Name: "n", Key: "k", Hits: 1, More: []bucket.Limit{{Limit: 5, WindowMS: 1000}}}, // limits alone
 		// Invalid values travel unchanged: the receiver refuses them.
 		{Name: "n", Key: "k", Limit: bucket.Limit{Algorithm: 255, Mode: 255, Calendar: 255, Limit: -1}, More: []bucket.Limit{{Mode: 7, Calendar: 9}}},
+		{Name: "n", Key: "k", Limit: bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 5, WindowMS: 1000, Calendar: bucket.CalendarDay, CalendarTZ: "Mars/Olympus_Mons"}},
 	} {
 		m := RequestToProto(r)
 		got := RequestFromProto(m)

@@ -304,7 +304,7 @@ func (p *parser) rule(n *yaml.Node, path string) (rule, error) {
 	return r, nil
 }
 
-var limitFields = "limit, window, algorithm, burst, sub_windows, shaping, calendar, global, mode, soft_percent, elastic_ceiling, elastic_load_percent, count_refused"
+var limitFields = "limit, window, algorithm, burst, sub_windows, shaping, calendar, calendar_tz, global, mode, soft_percent, elastic_ceiling, elastic_load_percent, count_refused"
 
 // limit parses one limit and applies the rule's defaults: count_refused
 // when the limit does not set it; soft_percent, elastic_ceiling and
@@ -398,6 +398,15 @@ func (p *parser) readLimit(pairs []pair, path string) (lim bucket.Limit, own mod
 				return lim, own, has, p.errAt(kv.val, fp, "%v", perr)
 			}
 			lim.Calendar, has.calendar = c, c != bucket.CalendarNone
+		case "calendar_tz":
+			s, err := p.str(kv.val, fp)
+			if err != nil {
+				return lim, own, has, err
+			}
+			if _, zerr := bucket.LoadZone(s); zerr != nil {
+				return lim, own, has, p.errAt(kv.val, fp, "%v", zerr)
+			}
+			lim.CalendarTZ = s
 		default:
 			ok, err := p.modeField(&own, kv, path)
 			if err != nil {

@@ -127,6 +127,7 @@ rules:
       - {limit: 2, calendar: week}
       - {limit: 3, calendar: month}
       - {limit: 4, calendar: none, window: 1m}
+      - {limit: 5, calendar: day, calendar_tz: Europe/Berlin}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +151,7 @@ rules:
 	check("calendars", 1, bucket.Limit{Algorithm: fw, Limit: 2, WindowMS: 7 * 86400000, Calendar: bucket.CalendarWeek})
 	check("calendars", 2, bucket.Limit{Algorithm: fw, Limit: 3, WindowMS: 31 * 86400000, Calendar: bucket.CalendarMonth})
 	check("calendars", 3, bucket.Limit{Algorithm: sw, Limit: 4, WindowMS: 60000})
+	check("calendars", 4, bucket.Limit{Algorithm: fw, Limit: 5, WindowMS: 86400000, Calendar: bucket.CalendarDay, CalendarTZ: "Europe/Berlin"})
 }
 
 func TestParseEmpty(t *testing.T) {
@@ -209,6 +211,12 @@ func TestParseErrors(t *testing.T) {
 			`r.yaml:3:9: rules[0].mode: unknown mode "harsh"`},
 		{"unknown calendar", "rules:\n- name: a\n  limits: [{limit: 1, calendar: year}]\n",
 			`rules[0].limits[0].calendar: unknown calendar "year"`},
+		{"unknown time zone", "rules:\n- name: a\n  limits: [{limit: 1, calendar: day, calendar_tz: Mars/Olympus}]\n",
+			`r.yaml:3:51: rules[0].limits[0].calendar_tz: calendar_tz "Mars/Olympus": not a time zone of the tz database`},
+		{"Local time zone", "rules:\n- name: a\n  limits: [{limit: 1, calendar: day, calendar_tz: Local}]\n",
+			`rules[0].limits[0].calendar_tz: calendar_tz "Local" is the deciding node's own zone`},
+		{"time zone without calendar", "rules:\n- name: a\n  limits: [{limit: 1, window: 1h, calendar_tz: Europe/Berlin}]\n",
+			`r.yaml:3:12: rules[0].limits[0]: calendar_tz "Europe/Berlin" applies only to calendar windows`},
 		{"shaping not bool", "rules:\n- name: a\n  limits: [{limit: 1, window: 1s, algorithm: leaky_bucket, shaping: yes}]\n",
 			`rules[0].limits[0].shaping: must be true or false, not "yes"`},
 		{"unknown top field", "rule:\n- name: a\n",

@@ -246,6 +246,11 @@ func hashRules(m map[string][]bucket.Limit, envoy map[string]*envoyDomain) strin
 			if l.Global {
 				b = append(b, 'G') // only when set: the hashes of files without it stay as they were
 			}
+			if l.CalendarTZ != "" {
+				b = append(b, 'Z') // as with G
+				b = binary.AppendUvarint(b, uint64(len(l.CalendarTZ)))
+				b = append(b, l.CalendarTZ...)
+			}
 			for _, v := range []int64{l.Limit, l.WindowMS, l.Burst, l.SubWindows, l.SoftPercent, l.ElasticCeiling, l.ElasticLoadPercent} {
 				b = binary.AppendVarint(b, v)
 			}

@@ -543,6 +543,8 @@ type RateLimitRequest struct {
 	Calendar           Calendar `protobuf:"varint,15,opt,name=calendar,proto3,enum=sluice.v1.Calendar" json:"calendar,omitempty"`
 	// global: with regions, one limit shared by every region (Limit.global).
 	Global bool `protobuf:"varint,17,opt,name=global,proto3" json:"global,omitempty"`
+	// The IANA time zone of the calendar windows (Limit.calendar_tz).
+	CalendarTz string `protobuf:"bytes,18,opt,name=calendar_tz,json=calendarTz,proto3" json:"calendar_tz,omitempty"`
 	// More limits on the same (name, key), decided atomically with the inline
 	// one: every limit admits and all consume, or none does. The answer is the
 	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
@@ -702,6 +704,13 @@ func (x *RateLimitRequest) GetGlobal() bool {
 	return false
 }
 
+func (x *RateLimitRequest) GetCalendarTz() string {
+	if x != nil {
+		return x.CalendarTz
+	}
+	return ""
+}
+
 func (x *RateLimitRequest) GetLimits() []*Limit {
 	if x != nil {
 		return x.Limits
@@ -753,7 +762,13 @@ type Limit struct {
 	// (docs/regions.md). Only for a hard token bucket, fixed window (not
 	// calendar) or sliding window (without sub_windows), as the request's
 	// only limit. Without regions it changes nothing.
-	Global        bool `protobuf:"varint,13,opt,name=global,proto3" json:"global,omitempty"`
+	Global bool `protobuf:"varint,13,opt,name=global,proto3" json:"global,omitempty"`
+	// With calendar only: the IANA time zone whose calendar the windows
+	// follow, e.g. "Europe/Berlin"; empty is UTC. Windows run from local
+	// midnight to local midnight, so a day is 23 or 25 hours long across a
+	// daylight-saving change. "Local" and names the node's tz database does
+	// not know are refused.
+	CalendarTz    string `protobuf:"bytes,14,opt,name=calendar_tz,json=calendarTz,proto3" json:"calendar_tz,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -877,6 +892,13 @@ func (x *Limit) GetGlobal() bool {
 		return x.Global
 	}
 	return false
+}
+
+func (x *Limit) GetCalendarTz() string {
+	if x != nil {
+		return x.CalendarTz
+	}
+	return ""
 }
 
 type CheckResponse struct {
@@ -3041,7 +3063,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xcd\x04\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xee\x04\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -3060,9 +3082,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x14elastic_load_percent\x18\r \x01(\x03R\x12elasticLoadPercent\x12#\n" +
 	"\rcount_refused\x18\x0e \x01(\bR\fcountRefused\x12/\n" +
 	"\bcalendar\x18\x0f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12\x16\n" +
-	"\x06global\x18\x11 \x01(\bR\x06global\x12(\n" +
+	"\x06global\x18\x11 \x01(\bR\x06global\x12\x1f\n" +
+	"\vcalendar_tz\x18\x12 \x01(\tR\n" +
+	"calendarTz\x12(\n" +
 	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limitsB\a\n" +
-	"\x05_hits\"\xd0\x03\n" +
+	"\x05_hits\"\xf1\x03\n" +
 	"\x05Limit\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\x03R\x05limit\x12\x1b\n" +
 	"\twindow_ms\x18\x02 \x01(\x03R\bwindowMs\x122\n" +
@@ -3078,7 +3102,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	" \x01(\x03R\x12elasticLoadPercent\x12#\n" +
 	"\rcount_refused\x18\v \x01(\bR\fcountRefused\x12/\n" +
 	"\bcalendar\x18\f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12\x16\n" +
-	"\x06global\x18\r \x01(\bR\x06global\"K\n" +
+	"\x06global\x18\r \x01(\bR\x06global\x12\x1f\n" +
+	"\vcalendar_tz\x18\x0e \x01(\tR\n" +
+	"calendarTz\"K\n" +
 	"\rCheckResponse\x12:\n" +
 	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\xea\x01\n" +
 	"\x11RateLimitResponse\x12)\n" +
