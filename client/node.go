@@ -65,6 +65,13 @@ func (n *Node) Status(ctx context.Context) (*sluicev1.StatusResponse, error) {
 	return n.admin.Status(ctx, &sluicev1.StatusRequest{})
 }
 
+// TopKeys asks the node for the keys it decided with the most admitted
+// (or refused) hits in the last 30 to 60 seconds (an Admin call, as
+// Status is).
+func (n *Node) TopKeys(ctx context.Context, req *sluicev1.TopKeysRequest) (*sluicev1.TopKeysResponse, error) {
+	return n.admin.TopKeys(ctx, req)
+}
+
 // Conn is the underlying connection, for other services on the same node
 // (health, reflection).
 func (n *Node) Conn() *grpc.ClientConn { return n.conn }

@@ -179,7 +179,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 		o.Err = err.Error()
 		return
 	}
-	n.noteDecided(rt.hash, false, now) // the owner did not answer: not this node's key
+	n.noteDecided(rt.hash, &r, &o.Decision, false, now) // the owner did not answer: not this node's key
 }
 
 // warnUnavailable logs an unreachable peer at most once a second.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/sluicehq/sluice/cluster/hitters"
 	"github.com/sluicehq/sluice/cluster/lease"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -134,7 +135,9 @@ type Node struct {
 	meter     rateMeter
 	// ledger records the keys this node decided that others may own,
 	// for members that noticed a pause (pausequery.go).
-	ledger   *ownership.Ledger
+	ledger *ownership.Ledger
+	// hitters keeps the heaviest keys decided here (TopKeys).
+	hitters  *hitters.Tracker
 	deadWake chan struct{} // a member was declared dead: wakes the reconnect loop (capacity 1)
 	load     atomic.Uint64 // math.Float64bits of the process's CPU use in [0, 1]
 	lastWarn atomic.Int64  // Unix ns of the last owner-unavailable log line
@@ -237,6 +240,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	}
 	n.regions = newRegions(&cfg, n.now().UnixNano())
 	n.ledger = ownership.NewLedger(ledgerKeep(&cfg), ledgerRoom, n.now().UnixNano())
+	n.hitters = hitters.New()
 	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}

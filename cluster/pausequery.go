@@ -43,6 +43,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
@@ -79,11 +81,13 @@ func ledgerKeep(cfg *Config) time.Duration {
 	return cfg.MoveWindow + 4*cfg.ForwardTimeout + 10*time.Second
 }
 
-// noteDecided records in the ledger a decision at now of the key with
-// ring hash h that another node may think its own: this node does not own
-// it (a stand-in, the owner-unavailable policy), or a ring change in its
-// window brought it here.
-func (n *Node) noteDecided(h uint64, owns bool, now int64) {
+// noteDecided records a decision d of r at now, of the key with ring hash
+// h, made here: among the heaviest keys (hitters), and in the ledger when
+// another node may think the key its own: this node does not own it (a
+// stand-in, the owner-unavailable policy), or a ring change in its window
+// brought it here.
+func (n *Node) noteDecided(h uint64, r *check.Request, d *bucket.Decision, owns bool, now int64) {
+	n.hitters.Note(h, r.Name, r.Key, r.Hits, d.Allowed(), now)
 	if !owns || n.book.Moves().Brought(h, n.name, now) {
 		n.ledger.Note(h, now)
 	}

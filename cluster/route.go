@@ -83,6 +83,7 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 			// Decided from a lease the key's owner granted here (or
 			// refused from a refusal lease).
 			out[i].Owner = n.name
+			n.hitters.Note(h, r.Name, r.Key, r.Hits, out[i].Decision.Allowed(), now)
 			continue
 		}
 		remote = append(remote, routed{i: i, hash: h, lims: lims, owner: owner})
@@ -437,7 +438,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			o.Err = err.Error()
 			return ""
 		}
-		n.noteDecided(h, f.Owns, now)
+		n.noteDecided(h, r, &o.Decision, f.Owns, now)
 		return ""
 	}
 }

@@ -33,7 +33,7 @@ var layers = []layer{
 	// the node (Request, Outcome, leases, region asks): bucket only.
 	{pkg: "cluster/check", may: []string{"bucket"},
 		mustNot: []string{"ring", "writeback", "cluster$", "cluster/ownership", "cluster/lease", "transport", "proto/sluice/v1", "google.golang.org/grpc"}},
-	{pkg: "cluster", may: []string{"cluster/check", "cluster/ownership", "cluster/lease", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+	{pkg: "cluster", may: []string{"cluster/check", "cluster/ownership", "cluster/lease", "cluster/hitters", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	// The key-ownership protocol: records and a pure step function, no
 	// I/O — no memberlist, no gRPC, nothing of the node.
@@ -42,6 +42,9 @@ var layers = []layer{
 	// Quota leases: records and arithmetic, no I/O, like ownership.
 	{pkg: "cluster/lease", may: []string{"bucket", "cluster/check"},
 		mustNot: []string{"cluster$", "cluster/ownership", "cluster/clustertest", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
+	// The heaviest keys: a summary, no I/O, standard library only.
+	{pkg: "cluster/hitters", may: []string{},
+		mustNot: []string{"cluster$", "ring", "writeback", "bucket", "transport", "google.golang.org/grpc"}},
 	// The in-process cluster of the tests: nodes over memory networks.
 	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},

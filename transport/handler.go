@@ -55,6 +55,20 @@ type StatusSource interface {
 	Status(ctx context.Context) (*sluicev1.StatusResponse, error)
 }
 
+// TopKeysSource answers Admin.TopKeys: the node's heaviest keys, by
+// admitted or refused hits (limit 1..MaxTopKeys, already checked).
+// cmd/sluice implements it over cluster.Node.TopKeys. Called concurrently.
+type TopKeysSource interface {
+	TopKeys(ctx context.Context, by sluicev1.TopBy, limit int) (*sluicev1.TopKeysResponse, error)
+}
+
+// MaxTopKeys is the most keys a TopKeys call may ask for, and
+// DefaultTopKeys what a limit of 0 asks for.
+const (
+	MaxTopKeys     = 1024
+	DefaultTopKeys = 20
+)
+
 // OwnerSource answers RateLimiter.Owners: the node's current owner table
 // (OwnersResponse), for clients that send each check straight to its key's
 // owner (client.WithOwnerRouting). cmd/sluice implements it over the

@@ -55,6 +55,8 @@ type ServerConfig struct {
 	// Status answers Admin.Status and the status page; nil answers
 	// Unimplemented.
 	Status StatusSource
+	// TopKeys answers Admin.TopKeys; nil answers Unimplemented.
+	TopKeys TopKeysSource
 	// Owners answers RateLimiter.Owners; nil answers Unimplemented (and
 	// owner-routing clients then send every check to any node).
 	Owners OwnerSource

@@ -114,3 +114,23 @@ func (g adminServer) Status(ctx context.Context, _ *sluicev1.StatusRequest) (*sl
 	}
 	return resp, nil
 }
+
+func (g adminServer) TopKeys(ctx context.Context, req *sluicev1.TopKeysRequest) (*sluicev1.TopKeysResponse, error) {
+	if g.s.cfg.TopKeys == nil {
+		return nil, status.Error(codes.Unimplemented, "top keys are not available on this server")
+	}
+	limit := int(req.GetLimit())
+	switch {
+	case req.GetBy() != sluicev1.TopBy_TOP_BY_ADMITTED && req.GetBy() != sluicev1.TopBy_TOP_BY_REFUSED:
+		return nil, status.Errorf(codes.InvalidArgument, "by is %d: want 0 (admitted) or 1 (refused)", req.GetBy())
+	case limit == 0:
+		limit = DefaultTopKeys
+	case limit < 0 || limit > MaxTopKeys:
+		return nil, status.Errorf(codes.InvalidArgument, "limit is %d: want 1..%d (0 for %d)", limit, MaxTopKeys, DefaultTopKeys)
+	}
+	resp, err := g.s.cfg.TopKeys.TopKeys(ctx, req.GetBy(), limit)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return resp, nil
+}

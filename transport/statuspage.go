@@ -49,9 +49,10 @@ func (s *Server) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	st, err := s.pageStatus(r.Context())
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Vary", "Accept")
+	top := s.pageTopKeys(r.Context())
 	if !wantsHTML(r) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, s.statusText(st, err))
+		io.WriteString(w, s.statusText(st, err)+top.text())
 		return
 	}
 	h := w.Header()
@@ -61,7 +62,9 @@ func (s *Server) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	// its drawing inline SVG.
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'")
 	var b strings.Builder
-	if err := statusPageTmpl.Execute(&b, s.pageData(st, err, s.pageOwners(r.Context()))); err != nil {
+	page := s.pageData(st, err, s.pageOwners(r.Context()))
+	page.Top = top
+	if err := statusPageTmpl.Execute(&b, page); err != nil {
 		s.log.Error("rendering the status page", "err", err)
 		http.Error(w, "rendering the status page failed", http.StatusInternalServerError)
 		return
@@ -241,6 +244,7 @@ type (
 		Arcs          []pageArc
 		RingLayout    bool // Arcs are the owner table's arcs, not one share per member
 		Events        []pageEvent
+		Top           pageTop
 		RulesMismatch bool
 		Endpoints     string
 		Rendered      string
@@ -253,6 +257,58 @@ type (
 	pageArc   struct{ Member, Color, D, Share string }
 	pageEvent struct{ Time, Ago, Member, Kind string }
 )
+
+// pageTop is this node's heaviest keys for the page (Admin.TopKeys):
+// pageTopKeys of each kind; Shown is false without a TopKeysSource.
+type pageTop struct {
+	Shown             bool
+	Admitted, Refused []*sluicev1.TopKey
+}
+
+// pageTopKeys is how many of the heaviest keys of each kind the page
+// shows.
+const pageTopKeys = 10
+
+// pageTopKeys asks the TopKeysSource for this node's heaviest keys.
+func (s *Server) pageTopKeys(ctx context.Context) pageTop {
+	if s.cfg.TopKeys == nil {
+		return pageTop{}
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusPageTimeout)
+	defer cancel()
+	var t pageTop
+	if a, err := s.cfg.TopKeys.TopKeys(ctx, sluicev1.TopBy_TOP_BY_ADMITTED, pageTopKeys); err == nil {
+		t.Admitted, t.Shown = a.Keys, true
+	}
+	if r, err := s.cfg.TopKeys.TopKeys(ctx, sluicev1.TopBy_TOP_BY_REFUSED, pageTopKeys); err == nil {
+		t.Refused, t.Shown = r.Keys, true
+	}
+	return t
+}
+
+// text is the plain-text page's section of the heaviest keys.
+func (t pageTop) text() string {
+	if !t.Shown {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\nheaviest keys decided here, last 30 to 60 s (sluice keys top for the cluster):\n")
+	for _, l := range []struct {
+		by   string
+		keys []*sluicev1.TopKey
+	}{{"admitted", t.Admitted}, {"refused", t.Refused}} {
+		fmt.Fprintf(&b, "  by %s hits:", l.by)
+		if len(l.keys) == 0 {
+			b.WriteString(" none\n")
+			continue
+		}
+		b.WriteString("\n")
+		for _, k := range l.keys {
+			fmt.Fprintf(&b, "    %-24q %-24q admitted %d  refused %d\n", k.Name, k.Key, k.Admitted, k.Refused)
+		}
+	}
+	return b.String()
+}
 
 // pageOwners is the node's owner table for the ring drawing, or nil
 // without an OwnerSource or when it fails (the drawing then shows each

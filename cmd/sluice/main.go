@@ -24,6 +24,7 @@ Usage:
   sluice serve   [flags]   run a node (sluice serve -h for flags)
   sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
   sluice status  [flags]   show the cluster as one node sees it
+  sluice keys top [flags]  the keys with the most admitted (or refused) hits, cluster-wide
   sluice health  [flags]   probe a node's /healthz (or /readyz); exit 0 healthy, 1 not
   sluice wait    [flags]   wait until a node is ready (/readyz); exit 0 ready, 1 not in --timeout
   sluice bench   [flags]   generate load against a node and summarise it
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return waitReady(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = status(ctx, args[1:], stdout, stderr)
+	case "keys":
+		err = keysCmd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = bench(ctx, args[1:], stdout, stderr)
 	case "keygen":

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
+	"github.com/sluicehq/sluice/cluster/hitters"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/transport/rules"
@@ -337,6 +338,7 @@ var (
 	descLeaseGaveBack   = desc("sluice_lease_gave_back_hits_total", "Unspent hits of quota leases this node held that it gave back and their owners took back (of sluice_lease_unused_hits_total; the rest was admitted by nobody).", prometheus.CounterValue)
 	descIdleResumes     = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow     = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
+	descTopKeyHits      = desc("sluice_top_key_hits", "Hits of the keys this node decided most in the last 30 to 60 s: the heaviest 10 by admitted hits (by=\"admitted\", their admitted hits) and by refused hits (by=\"refused\", their refused hits), so at most 20 series at a time (`sluice keys top` merges the members' lists).", prometheus.GaugeValue, "by", "name", "key")
 	descAuthRefused     = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
 )
 
@@ -347,7 +349,11 @@ var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descF
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
-	descEnvoyCalls, descEnvoyDescs, descEnvoyOver, descEnvoyShadow, descAuthRefused}
+	descEnvoyCalls, descEnvoyDescs, descEnvoyOver, descEnvoyShadow, descAuthRefused, descTopKeyHits}
+
+// topKeysMetric caps the label values of sluice_top_key_hits: the
+// heaviest 10 keys of each kind.
+const topKeysMetric = 10
 
 // Describe implements prometheus.Collector.
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -434,6 +440,15 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	put(descCacheLoads, float64(cs.Loads))
 	put(descCacheEvicted, float64(cs.Evictions))
 	put(descRulesInfo, 1, st.RulesHash)
+	// Label values must be UTF-8 (MustNewConstMetric panics otherwise);
+	// names and keys need not be.
+	utf8 := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+	for _, h := range c.node.TopKeys(hitters.ByAdmitted, topKeysMetric) {
+		put(descTopKeyHits, float64(h.Admitted), "admitted", utf8(h.Name), utf8(h.Key))
+	}
+	for _, h := range c.node.TopKeys(hitters.ByRefused, topKeysMetric) {
+		put(descTopKeyHits, float64(h.Refused), "refused", utf8(h.Name), utf8(h.Key))
+	}
 	if c.rules != nil {
 		rs := c.rules.Stats()
 		put(descRulesReloads, float64(rs.Reloads))

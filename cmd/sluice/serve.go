@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/hitters"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
@@ -314,6 +315,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		Peer:                  node,
 		ClusterName:           cfg.ClusterName,
 		Status:                statusSource{node: node, rules: watcher(cfg.Rules)},
+		TopKeys:               topKeysSource{node},
 		Owners:                &ownerSource{node: node},
 		Members:               peers,
 		Metrics:               metrics.handler(lg),
@@ -543,6 +545,22 @@ func (s statusSource) Status(context.Context) (*sluicev1.StatusResponse, error) 
 	}
 	for _, e := range st.RecentEvents {
 		resp.Events = append(resp.Events, &sluicev1.MemberEvent{UnixMs: e.Time.UnixMilli(), Member: e.Member, Kind: e.Kind})
+	}
+	return resp, nil
+}
+
+// topKeysSource answers Admin.TopKeys from the node.
+type topKeysSource struct{ node *cluster.Node }
+
+func (s topKeysSource) TopKeys(_ context.Context, by sluicev1.TopBy, limit int) (*sluicev1.TopKeysResponse, error) {
+	b := hitters.ByAdmitted
+	if by == sluicev1.TopBy_TOP_BY_REFUSED {
+		b = hitters.ByRefused
+	}
+	resp := &sluicev1.TopKeysResponse{Node: s.node.Name()}
+	for _, h := range s.node.TopKeys(b, limit) {
+		resp.Keys = append(resp.Keys, &sluicev1.TopKey{Name: h.Name, Key: h.Key, Admitted: h.Admitted, Refused: h.Refused,
+			AdmittedError: h.AdmittedError, RefusedError: h.RefusedError})
 	}
 	return resp, nil
 }

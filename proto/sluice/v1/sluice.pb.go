@@ -238,6 +238,53 @@ func (Calendar) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
 }
 
+// TopBy orders a TopKeys list.
+type TopBy int32
+
+const (
+	TopBy_TOP_BY_ADMITTED TopBy = 0
+	TopBy_TOP_BY_REFUSED  TopBy = 1
+)
+
+// Enum value maps for TopBy.
+var (
+	TopBy_name = map[int32]string{
+		0: "TOP_BY_ADMITTED",
+		1: "TOP_BY_REFUSED",
+	}
+	TopBy_value = map[string]int32{
+		"TOP_BY_ADMITTED": 0,
+		"TOP_BY_REFUSED":  1,
+	}
+)
+
+func (x TopBy) Enum() *TopBy {
+	p := new(TopBy)
+	*p = x
+	return p
+}
+
+func (x TopBy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TopBy) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
+}
+
+func (TopBy) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[4]
+}
+
+func (x TopBy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TopBy.Descriptor instead.
+func (TopBy) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
 type ReplicateRequest_Kind int32
 
 const (
@@ -268,11 +315,11 @@ func (x ReplicateRequest_Kind) String() string {
 }
 
 func (ReplicateRequest_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[5].Descriptor()
 }
 
 func (ReplicateRequest_Kind) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[4]
+	return &file_sluice_v1_sluice_proto_enumTypes[5]
 }
 
 func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
@@ -281,7 +328,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30, 0}
 }
 
 type OwnersRequest struct {
@@ -1037,6 +1084,198 @@ func (x *RateLimitResponse) GetOwner() string {
 	return ""
 }
 
+type TopKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	By            TopBy                  `protobuf:"varint,1,opt,name=by,proto3,enum=sluice.v1.TopBy" json:"by,omitempty"`
+	Limit         int32                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"` // 1..1024 keys; 0 means 20
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKeysRequest) Reset() {
+	*x = TopKeysRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKeysRequest) ProtoMessage() {}
+
+func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
+func (*TopKeysRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TopKeysRequest) GetBy() TopBy {
+	if x != nil {
+		return x.By
+	}
+	return TopBy_TOP_BY_ADMITTED
+}
+
+func (x *TopKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type TopKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"` // the node's name
+	Keys          []*TopKey              `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKeysResponse) Reset() {
+	*x = TopKeysResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKeysResponse) ProtoMessage() {}
+
+func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
+func (*TopKeysResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TopKeysResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TopKeysResponse) GetKeys() []*TopKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// TopKey is one key of a TopKeys list: admitted and refused are at least
+// the key's hits and at most admitted_error and refused_error more (a
+// space-saving summary's bound). 0 and 0 mean the key was not among the
+// heaviest of that kind.
+type TopKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Admitted      int64                  `protobuf:"varint,3,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Refused       int64                  `protobuf:"varint,4,opt,name=refused,proto3" json:"refused,omitempty"`
+	AdmittedError int64                  `protobuf:"varint,5,opt,name=admitted_error,json=admittedError,proto3" json:"admitted_error,omitempty"`
+	RefusedError  int64                  `protobuf:"varint,6,opt,name=refused_error,json=refusedError,proto3" json:"refused_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKey) Reset() {
+	*x = TopKey{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKey) ProtoMessage() {}
+
+func (x *TopKey) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKey.ProtoReflect.Descriptor instead.
+func (*TopKey) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TopKey) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TopKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TopKey) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *TopKey) GetRefused() int64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *TopKey) GetAdmittedError() int64 {
+	if x != nil {
+		return x.AdmittedError
+	}
+	return 0
+}
+
+func (x *TopKey) GetRefusedError() int64 {
+	if x != nil {
+		return x.RefusedError
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1045,7 +1284,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1296,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1309,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 type StatusResponse struct {
@@ -1125,7 +1364,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1376,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1389,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1353,7 +1592,7 @@ type MemberEvent struct {
 
 func (x *MemberEvent) Reset() {
 	*x = MemberEvent{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1604,7 @@ func (x *MemberEvent) String() string {
 func (*MemberEvent) ProtoMessage() {}
 
 func (x *MemberEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1617,7 @@ func (x *MemberEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberEvent.ProtoReflect.Descriptor instead.
 func (*MemberEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MemberEvent) GetUnixMs() int64 {
@@ -1435,7 +1674,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1686,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1699,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Member) GetName() string {
@@ -1581,7 +1820,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1832,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1845,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ForwardRequest) GetRequests() []*RateLimitRequest {
@@ -1667,7 +1906,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1918,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1931,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
@@ -1737,7 +1976,7 @@ type LeaseGrant struct {
 
 func (x *LeaseGrant) Reset() {
 	*x = LeaseGrant{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1988,7 @@ func (x *LeaseGrant) String() string {
 func (*LeaseGrant) ProtoMessage() {}
 
 func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +2001,7 @@ func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
 func (*LeaseGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseGrant) GetIndex() uint32 {
@@ -1809,7 +2048,7 @@ type RegionLink struct {
 
 func (x *RegionLink) Reset() {
 	*x = RegionLink{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2060,7 @@ func (x *RegionLink) String() string {
 func (*RegionLink) ProtoMessage() {}
 
 func (x *RegionLink) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2073,7 @@ func (x *RegionLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLink.ProtoReflect.Descriptor instead.
 func (*RegionLink) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegionLink) GetRegion() string {
@@ -1897,7 +2136,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2148,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2161,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReturnRequest) GetFrom() string {
@@ -1959,7 +2198,7 @@ type LeaseReturn struct {
 
 func (x *LeaseReturn) Reset() {
 	*x = LeaseReturn{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2210,7 @@ func (x *LeaseReturn) String() string {
 func (*LeaseReturn) ProtoMessage() {}
 
 func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2223,7 @@ func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
 func (*LeaseReturn) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LeaseReturn) GetRequest() *RateLimitRequest {
@@ -2017,7 +2256,7 @@ type RegionGrantRequest struct {
 
 func (x *RegionGrantRequest) Reset() {
 	*x = RegionGrantRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2268,7 @@ func (x *RegionGrantRequest) String() string {
 func (*RegionGrantRequest) ProtoMessage() {}
 
 func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2281,7 @@ func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantRequest.ProtoReflect.Descriptor instead.
 func (*RegionGrantRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegionGrantRequest) GetFrom() string {
@@ -2103,7 +2342,7 @@ type RegionAsk struct {
 
 func (x *RegionAsk) Reset() {
 	*x = RegionAsk{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2354,7 @@ func (x *RegionAsk) String() string {
 func (*RegionAsk) ProtoMessage() {}
 
 func (x *RegionAsk) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2367,7 @@ func (x *RegionAsk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionAsk.ProtoReflect.Descriptor instead.
 func (*RegionAsk) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegionAsk) GetRequest() *RateLimitRequest {
@@ -2168,7 +2407,7 @@ type RegionGrantResponse struct {
 
 func (x *RegionGrantResponse) Reset() {
 	*x = RegionGrantResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2419,7 @@ func (x *RegionGrantResponse) String() string {
 func (*RegionGrantResponse) ProtoMessage() {}
 
 func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2432,7 @@ func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantResponse.ProtoReflect.Descriptor instead.
 func (*RegionGrantResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegionGrantResponse) GetRegion() string {
@@ -2228,7 +2467,7 @@ type ReturnResponse struct {
 
 func (x *ReturnResponse) Reset() {
 	*x = ReturnResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2479,7 @@ func (x *ReturnResponse) String() string {
 func (*ReturnResponse) ProtoMessage() {}
 
 func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2492,7 @@ func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
 func (*ReturnResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReturnResponse) GetTaken() []int64 {
@@ -2282,7 +2521,7 @@ type DecidedRequest struct {
 
 func (x *DecidedRequest) Reset() {
 	*x = DecidedRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2533,7 @@ func (x *DecidedRequest) String() string {
 func (*DecidedRequest) ProtoMessage() {}
 
 func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2546,7 @@ func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
 func (*DecidedRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DecidedRequest) GetFrom() string {
@@ -2365,7 +2604,7 @@ type DecidedResponse struct {
 
 func (x *DecidedResponse) Reset() {
 	*x = DecidedResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2616,7 @@ func (x *DecidedResponse) String() string {
 func (*DecidedResponse) ProtoMessage() {}
 
 func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2629,7 @@ func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedResponse.ProtoReflect.Descriptor instead.
 func (*DecidedResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DecidedResponse) GetHashes() []uint64 {
@@ -2441,7 +2680,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2453,7 +2692,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2466,7 +2705,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -2519,7 +2758,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2770,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2783,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -2588,7 +2827,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2839,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2852,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Counter) GetName() string {
@@ -2656,7 +2895,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +2907,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +2920,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -2723,7 +2962,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2974,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2987,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -2782,7 +3021,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3033,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3046,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CounterKey) GetName() string {
@@ -2843,7 +3082,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3094,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3107,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -2932,7 +3171,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2944,7 +3183,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3196,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -2994,7 +3233,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3245,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3258,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -3114,7 +3353,20 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x04 \x01(\x03R\fresetAfterMs\x12$\n" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
-	"\x05owner\x18\a \x01(\tR\x05owner\"\x0f\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"H\n" +
+	"\x0eTopKeysRequest\x12 \n" +
+	"\x02by\x18\x01 \x01(\x0e2\x10.sluice.v1.TopByR\x02by\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"L\n" +
+	"\x0fTopKeysResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12%\n" +
+	"\x04keys\x18\x02 \x03(\v2\x11.sluice.v1.TopKeyR\x04keys\"\xb0\x01\n" +
+	"\x06TopKey\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
+	"\badmitted\x18\x03 \x01(\x03R\badmitted\x12\x18\n" +
+	"\arefused\x18\x04 \x01(\x03R\arefused\x12%\n" +
+	"\x0eadmitted_error\x18\x05 \x01(\x03R\radmittedError\x12#\n" +
+	"\rrefused_error\x18\x06 \x01(\x03R\frefusedError\"\x0f\n" +
 	"\rStatusRequest\"\xf9\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12+\n" +
@@ -3306,12 +3558,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rCALENDAR_NONE\x10\x00\x12\x10\n" +
 	"\fCALENDAR_DAY\x10\x01\x12\x11\n" +
 	"\rCALENDAR_WEEK\x10\x02\x12\x12\n" +
-	"\x0eCALENDAR_MONTH\x10\x032\x88\x01\n" +
+	"\x0eCALENDAR_MONTH\x10\x03*0\n" +
+	"\x05TopBy\x12\x13\n" +
+	"\x0fTOP_BY_ADMITTED\x10\x00\x12\x12\n" +
+	"\x0eTOP_BY_REFUSED\x10\x012\x88\x01\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2F\n" +
+	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\x88\x01\n" +
 	"\x05Admin\x12=\n" +
-	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse2\xdd\x03\n" +
+	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x12@\n" +
+	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse2\xdd\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
@@ -3333,103 +3589,111 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Status)(0),                 // 1: sluice.v1.Status
 	(Mode)(0),                   // 2: sluice.v1.Mode
 	(Calendar)(0),               // 3: sluice.v1.Calendar
-	(ReplicateRequest_Kind)(0),  // 4: sluice.v1.ReplicateRequest.Kind
-	(*OwnersRequest)(nil),       // 5: sluice.v1.OwnersRequest
-	(*OwnersResponse)(nil),      // 6: sluice.v1.OwnersResponse
-	(*OwnerMember)(nil),         // 7: sluice.v1.OwnerMember
-	(*CheckRequest)(nil),        // 8: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),    // 9: sluice.v1.RateLimitRequest
-	(*Limit)(nil),               // 10: sluice.v1.Limit
-	(*CheckResponse)(nil),       // 11: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil),   // 12: sluice.v1.RateLimitResponse
-	(*StatusRequest)(nil),       // 13: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),      // 14: sluice.v1.StatusResponse
-	(*MemberEvent)(nil),         // 15: sluice.v1.MemberEvent
-	(*Member)(nil),              // 16: sluice.v1.Member
-	(*ForwardRequest)(nil),      // 17: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 18: sluice.v1.ForwardResponse
-	(*LeaseGrant)(nil),          // 19: sluice.v1.LeaseGrant
-	(*RegionLink)(nil),          // 20: sluice.v1.RegionLink
-	(*ReturnRequest)(nil),       // 21: sluice.v1.ReturnRequest
-	(*LeaseReturn)(nil),         // 22: sluice.v1.LeaseReturn
-	(*RegionGrantRequest)(nil),  // 23: sluice.v1.RegionGrantRequest
-	(*RegionAsk)(nil),           // 24: sluice.v1.RegionAsk
-	(*RegionGrantResponse)(nil), // 25: sluice.v1.RegionGrantResponse
-	(*ReturnResponse)(nil),      // 26: sluice.v1.ReturnResponse
-	(*DecidedRequest)(nil),      // 27: sluice.v1.DecidedRequest
-	(*DecidedResponse)(nil),     // 28: sluice.v1.DecidedResponse
-	(*ForwardEnvelope)(nil),     // 29: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),        // 30: sluice.v1.ForwardReply
-	(*Counter)(nil),             // 31: sluice.v1.Counter
-	(*ReplicateRequest)(nil),    // 32: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 33: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),          // 34: sluice.v1.CounterKey
-	(*PullRequest)(nil),         // 35: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 36: sluice.v1.PullResponse
-	(*PullHolder)(nil),          // 37: sluice.v1.PullHolder
+	(TopBy)(0),                  // 4: sluice.v1.TopBy
+	(ReplicateRequest_Kind)(0),  // 5: sluice.v1.ReplicateRequest.Kind
+	(*OwnersRequest)(nil),       // 6: sluice.v1.OwnersRequest
+	(*OwnersResponse)(nil),      // 7: sluice.v1.OwnersResponse
+	(*OwnerMember)(nil),         // 8: sluice.v1.OwnerMember
+	(*CheckRequest)(nil),        // 9: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),    // 10: sluice.v1.RateLimitRequest
+	(*Limit)(nil),               // 11: sluice.v1.Limit
+	(*CheckResponse)(nil),       // 12: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),   // 13: sluice.v1.RateLimitResponse
+	(*TopKeysRequest)(nil),      // 14: sluice.v1.TopKeysRequest
+	(*TopKeysResponse)(nil),     // 15: sluice.v1.TopKeysResponse
+	(*TopKey)(nil),              // 16: sluice.v1.TopKey
+	(*StatusRequest)(nil),       // 17: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),      // 18: sluice.v1.StatusResponse
+	(*MemberEvent)(nil),         // 19: sluice.v1.MemberEvent
+	(*Member)(nil),              // 20: sluice.v1.Member
+	(*ForwardRequest)(nil),      // 21: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 22: sluice.v1.ForwardResponse
+	(*LeaseGrant)(nil),          // 23: sluice.v1.LeaseGrant
+	(*RegionLink)(nil),          // 24: sluice.v1.RegionLink
+	(*ReturnRequest)(nil),       // 25: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),         // 26: sluice.v1.LeaseReturn
+	(*RegionGrantRequest)(nil),  // 27: sluice.v1.RegionGrantRequest
+	(*RegionAsk)(nil),           // 28: sluice.v1.RegionAsk
+	(*RegionGrantResponse)(nil), // 29: sluice.v1.RegionGrantResponse
+	(*ReturnResponse)(nil),      // 30: sluice.v1.ReturnResponse
+	(*DecidedRequest)(nil),      // 31: sluice.v1.DecidedRequest
+	(*DecidedResponse)(nil),     // 32: sluice.v1.DecidedResponse
+	(*ForwardEnvelope)(nil),     // 33: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),        // 34: sluice.v1.ForwardReply
+	(*Counter)(nil),             // 35: sluice.v1.Counter
+	(*ReplicateRequest)(nil),    // 36: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 37: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),          // 38: sluice.v1.CounterKey
+	(*PullRequest)(nil),         // 39: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 40: sluice.v1.PullResponse
+	(*PullHolder)(nil),          // 41: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
-	7,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
-	9,  // 1: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	8,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
+	10, // 1: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
 	0,  // 2: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
 	2,  // 3: sluice.v1.RateLimitRequest.mode:type_name -> sluice.v1.Mode
 	3,  // 4: sluice.v1.RateLimitRequest.calendar:type_name -> sluice.v1.Calendar
-	10, // 5: sluice.v1.RateLimitRequest.limits:type_name -> sluice.v1.Limit
+	11, // 5: sluice.v1.RateLimitRequest.limits:type_name -> sluice.v1.Limit
 	0,  // 6: sluice.v1.Limit.algorithm:type_name -> sluice.v1.Algorithm
 	2,  // 7: sluice.v1.Limit.mode:type_name -> sluice.v1.Mode
 	3,  // 8: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
-	12, // 9: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	13, // 9: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
 	1,  // 10: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	16, // 11: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	15, // 12: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	20, // 13: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
-	9,  // 14: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	12, // 15: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	19, // 16: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	22, // 17: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	9,  // 18: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	24, // 19: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
-	9,  // 20: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
-	19, // 21: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
-	17, // 22: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	18, // 23: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	4,  // 24: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	31, // 25: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	34, // 26: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	31, // 27: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	37, // 28: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	8,  // 29: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 30: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	13, // 31: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	17, // 32: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	32, // 33: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	35, // 34: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	29, // 35: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	21, // 36: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	23, // 37: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	27, // 38: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	11, // 39: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 40: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	14, // 41: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	18, // 42: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	33, // 43: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	36, // 44: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	30, // 45: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	26, // 46: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	25, // 47: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	28, // 48: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	39, // [39:49] is the sub-list for method output_type
-	29, // [29:39] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	4,  // 11: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
+	16, // 12: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
+	20, // 13: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	19, // 14: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
+	24, // 15: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	10, // 16: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	13, // 17: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	23, // 18: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	26, // 19: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	10, // 20: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	28, // 21: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	10, // 22: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	23, // 23: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	21, // 24: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	22, // 25: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	5,  // 26: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	35, // 27: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	38, // 28: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	35, // 29: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	41, // 30: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	9,  // 31: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	6,  // 32: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	17, // 33: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	14, // 34: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
+	21, // 35: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	36, // 36: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	39, // 37: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	33, // 38: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	25, // 39: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	27, // 40: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	31, // 41: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	12, // 42: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 43: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	18, // 44: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	15, // 45: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	22, // 46: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	37, // 47: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	40, // 48: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	34, // 49: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	30, // 50: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	29, // 51: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	32, // 52: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	42, // [42:53] is the sub-list for method output_type
+	31, // [31:42] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -3443,8 +3707,8 @@ func file_sluice_v1_sluice_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   33,
+			NumEnums:      6,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

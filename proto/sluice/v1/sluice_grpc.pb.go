@@ -181,7 +181,8 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Admin_Status_FullMethodName = "/sluice.v1.Admin/Status"
+	Admin_Status_FullMethodName  = "/sluice.v1.Admin/Status"
+	Admin_TopKeys_FullMethodName = "/sluice.v1.Admin/TopKeys"
 )
 
 // AdminClient is the client API for Admin service.
@@ -191,6 +192,11 @@ const (
 // Admin answers operators and the `sluice status` command.
 type AdminClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// TopKeys: the keys this node decided with the most admitted (or
+	// refused) hits in the last 30 to 60 seconds, heaviest first. Each node
+	// keeps its own list in bounded memory; `sluice keys top` merges the
+	// members' lists (docs/operations.md, "The heaviest keys").
+	TopKeys(ctx context.Context, in *TopKeysRequest, opts ...grpc.CallOption) (*TopKeysResponse, error)
 }
 
 type adminClient struct {
@@ -211,6 +217,16 @@ func (c *adminClient) Status(ctx context.Context, in *StatusRequest, opts ...grp
 	return out, nil
 }
 
+func (c *adminClient) TopKeys(ctx context.Context, in *TopKeysRequest, opts ...grpc.CallOption) (*TopKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopKeysResponse)
+	err := c.cc.Invoke(ctx, Admin_TopKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -218,6 +234,11 @@ func (c *adminClient) Status(ctx context.Context, in *StatusRequest, opts ...grp
 // Admin answers operators and the `sluice status` command.
 type AdminServer interface {
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// TopKeys: the keys this node decided with the most admitted (or
+	// refused) hits in the last 30 to 60 seconds, heaviest first. Each node
+	// keeps its own list in bounded memory; `sluice keys top` merges the
+	// members' lists (docs/operations.md, "The heaviest keys").
+	TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -230,6 +251,9 @@ type UnimplementedAdminServer struct{}
 
 func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAdminServer) TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TopKeys not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -270,6 +294,24 @@ func _Admin_Status_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_TopKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TopKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).TopKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_TopKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).TopKeys(ctx, req.(*TopKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -280,6 +322,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Admin_Status_Handler,
+		},
+		{
+			MethodName: "TopKeys",
+			Handler:    _Admin_TopKeys_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

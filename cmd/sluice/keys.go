@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicehq/sluice/client"
+	"github.com/sluicehq/sluice/cluster/hitters"
+	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// keysCmd is `sluice keys SUBCOMMAND`: top, for now.
+func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "top" {
+		return errors.New("usage: sluice keys top [--by admitted|refused] [--limit 20] [--json] [--addr ADDR]")
+	}
+	return keysTop(ctx, args[1:], stdout, stderr)
+}
+
+// topKey is one line of `sluice keys top --json`.
+type topKey struct {
+	Name     string `json:"name"`
+	Key      string `json:"key"`
+	Admitted int64  `json:"admitted"`
+	Refused  int64  `json:"refused"`
+}
+
+// keysTop asks every alive member (as the node at --addr sees them) for
+// its heaviest keys and prints the merge: a key's hits on every node
+// added, the heaviest --limit by --by.
+func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice keys top", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
+	byName := fs.String("by", "admitted", "admitted|refused: the hits the keys are ranked by")
+	limit := fs.Int("limit", transport.DefaultTopKeys, fmt.Sprintf("how many keys (1..%d)", transport.MaxTopKeys))
+	asJSON := fs.Bool("json", false, "print a JSON array of {name, key, admitted, refused}")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
+	var sec clientFlags
+	sec.register(fs, true)
+	if err := parseWithEnv(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var by sluicev1.TopBy
+	var order hitters.By
+	switch *byName {
+	case "admitted":
+	case "refused":
+		by, order = sluicev1.TopBy_TOP_BY_REFUSED, hitters.ByRefused
+	default:
+		return fmt.Errorf("--by %q: want admitted or refused", *byName)
+	}
+	if *limit < 1 || *limit > transport.MaxTopKeys {
+		return fmt.Errorf("--limit %d: want 1..%d", *limit, transport.MaxTopKeys)
+	}
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(*addr, opts...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *addr, err)
+	}
+	defer c.Close()
+	cctx, cancel := context.WithTimeout(ctx, *timeout)
+	st, err := c.Status(cctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%s: %w", *addr, err)
+	}
+	// Each key is decided by its owner, so each node's own top --limit
+	// holds every key of the cluster's (stand-in decisions aside).
+	type answer struct {
+		member string
+		resp   *sluicev1.TopKeysResponse
+		err    error
+	}
+	var answers []answer
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, m := range st.Members {
+		if m.State != "alive" || m.GrpcAddr == "" {
+			continue
+		}
+		wg.Go(func() {
+			a := answer{member: m.Name}
+			defer func() { mu.Lock(); answers = append(answers, a); mu.Unlock() }()
+			mc, err := client.Dial(m.GrpcAddr, opts...)
+			if err != nil {
+				a.err = err
+				return
+			}
+			defer mc.Close()
+			cctx, cancel := context.WithTimeout(ctx, *timeout)
+			defer cancel()
+			a.resp, a.err = mc.TopKeys(cctx, &sluicev1.TopKeysRequest{By: by, Limit: int32(*limit)})
+		})
+	}
+	wg.Wait()
+	merged := map[[2]string]*hitters.Hitter{}
+	answered := 0
+	for _, a := range answers {
+		if a.err != nil {
+			fmt.Fprintf(stderr, "sluice keys top: %s did not answer (its keys are missing): %v\n", a.member, a.err)
+			continue
+		}
+		answered++
+		for _, k := range a.resp.Keys {
+			h := merged[[2]string{k.Name, k.Key}]
+			if h == nil {
+				h = &hitters.Hitter{Name: k.Name, Key: k.Key}
+				merged[[2]string{k.Name, k.Key}] = h
+			}
+			h.Admitted += k.Admitted
+			h.Refused += k.Refused
+			h.AdmittedError += k.AdmittedError
+			h.RefusedError += k.RefusedError
+		}
+	}
+	if answered == 0 {
+		return fmt.Errorf("no member answered (%d asked)", len(answers))
+	}
+	list := make([]hitters.Hitter, 0, len(merged))
+	for _, h := range merged {
+		list = append(list, *h)
+	}
+	hitters.SortBy(list, order)
+	list = list[:min(*limit, len(list))]
+	if *asJSON {
+		out := make([]topKey, len(list))
+		for i, h := range list {
+			out[i] = topKey{Name: h.Name, Key: h.Key, Admitted: h.Admitted, Refused: h.Refused}
+		}
+		b, err := json.Marshal(out)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(b))
+		return nil
+	}
+	fmt.Fprintf(stdout, "the %d heaviest keys by %s hits in the last 30 to 60 s (%d of %d members answered)\n\n", len(list), *byName, answered, len(answers))
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tKEY\tADMITTED\tREFUSED")
+	withErr := func(v, e int64) string {
+		if e == 0 {
+			return fmt.Sprint(v)
+		}
+		return fmt.Sprintf("%d (at most %d over)", v, e)
+	}
+	for _, h := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", h.Name, h.Key, withErr(h.Admitted, h.AdmittedError), withErr(h.Refused, h.RefusedError))
+	}
+	return tw.Flush()
+}
