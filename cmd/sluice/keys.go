@@ -156,7 +156,7 @@ func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if e == 0 {
 			return fmt.Sprint(v)
 		}
-		return fmt.Sprintf("%d (at most %d over)", v, e)
+		return fmt.Sprintf("%d (±%d)", v, e)
 	}
 	for _, h := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", h.Name, h.Key, withErr(h.Admitted, h.AdmittedError), withErr(h.Refused, h.RefusedError))

@@ -1188,10 +1188,12 @@ func (x *TopKeysResponse) GetKeys() []*TopKey {
 	return nil
 }
 
-// TopKey is one key of a TopKeys list: admitted and refused are at least
-// the key's hits and at most admitted_error and refused_error more (a
-// space-saving summary's bound). 0 and 0 mean the key was not among the
-// heaviest of that kind.
+// TopKey is one key of a TopKeys list: admitted and refused are estimates
+// of the key's hits, exact when their error is 0; admitted −
+// admitted_error (refused − refused_error) is at most the true hits, and
+// the count is within about its error of them (docs/operations.md, "The
+// heaviest keys"). 0 and 0 mean the key was not among the heaviest of
+// that kind.
 type TopKey struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
