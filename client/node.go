@@ -72,6 +72,18 @@ func (n *Node) TopKeys(ctx context.Context, req *sluicev1.TopKeysRequest) (*slui
 	return n.admin.TopKeys(ctx, req)
 }
 
+// InspectKey asks the node what a check of a key would see now, where the
+// key lives and its record versions (an Admin call).
+func (n *Node) InspectKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
+	return n.admin.InspectKey(ctx, req)
+}
+
+// DrainKey asks the node to consume what remains of a key's quota (an
+// Admin call, logged by the node as an audit line).
+func (n *Node) DrainKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
+	return n.admin.DrainKey(ctx, req)
+}
+
 // Conn is the underlying connection, for other services on the same node
 // (health, reflection).
 func (n *Node) Conn() *grpc.ClientConn { return n.conn }

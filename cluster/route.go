@@ -39,6 +39,13 @@ func (n *Node) ValidateCheck(r *check.Request) error {
 // its owner, one call per owner. Invalid requests get their own Err and do
 // not affect the others.
 func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
+	n.check(ctx, reqs, out, true)
+}
+
+// check is Check; without leases, a key another node owns is always asked
+// of its owner, never decided from a quota lease this node holds
+// (DrainKey: draining a lease would leave the owner's count as it was).
+func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outcome, leases bool) {
 	if n.refusedAll(out) {
 		return
 	}
@@ -78,7 +85,7 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 			}
 			owner = ring.Member{Addr: to}
 		}
-		if n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
+		if leases && n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
 			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
 			// Decided from a lease the key's owner granted here (or
 			// refused from a refusal lease).

@@ -57,6 +57,9 @@ type ServerConfig struct {
 	Status StatusSource
 	// TopKeys answers Admin.TopKeys; nil answers Unimplemented.
 	TopKeys TopKeysSource
+	// Keys answers Admin.InspectKey and Admin.DrainKey; nil answers
+	// Unimplemented.
+	Keys KeysSource
 	// Owners answers RateLimiter.Owners; nil answers Unimplemented (and
 	// owner-routing clients then send every check to any node).
 	Owners OwnerSource
@@ -165,6 +168,7 @@ type Server struct {
 	drain    chan struct{} // closed when Shutdown begins: Forwards streams end
 
 	envoyStats envoyCounters
+	keyAdmin   keyAdminCounters
 
 	mu       sync.Mutex
 	started  bool

@@ -165,7 +165,7 @@ func shellWords(s string) ([]string, error) {
 var volatileFields = map[string]bool{
 	"reset_after_ms": true, "resetAfterMs": true, "retry_after_ms": true, "retryAfterMs": true,
 	"durationUntilReset": true, "grpcAddr": true, "grpc_addr": true, "checksPerSecond": true,
-	"unixMs": true, "version": true, "owners": true, "hash": true, "unflushed": true, "unreplicated": true,
+	"unixMs": true, "version": true, "versions": true, "owners": true, "hash": true, "unflushed": true, "unreplicated": true,
 }
 
 var msLeft = regexp.MustCompile(`for [0-9]+ ms more`)

@@ -17,12 +17,97 @@ import (
 	"github.com/sluicehq/sluice/transport"
 )
 
-// keysCmd is `sluice keys SUBCOMMAND`: top, for now.
+const keysUsage = `usage:
+  sluice keys top [--by admitted|refused] [--limit 20] [--json] [--addr ADDR]
+  sluice keys inspect --name N --key K [limit flags as for check] [--json] [--addr ADDR]
+  sluice keys drain   --name N --key K [limit flags as for check] [--json] [--addr ADDR]`
+
+// keysCmd is `sluice keys SUBCOMMAND`: top, inspect, drain.
 func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "top" {
-		return errors.New("usage: sluice keys top [--by admitted|refused] [--limit 20] [--json] [--addr ADDR]")
+	if len(args) == 0 {
+		return errors.New(keysUsage)
 	}
-	return keysTop(ctx, args[1:], stdout, stderr)
+	switch args[0] {
+	case "top":
+		return keysTop(ctx, args[1:], stdout, stderr)
+	case "inspect", "drain":
+		return keysOne(ctx, args[0], args[1:], stdout, stderr)
+	}
+	return fmt.Errorf("unknown keys command %q\n%s", args[0], keysUsage)
+}
+
+// keysOne is `sluice keys inspect|drain`: the key and its limits as for
+// `sluice check` (none: the rule for --name), one Admin call.
+func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice keys "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
+	var cf checkFlags
+	cf.register(fs)
+	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
+	var sec clientFlags
+	sec.register(fs, true)
+	if err := parseWithEnv(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["name"] || !set["key"] {
+		return errors.New("--name and --key are required")
+	}
+	req, err := cf.request(set)
+	if err != nil {
+		return err
+	}
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(*addr, opts...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *addr, err)
+	}
+	defer c.Close()
+	cctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	call := c.InspectKey
+	if cmd == "drain" {
+		call = c.DrainKey
+	}
+	ins, err := call(cctx, &sluicev1.KeyRequest{Request: req})
+	if err != nil {
+		return fmt.Errorf("%s: %w", *addr, err)
+	}
+	if *asJSON {
+		b, err := jsonOut.Marshal(ins)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(b))
+		return nil
+	}
+	p := ins.GetPeek()
+	word := "allowed"
+	if p.GetStatus() != sluicev1.Status_STATUS_UNDER_LIMIT {
+		word = "refused"
+	}
+	fmt.Fprintf(stdout, "key %q of %q\n", ins.Key, ins.Name)
+	if cmd == "drain" {
+		fmt.Fprintf(stdout, "drained:  %d hits\n", ins.Drained)
+	}
+	fmt.Fprintf(stdout, "a check:  %s, %d of %d remaining, full again in %s (decided by %s)\n", word, p.GetRemaining(), p.GetLimit(),
+		ms(p.GetResetAfterMs()), p.GetOwner())
+	fmt.Fprintf(stdout, "owner:    %s\nreplicas: %v\n", ins.Owner, ins.Replicas)
+	if len(ins.Versions) == 0 {
+		fmt.Fprintln(stdout, "versions: unknown (the owner did not answer)")
+	} else {
+		fmt.Fprintf(stdout, "versions: %v (0: no record)\n", ins.Versions)
+	}
+	return nil
 }
 
 // topKey is one line of `sluice keys top --json`.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/hitters"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
@@ -316,6 +317,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		ClusterName:           cfg.ClusterName,
 		Status:                statusSource{node: node, rules: watcher(cfg.Rules)},
 		TopKeys:               topKeysSource{node},
+		Keys:                  keysSource{node},
 		Owners:                &ownerSource{node: node},
 		Members:               peers,
 		Metrics:               metrics.handler(lg),
@@ -563,6 +565,24 @@ func (s topKeysSource) TopKeys(_ context.Context, by sluicev1.TopBy, limit int) 
 			AdmittedError: h.AdmittedError, RefusedError: h.RefusedError})
 	}
 	return resp, nil
+}
+
+// keysSource answers Admin.InspectKey and Admin.DrainKey from the node.
+type keysSource struct{ node *cluster.Node }
+
+func (s keysSource) InspectKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
+	ks, err := s.node.InspectKey(ctx, r)
+	return inspection(r, ks), err
+}
+
+func (s keysSource) DrainKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
+	ks, err := s.node.DrainKey(ctx, r)
+	return inspection(r, ks), err
+}
+
+func inspection(r check.Request, ks cluster.KeyState) *sluicev1.KeyInspection {
+	return &sluicev1.KeyInspection{Name: r.Name, Key: r.Key, Peek: peer.ResponseToProto(ks.Peek), Owner: ks.Owner,
+		Replicas: ks.Replicas, Versions: ks.Versions, Drained: ks.Drained}
 }
 
 var (

@@ -328,7 +328,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32, 0}
 }
 
 type OwnersRequest struct {
@@ -1084,6 +1084,150 @@ func (x *RateLimitResponse) GetOwner() string {
 	return ""
 }
 
+// KeyRequest names a key for the Admin key calls: request gives name, key
+// and the limits as a check does (inline, in limits, or none for the rule
+// of name); its hits are ignored.
+type KeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Request       *RateLimitRequest      `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyRequest) Reset() {
+	*x = KeyRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyRequest) ProtoMessage() {}
+
+func (x *KeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
+func (*KeyRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *KeyRequest) GetRequest() *RateLimitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+type KeyInspection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// What a check of 0 hits answers now: status, limit, remaining and
+	// reset of the most restrictive limit, and the node that decided it.
+	Peek     *RateLimitResponse `protobuf:"bytes,3,opt,name=peek,proto3" json:"peek,omitempty"`
+	Owner    string             `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`       // the key's owner in the asked node's ring
+	Replicas []string           `protobuf:"bytes,5,rep,name=replicas,proto3" json:"replicas,omitempty"` // the other nodes that hold copies
+	// versions[i]: the version of the owner's record of the key's i-th
+	// limit (0: no record: never counted, or expired); empty when the owner
+	// did not answer.
+	Versions      []uint64 `protobuf:"varint,6,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	Drained       int64    `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"` // DrainKey: the hits the drain consumed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyInspection) Reset() {
+	*x = KeyInspection{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyInspection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyInspection) ProtoMessage() {}
+
+func (x *KeyInspection) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyInspection.ProtoReflect.Descriptor instead.
+func (*KeyInspection) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KeyInspection) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KeyInspection) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyInspection) GetPeek() *RateLimitResponse {
+	if x != nil {
+		return x.Peek
+	}
+	return nil
+}
+
+func (x *KeyInspection) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *KeyInspection) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *KeyInspection) GetVersions() []uint64 {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *KeyInspection) GetDrained() int64 {
+	if x != nil {
+		return x.Drained
+	}
+	return 0
+}
+
 type TopKeysRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	By            TopBy                  `protobuf:"varint,1,opt,name=by,proto3,enum=sluice.v1.TopBy" json:"by,omitempty"`
@@ -1094,7 +1238,7 @@ type TopKeysRequest struct {
 
 func (x *TopKeysRequest) Reset() {
 	*x = TopKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1250,7 @@ func (x *TopKeysRequest) String() string {
 func (*TopKeysRequest) ProtoMessage() {}
 
 func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1263,7 @@ func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
 func (*TopKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TopKeysRequest) GetBy() TopBy {
@@ -1146,7 +1290,7 @@ type TopKeysResponse struct {
 
 func (x *TopKeysResponse) Reset() {
 	*x = TopKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1302,7 @@ func (x *TopKeysResponse) String() string {
 func (*TopKeysResponse) ProtoMessage() {}
 
 func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1315,7 @@ func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
 func (*TopKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TopKeysResponse) GetNode() string {
@@ -1208,7 +1352,7 @@ type TopKey struct {
 
 func (x *TopKey) Reset() {
 	*x = TopKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1364,7 @@ func (x *TopKey) String() string {
 func (*TopKey) ProtoMessage() {}
 
 func (x *TopKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1377,7 @@ func (x *TopKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKey.ProtoReflect.Descriptor instead.
 func (*TopKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TopKey) GetName() string {
@@ -1286,7 +1430,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1442,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1455,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 type StatusResponse struct {
@@ -1366,7 +1510,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1522,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1535,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1594,7 +1738,7 @@ type MemberEvent struct {
 
 func (x *MemberEvent) Reset() {
 	*x = MemberEvent{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1750,7 @@ func (x *MemberEvent) String() string {
 func (*MemberEvent) ProtoMessage() {}
 
 func (x *MemberEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1763,7 @@ func (x *MemberEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberEvent.ProtoReflect.Descriptor instead.
 func (*MemberEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MemberEvent) GetUnixMs() int64 {
@@ -1676,7 +1820,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1832,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1845,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Member) GetName() string {
@@ -1822,7 +1966,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1978,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1991,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ForwardRequest) GetRequests() []*RateLimitRequest {
@@ -1908,7 +2052,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2064,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2077,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
@@ -1978,7 +2122,7 @@ type LeaseGrant struct {
 
 func (x *LeaseGrant) Reset() {
 	*x = LeaseGrant{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2134,7 @@ func (x *LeaseGrant) String() string {
 func (*LeaseGrant) ProtoMessage() {}
 
 func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2147,7 @@ func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
 func (*LeaseGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaseGrant) GetIndex() uint32 {
@@ -2050,7 +2194,7 @@ type RegionLink struct {
 
 func (x *RegionLink) Reset() {
 	*x = RegionLink{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2206,7 @@ func (x *RegionLink) String() string {
 func (*RegionLink) ProtoMessage() {}
 
 func (x *RegionLink) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2219,7 @@ func (x *RegionLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLink.ProtoReflect.Descriptor instead.
 func (*RegionLink) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegionLink) GetRegion() string {
@@ -2138,7 +2282,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2294,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2307,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReturnRequest) GetFrom() string {
@@ -2200,7 +2344,7 @@ type LeaseReturn struct {
 
 func (x *LeaseReturn) Reset() {
 	*x = LeaseReturn{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2356,7 @@ func (x *LeaseReturn) String() string {
 func (*LeaseReturn) ProtoMessage() {}
 
 func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2369,7 @@ func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
 func (*LeaseReturn) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LeaseReturn) GetRequest() *RateLimitRequest {
@@ -2258,7 +2402,7 @@ type RegionGrantRequest struct {
 
 func (x *RegionGrantRequest) Reset() {
 	*x = RegionGrantRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +2414,7 @@ func (x *RegionGrantRequest) String() string {
 func (*RegionGrantRequest) ProtoMessage() {}
 
 func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +2427,7 @@ func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantRequest.ProtoReflect.Descriptor instead.
 func (*RegionGrantRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegionGrantRequest) GetFrom() string {
@@ -2344,7 +2488,7 @@ type RegionAsk struct {
 
 func (x *RegionAsk) Reset() {
 	*x = RegionAsk{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2500,7 @@ func (x *RegionAsk) String() string {
 func (*RegionAsk) ProtoMessage() {}
 
 func (x *RegionAsk) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2513,7 @@ func (x *RegionAsk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionAsk.ProtoReflect.Descriptor instead.
 func (*RegionAsk) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegionAsk) GetRequest() *RateLimitRequest {
@@ -2409,7 +2553,7 @@ type RegionGrantResponse struct {
 
 func (x *RegionGrantResponse) Reset() {
 	*x = RegionGrantResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2565,7 @@ func (x *RegionGrantResponse) String() string {
 func (*RegionGrantResponse) ProtoMessage() {}
 
 func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2578,7 @@ func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantResponse.ProtoReflect.Descriptor instead.
 func (*RegionGrantResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegionGrantResponse) GetRegion() string {
@@ -2469,7 +2613,7 @@ type ReturnResponse struct {
 
 func (x *ReturnResponse) Reset() {
 	*x = ReturnResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2625,7 @@ func (x *ReturnResponse) String() string {
 func (*ReturnResponse) ProtoMessage() {}
 
 func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2638,7 @@ func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
 func (*ReturnResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReturnResponse) GetTaken() []int64 {
@@ -2523,7 +2667,7 @@ type DecidedRequest struct {
 
 func (x *DecidedRequest) Reset() {
 	*x = DecidedRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2679,7 @@ func (x *DecidedRequest) String() string {
 func (*DecidedRequest) ProtoMessage() {}
 
 func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2692,7 @@ func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
 func (*DecidedRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DecidedRequest) GetFrom() string {
@@ -2606,7 +2750,7 @@ type DecidedResponse struct {
 
 func (x *DecidedResponse) Reset() {
 	*x = DecidedResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2762,7 @@ func (x *DecidedResponse) String() string {
 func (*DecidedResponse) ProtoMessage() {}
 
 func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2775,7 @@ func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedResponse.ProtoReflect.Descriptor instead.
 func (*DecidedResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DecidedResponse) GetHashes() []uint64 {
@@ -2682,7 +2826,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2838,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2851,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -2760,7 +2904,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2916,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2929,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -2829,7 +2973,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +2985,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +2998,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Counter) GetName() string {
@@ -2897,7 +3041,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3053,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3066,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -2964,7 +3108,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3120,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3133,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -3023,7 +3167,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3179,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3192,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CounterKey) GetName() string {
@@ -3084,7 +3228,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3096,7 +3240,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3253,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -3173,7 +3317,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3185,7 +3329,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3198,7 +3342,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -3235,7 +3379,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3247,7 +3391,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3260,7 +3404,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -3355,7 +3499,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x04 \x01(\x03R\fresetAfterMs\x12$\n" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
-	"\x05owner\x18\a \x01(\tR\x05owner\"H\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"C\n" +
+	"\n" +
+	"KeyRequest\x125\n" +
+	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"\xcf\x01\n" +
+	"\rKeyInspection\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x120\n" +
+	"\x04peek\x18\x03 \x01(\v2\x1c.sluice.v1.RateLimitResponseR\x04peek\x12\x14\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x1a\n" +
+	"\breplicas\x18\x05 \x03(\tR\breplicas\x12\x1a\n" +
+	"\bversions\x18\x06 \x03(\x04R\bversions\x12\x18\n" +
+	"\adrained\x18\a \x01(\x03R\adrained\"H\n" +
 	"\x0eTopKeysRequest\x12 \n" +
 	"\x02by\x18\x01 \x01(\x0e2\x10.sluice.v1.TopByR\x02by\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\"L\n" +
@@ -3566,10 +3721,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eTOP_BY_REFUSED\x10\x012\x88\x01\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\x88\x01\n" +
+	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\x84\x02\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x12@\n" +
-	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse2\xdd\x03\n" +
+	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse\x12=\n" +
+	"\n" +
+	"InspectKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12;\n" +
+	"\bDrainKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection2\xdd\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
@@ -3592,7 +3750,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: sluice.v1.Algorithm
 	(Status)(0),                 // 1: sluice.v1.Status
@@ -3608,34 +3766,36 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*Limit)(nil),               // 11: sluice.v1.Limit
 	(*CheckResponse)(nil),       // 12: sluice.v1.CheckResponse
 	(*RateLimitResponse)(nil),   // 13: sluice.v1.RateLimitResponse
-	(*TopKeysRequest)(nil),      // 14: sluice.v1.TopKeysRequest
-	(*TopKeysResponse)(nil),     // 15: sluice.v1.TopKeysResponse
-	(*TopKey)(nil),              // 16: sluice.v1.TopKey
-	(*StatusRequest)(nil),       // 17: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),      // 18: sluice.v1.StatusResponse
-	(*MemberEvent)(nil),         // 19: sluice.v1.MemberEvent
-	(*Member)(nil),              // 20: sluice.v1.Member
-	(*ForwardRequest)(nil),      // 21: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 22: sluice.v1.ForwardResponse
-	(*LeaseGrant)(nil),          // 23: sluice.v1.LeaseGrant
-	(*RegionLink)(nil),          // 24: sluice.v1.RegionLink
-	(*ReturnRequest)(nil),       // 25: sluice.v1.ReturnRequest
-	(*LeaseReturn)(nil),         // 26: sluice.v1.LeaseReturn
-	(*RegionGrantRequest)(nil),  // 27: sluice.v1.RegionGrantRequest
-	(*RegionAsk)(nil),           // 28: sluice.v1.RegionAsk
-	(*RegionGrantResponse)(nil), // 29: sluice.v1.RegionGrantResponse
-	(*ReturnResponse)(nil),      // 30: sluice.v1.ReturnResponse
-	(*DecidedRequest)(nil),      // 31: sluice.v1.DecidedRequest
-	(*DecidedResponse)(nil),     // 32: sluice.v1.DecidedResponse
-	(*ForwardEnvelope)(nil),     // 33: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),        // 34: sluice.v1.ForwardReply
-	(*Counter)(nil),             // 35: sluice.v1.Counter
-	(*ReplicateRequest)(nil),    // 36: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 37: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),          // 38: sluice.v1.CounterKey
-	(*PullRequest)(nil),         // 39: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 40: sluice.v1.PullResponse
-	(*PullHolder)(nil),          // 41: sluice.v1.PullHolder
+	(*KeyRequest)(nil),          // 14: sluice.v1.KeyRequest
+	(*KeyInspection)(nil),       // 15: sluice.v1.KeyInspection
+	(*TopKeysRequest)(nil),      // 16: sluice.v1.TopKeysRequest
+	(*TopKeysResponse)(nil),     // 17: sluice.v1.TopKeysResponse
+	(*TopKey)(nil),              // 18: sluice.v1.TopKey
+	(*StatusRequest)(nil),       // 19: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),      // 20: sluice.v1.StatusResponse
+	(*MemberEvent)(nil),         // 21: sluice.v1.MemberEvent
+	(*Member)(nil),              // 22: sluice.v1.Member
+	(*ForwardRequest)(nil),      // 23: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),     // 24: sluice.v1.ForwardResponse
+	(*LeaseGrant)(nil),          // 25: sluice.v1.LeaseGrant
+	(*RegionLink)(nil),          // 26: sluice.v1.RegionLink
+	(*ReturnRequest)(nil),       // 27: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),         // 28: sluice.v1.LeaseReturn
+	(*RegionGrantRequest)(nil),  // 29: sluice.v1.RegionGrantRequest
+	(*RegionAsk)(nil),           // 30: sluice.v1.RegionAsk
+	(*RegionGrantResponse)(nil), // 31: sluice.v1.RegionGrantResponse
+	(*ReturnResponse)(nil),      // 32: sluice.v1.ReturnResponse
+	(*DecidedRequest)(nil),      // 33: sluice.v1.DecidedRequest
+	(*DecidedResponse)(nil),     // 34: sluice.v1.DecidedResponse
+	(*ForwardEnvelope)(nil),     // 35: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),        // 36: sluice.v1.ForwardReply
+	(*Counter)(nil),             // 37: sluice.v1.Counter
+	(*ReplicateRequest)(nil),    // 38: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),   // 39: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),          // 40: sluice.v1.CounterKey
+	(*PullRequest)(nil),         // 41: sluice.v1.PullRequest
+	(*PullResponse)(nil),        // 42: sluice.v1.PullResponse
+	(*PullHolder)(nil),          // 43: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	8,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -3649,53 +3809,59 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	3,  // 8: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
 	13, // 9: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
 	1,  // 10: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	4,  // 11: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
-	16, // 12: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
-	20, // 13: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	19, // 14: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	24, // 15: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
-	10, // 16: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	13, // 17: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	23, // 18: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	26, // 19: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	10, // 20: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	28, // 21: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
-	10, // 22: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
-	23, // 23: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
-	21, // 24: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	22, // 25: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	5,  // 26: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	35, // 27: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	38, // 28: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	35, // 29: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	41, // 30: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	9,  // 31: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	6,  // 32: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	17, // 33: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	14, // 34: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
-	21, // 35: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	36, // 36: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	39, // 37: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	33, // 38: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	25, // 39: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	27, // 40: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	31, // 41: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	12, // 42: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 43: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	18, // 44: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	15, // 45: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
-	22, // 46: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	37, // 47: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	40, // 48: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	34, // 49: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	30, // 50: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	29, // 51: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	32, // 52: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	42, // [42:53] is the sub-list for method output_type
-	31, // [31:42] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	10, // 11: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
+	13, // 12: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
+	4,  // 13: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
+	18, // 14: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
+	22, // 15: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	21, // 16: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
+	26, // 17: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	10, // 18: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	13, // 19: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	25, // 20: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	28, // 21: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	10, // 22: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	30, // 23: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	10, // 24: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	25, // 25: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	23, // 26: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	24, // 27: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	5,  // 28: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	37, // 29: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	40, // 30: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	37, // 31: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	43, // 32: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	9,  // 33: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	6,  // 34: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	19, // 35: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	16, // 36: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
+	14, // 37: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
+	14, // 38: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
+	23, // 39: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	38, // 40: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	41, // 41: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	35, // 42: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	27, // 43: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	29, // 44: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	33, // 45: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	12, // 46: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 47: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	20, // 48: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	17, // 49: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	15, // 50: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
+	15, // 51: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
+	24, // 52: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	39, // 53: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	42, // 54: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	36, // 55: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	32, // 56: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	31, // 57: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	34, // 58: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	46, // [46:59] is the sub-list for method output_type
+	33, // [33:46] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -3710,7 +3876,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

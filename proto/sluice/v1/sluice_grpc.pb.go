@@ -181,8 +181,10 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Admin_Status_FullMethodName  = "/sluice.v1.Admin/Status"
-	Admin_TopKeys_FullMethodName = "/sluice.v1.Admin/TopKeys"
+	Admin_Status_FullMethodName     = "/sluice.v1.Admin/Status"
+	Admin_TopKeys_FullMethodName    = "/sluice.v1.Admin/TopKeys"
+	Admin_InspectKey_FullMethodName = "/sluice.v1.Admin/InspectKey"
+	Admin_DrainKey_FullMethodName   = "/sluice.v1.Admin/DrainKey"
 )
 
 // AdminClient is the client API for Admin service.
@@ -197,6 +199,17 @@ type AdminClient interface {
 	// keeps its own list in bounded memory; `sluice keys top` merges the
 	// members' lists (docs/operations.md, "The heaviest keys").
 	TopKeys(ctx context.Context, in *TopKeysRequest, opts ...grpc.CallOption) (*TopKeysResponse, error)
+	// InspectKey: what a check of a key would see now (status, limit,
+	// remaining, reset), where the key lives (owner and replicas, as the
+	// asked node sees the ring) and the version of the owner's record of
+	// each of its limits. Nothing is counted.
+	InspectKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error)
+	// DrainKey: consume what remains of a key's quota, so that it refuses
+	// until its window or bucket refills; the answer is the inspection
+	// after it. Logged as an audit line naming the caller, and counted in
+	// sluice_key_admin_total. The drain is a decision like any other: it
+	// reaches the key's replicas and store as one.
+	DrainKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error)
 }
 
 type adminClient struct {
@@ -227,6 +240,26 @@ func (c *adminClient) TopKeys(ctx context.Context, in *TopKeysRequest, opts ...g
 	return out, nil
 }
 
+func (c *adminClient) InspectKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInspection)
+	err := c.cc.Invoke(ctx, Admin_InspectKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DrainKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInspection)
+	err := c.cc.Invoke(ctx, Admin_DrainKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -239,6 +272,17 @@ type AdminServer interface {
 	// keeps its own list in bounded memory; `sluice keys top` merges the
 	// members' lists (docs/operations.md, "The heaviest keys").
 	TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error)
+	// InspectKey: what a check of a key would see now (status, limit,
+	// remaining, reset), where the key lives (owner and replicas, as the
+	// asked node sees the ring) and the version of the owner's record of
+	// each of its limits. Nothing is counted.
+	InspectKey(context.Context, *KeyRequest) (*KeyInspection, error)
+	// DrainKey: consume what remains of a key's quota, so that it refuses
+	// until its window or bucket refills; the answer is the inspection
+	// after it. Logged as an audit line naming the caller, and counted in
+	// sluice_key_admin_total. The drain is a decision like any other: it
+	// reaches the key's replicas and store as one.
+	DrainKey(context.Context, *KeyRequest) (*KeyInspection, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -254,6 +298,12 @@ func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*Status
 }
 func (UnimplementedAdminServer) TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TopKeys not implemented")
+}
+func (UnimplementedAdminServer) InspectKey(context.Context, *KeyRequest) (*KeyInspection, error) {
+	return nil, status.Error(codes.Unimplemented, "method InspectKey not implemented")
+}
+func (UnimplementedAdminServer) DrainKey(context.Context, *KeyRequest) (*KeyInspection, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainKey not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -312,6 +362,42 @@ func _Admin_TopKeys_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_InspectKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).InspectKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_InspectKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).InspectKey(ctx, req.(*KeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DrainKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DrainKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DrainKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DrainKey(ctx, req.(*KeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -326,6 +412,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TopKeys",
 			Handler:    _Admin_TopKeys_Handler,
+		},
+		{
+			MethodName: "InspectKey",
+			Handler:    _Admin_InspectKey_Handler,
+		},
+		{
+			MethodName: "DrainKey",
+			Handler:    _Admin_DrainKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
