@@ -45,16 +45,7 @@ func TestCalendarInAZoneAcrossThreeNodes(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	replace(t, path, "rules:\n  - name: daily\n    limits:\n      - {limit: 2, calendar: day, calendar_tz: Pacific/Kiritimati}\n")
-	ps := make([]*proc, 3)
-	for i := range ps {
-		ps[i] = newProc(t, i, "127.0.0.31")
-		ps[i].extra = []string{"--rules", path}
-		if i > 0 {
-			ps[i].join = []string{ps[0].gossip}
-		}
-		ps[i].start(t)
-	}
-	waitMembers(t, ps)
+	ps := startClusterAt(t, "127.0.0.31", 3, "--rules", path)
 	clients := clientsOf(t, ps)
 
 	// check asks node i and verifies the reset against zone's midnight.

@@ -293,6 +293,36 @@ func startCluster(t *testing.T, k int) []*proc {
 	return ps
 }
 
+// startClusterAt starts k nodes on ip, each with the extra flags, the
+// others joining the first, and waits until every node sees every node.
+func startClusterAt(t *testing.T, ip string, k int, extra ...string) []*proc {
+	t.Helper()
+	ps := make([]*proc, k)
+	for i := range ps {
+		ps[i] = newProc(t, i, ip)
+		ps[i].extra = extra
+		if i > 0 {
+			ps[i].join = []string{ps[0].gossip}
+		}
+		ps[i].start(t)
+	}
+	waitMembers(t, ps)
+	return ps
+}
+
+// checkOne sends one check to c and returns its answer; a failed call or
+// an item error fails the test.
+func checkOne(t *testing.T, c *client.Node, req *sluicev1.RateLimitRequest) *sluicev1.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{req}})
+	if err != nil || resp.Responses[0].Error != "" {
+		t.Fatalf("check %s/%s: %v %v", req.Name, req.Key, err, resp)
+	}
+	return resp.Responses[0]
+}
+
 func checkReq(name, key string, hits, limit, windowMS int64) *sluicev1.CheckRequest {
 	return &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
 		Name: name, Key: key, Hits: proto.Int64(hits), Limit: limit, WindowMs: windowMS,

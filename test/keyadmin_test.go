@@ -1,7 +1,6 @@
 package test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"syscall"
@@ -21,27 +20,11 @@ import (
 // because the drain reached the replica as any decision does.
 func TestInspectAndDrainAKeyOnThreeNodes(t *testing.T) {
 	t.Parallel()
-	ps := make([]*proc, 3)
-	for i := range ps {
-		ps[i] = newProc(t, i, "127.0.0.33")
-		if i > 0 {
-			ps[i].join = []string{ps[0].gossip}
-		}
-		ps[i].start(t)
-	}
-	waitMembers(t, ps)
+	ps := startClusterAt(t, "127.0.0.33", 3)
 	clients := clientsOf(t, ps)
 	check := func(node int) *sluicev1.RateLimitResponse {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		resp, err := clients[node].Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
-			Name: "admin", Key: "k", Hits: proto.Int64(1), Limit: 10, WindowMs: 3_600_000,
-			Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET}}})
-		if err != nil || resp.Responses[0].Error != "" {
-			t.Fatalf("check on %s: %v %v", ps[node].name, err, resp)
-		}
-		return resp.Responses[0]
+		return checkOne(t, clients[node], &sluicev1.RateLimitRequest{Name: "admin", Key: "k", Hits: proto.Int64(1), Limit: 10,
+			WindowMs: 3_600_000, Algorithm: sluicev1.Algorithm_ALGORITHM_TOKEN_BUCKET})
 	}
 	for i := range 3 {
 		check(i)

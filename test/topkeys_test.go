@@ -1,7 +1,6 @@
 package test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,26 +22,10 @@ import (
 // still answers from the others, naming the one that did not answer.
 func TestTopKeysAcrossThreeNodes(t *testing.T) {
 	t.Parallel()
-	ps := make([]*proc, 3)
-	for i := range ps {
-		ps[i] = newProc(t, i, "127.0.0.32")
-		if i > 0 {
-			ps[i].join = []string{ps[0].gossip}
-		}
-		ps[i].start(t)
-	}
-	waitMembers(t, ps)
+	ps := startClusterAt(t, "127.0.0.32", 3)
 	clients := clientsOf(t, ps)
 	check := func(node int, key string, limit int64) *sluicev1.RateLimitResponse {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		resp, err := clients[node].Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{{
-			Name: "top", Key: key, Hits: proto.Int64(1), Limit: limit, WindowMs: 3_600_000}}})
-		if err != nil || resp.Responses[0].Error != "" {
-			t.Fatalf("check %s on %s: %v %v", key, ps[node].name, err, resp)
-		}
-		return resp.Responses[0]
+		return checkOne(t, clients[node], &sluicev1.RateLimitRequest{Name: "top", Key: key, Hits: proto.Int64(1), Limit: limit, WindowMs: 3_600_000})
 	}
 	owners := map[string]string{}
 	for i := range 30 {

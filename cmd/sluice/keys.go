@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/sluicehq/sluice/client"
 	"github.com/sluicehq/sluice/cluster/hitters"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
@@ -63,13 +65,9 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	opts, err := sec.dialOptions()
+	c, _, err := dialAdmin(*addr, &sec)
 	if err != nil {
 		return err
-	}
-	c, err := client.Dial(*addr, opts...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
 	}
 	defer c.Close()
 	cctx, cancel := context.WithTimeout(ctx, *timeout)
@@ -108,6 +106,20 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		fmt.Fprintf(stdout, "versions: %v (0: no record)\n", ins.Versions)
 	}
 	return nil
+}
+
+// dialAdmin connects to the node at addr for Admin calls, with sec's TLS
+// or gossip-key proofs, and returns the dial options for its members too.
+func dialAdmin(addr string, sec *clientFlags) (*client.Node, []grpc.DialOption, error) {
+	opts, err := sec.dialOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := client.Dial(addr, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", addr, err)
+	}
+	return c, opts, nil
 }
 
 // topKey is one line of `sluice keys top --json`.
@@ -149,13 +161,9 @@ func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *limit < 1 || *limit > transport.MaxTopKeys {
 		return fmt.Errorf("--limit %d: want 1..%d", *limit, transport.MaxTopKeys)
 	}
-	opts, err := sec.dialOptions()
+	c, opts, err := dialAdmin(*addr, &sec)
 	if err != nil {
 		return err
-	}
-	c, err := client.Dial(*addr, opts...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
 	}
 	defer c.Close()
 	cctx, cancel := context.WithTimeout(ctx, *timeout)

@@ -30,13 +30,9 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	opts, err := sec.dialOptions()
+	c, opts, err := dialAdmin(*addr, &sec)
 	if err != nil {
 		return err
-	}
-	c, err := client.Dial(*addr, opts...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
 	}
 	defer c.Close()
 	cctx, cancel := context.WithTimeout(ctx, *timeout)
