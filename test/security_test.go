@@ -272,11 +272,25 @@ func TestMTLSCluster(t *testing.T) {
 	_, attempts["Peer/Replicate"] = peerRPC.Replicate(ctx, resetAttack(t, "victim"))
 	_, attempts["Peer/Pull"] = peerRPC.Pull(ctx, &sluicev1.PullRequest{From: "attacker", Cluster: t.Name(), Keys: []*sluicev1.CounterKey{{Name: "sec", Key: "victim"}}, Release: true, ReleaseTtlMs: 60000})
 	_, attempts["Peer/Forward"] = peerRPC.Forward(ctx, &sluicev1.ForwardRequest{From: "attacker", Cluster: t.Name(), StandIn: true, Requests: exactReq("victim", 1, 1000).Requests})
-	_, attempts["Admin/Status"] = sluicev1.NewAdminClient(apiConn).Status(ctx, &sluicev1.StatusRequest{})
+	adminRPC := sluicev1.NewAdminClient(apiConn)
+	_, attempts["Admin/Status"] = adminRPC.Status(ctx, &sluicev1.StatusRequest{})
+	_, attempts["Admin/TopKeys"] = adminRPC.TopKeys(ctx, &sluicev1.TopKeysRequest{})
+	_, attempts["Admin/InspectKey"] = adminRPC.InspectKey(ctx, &sluicev1.KeyRequest{Request: exactReq("victim", 1, limit).Requests[0]})
+	_, attempts["Admin/DrainKey"] = adminRPC.DrainKey(ctx, &sluicev1.KeyRequest{Request: exactReq("other", 1, limit).Requests[0]})
 	for what, err := range attempts {
 		if status.Code(err) != codes.PermissionDenied {
 			t.Errorf("%s with an API client certificate: %v, want PermissionDenied", what, err)
 		}
+	}
+
+	// With a certificate of the node CA, a drain is answered, and the audit
+	// line names the certificate.
+	drained, err := sluicev1.NewAdminClient(dial(t, ps[0].grpc, admin).Conn()).DrainKey(ctx, &sluicev1.KeyRequest{Request: exactReq("drained", 1, limit).Requests[0]})
+	if err != nil || drained.Drained != limit {
+		t.Fatalf("DrainKey with a node CA certificate: %v, %v; want %d drained", drained, err, limit)
+	}
+	if l := ps[0].log.String(); !strings.Contains(l, `msg="audit: key drained" name=sec key=drained caller="certificate CN=`) {
+		t.Errorf("no audit line naming the certificate for the drain in %s's log", ps[0].name)
 	}
 
 	// The operator pages need a node certificate; pprof is off by default.
