@@ -68,7 +68,7 @@ func TestTopKeysAcrossThreeNodes(t *testing.T) {
 		t.Fatalf("--by most: exit %d, %s", code, out)
 	}
 
-	// The owner of hot shows it in its metric and on its status page.
+	// The nodes' metrics and the owner's status page show hot.
 	var owner *proc
 	for _, p := range ps {
 		if p.name == owners["hot"] {
@@ -78,8 +78,15 @@ func TestTopKeysAcrossThreeNodes(t *testing.T) {
 	if owner == nil {
 		t.Fatalf("owner %q of hot is not a node", owners["hot"])
 	}
-	if v := metric(t, owner, `sluice_top_key_hits{by="admitted",key="hot",name="top"}`); v != 30 {
-		t.Fatalf("sluice_top_key_hits of hot on its owner %s: %v, want 30", owner.name, v)
+	// A node answering hot from a quota lease counts those hits itself
+	// (hot keys, 200 a second from one node by default): the nodes' series
+	// add up to the 30.
+	var hot float64
+	for _, p := range ps {
+		hot += scrape(t, "http://"+p.http+"/metrics")[`sluice_top_key_hits{by="admitted",key="hot",name="top"}`]
+	}
+	if hot != 30 {
+		t.Fatalf("sluice_top_key_hits of hot, added over the nodes: %v, want 30", hot)
 	}
 	resp, err := http.Get("http://" + owner.http + "/?format=text")
 	if err != nil {
@@ -87,7 +94,7 @@ func TestTopKeysAcrossThreeNodes(t *testing.T) {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(page), `"top"                    "hot"                    admitted 30  refused 0`) {
+	if !strings.Contains(string(page), `"top"                    "hot"                    admitted `) {
 		t.Fatalf("status page of %s does not list hot:\n%s", owner.name, page)
 	}
 
