@@ -68,14 +68,20 @@ func TestPausedOwnerOnRealHosts(t *testing.T) {
 	pre, in, post := phases(h, pausedAt, resumedAt)
 	// Per key: the hits x admitted since its last replication (measured
 	// from the first answer decided without it) and the admissions of
-	// stand-ins (crashBound; no return to judge strays after: x decides
-	// again after the resume, as the key's owner).
+	// stand-ins, those of calls that began before the pause included
+	// (early: a forward to x that timed out once x stopped; crashBound; no
+	// return to judge strays after: x decides again after the resume, as
+	// the key's owner).
 	b := crashBound(h, owner, next, x, pausedAt, time.Duration(1<<62), limit)
 	for _, k := range b.noAnswer {
 		t.Errorf("key %d (owned by %s): no answer decided without it during the pause", k, x.Name)
 	}
-	unreplicated, standIn := b.unreplicated, b.standIn
-	sumUnrep, sumStandIn, owned := b.sumUnrep, b.sumStandIn, b.owned
+	unreplicated := b.unreplicated
+	standIn := make([]int, keys) // after the pause and before it (early)
+	for k := range standIn {
+		standIn[k] = b.standIn[k] + b.early[k]
+	}
+	sumUnrep, sumStandIn, owned := b.sumUnrep, b.sumStandIn+b.sumEarly, b.owned
 	t.Logf("paused %s for %v (limit %d, %d keys of %d owned by it); bound per key = limit + hits it admitted since its last replication + stand-in admissions: %d unreplicated hits over its keys, %d stand-in admissions over all keys",
 		x.Name, (resumedAt - pausedAt).Round(time.Millisecond), limit, owned, keys, sumUnrep, sumStandIn)
 	t.Logf("before: %v", statsOf(pre))
