@@ -50,7 +50,9 @@ func (n *Node) InspectKey(ctx context.Context, r check.Request) (KeyState, error
 // of its limits), as checks of that many hits decided by the key's owner,
 // never from a lease this node holds, so that the key refuses until its
 // window or bucket refills; it reports the key as InspectKey does after
-// the drain. A key refusing already drains nothing.
+// the drain. A key refusing already drains nothing; a soft or elastic
+// limit keeps its headroom over the limit (Remaining counts against the
+// limit itself).
 func (n *Node) DrainKey(ctx context.Context, r check.Request) (KeyState, error) {
 	var ks KeyState
 	for range maxDrainRounds {
