@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
@@ -257,4 +258,18 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.shutErr = errors.Join(errs...)
 	})
 	return n.shutErr
+}
+
+// refusedAll answers every item with the refusal when this node gave up
+// joining (its name is taken): it is no member, neither deciding nor
+// forwarding, so its clients learn it at once.
+func (n *Node) refusedAll(out []check.Outcome) bool {
+	err := n.refusal()
+	if err == nil {
+		return false
+	}
+	for i := range out {
+		out[i] = check.Outcome{Owner: n.name, Err: err.Error()}
+	}
+	return true
 }

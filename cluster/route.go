@@ -105,20 +105,6 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 	}
 }
 
-// refusedAll answers every item with the refusal when this node gave up
-// joining (its name is taken): it is no member, neither deciding nor
-// forwarding, so its clients learn it at once.
-func (n *Node) refusedAll(out []check.Outcome) bool {
-	err := n.refusal()
-	if err == nil {
-		return false
-	}
-	for i := range out {
-		out[i] = check.Outcome{Owner: n.name, Err: err.Error()}
-	}
-	return true
-}
-
 // CheckForwarded decides reqs that the node from forwarded here because it
 // sees this node as their owner. A request is never forwarded again: when
 // this node sees another node as the key's owner (the two views differ
