@@ -41,23 +41,14 @@ func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 // keysOne is `sluice keys inspect|drain`: the key and its limits as for
 // `sluice check` (none: the rule for --name), one Admin call.
 func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sluice keys "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
+	a := newAdminCmd("sluice keys "+cmd, "print the answer as protobuf JSON", "deadline of the call", stderr)
 	var cf checkFlags
-	cf.register(fs)
-	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
-	var sec clientFlags
-	sec.register(fs, true)
-	if err := parseWithEnv(fs, args); err != nil {
+	cf.register(a.fs)
+	if err := a.parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	a.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if !set["name"] || !set["key"] {
 		return errors.New("--name and --key are required")
 	}
@@ -65,12 +56,12 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	c, _, err := dialAdmin(*addr, &sec)
+	c, _, err := a.dial()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *timeout)
+	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
 	defer cancel()
 	call := c.InspectKey
 	if cmd == "drain" {
@@ -78,9 +69,9 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	}
 	ins, err := call(cctx, &sluicev1.KeyRequest{Request: req})
 	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
+		return fmt.Errorf("%s: %w", *a.addr, err)
 	}
-	if *asJSON {
+	if *a.asJSON {
 		b, err := jsonOut.Marshal(ins)
 		if err != nil {
 			return err
@@ -108,16 +99,51 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	return nil
 }
 
-// dialAdmin connects to the node at addr for Admin calls, with sec's TLS
-// or gossip-key proofs, and returns the dial options for its members too.
-func dialAdmin(addr string, sec *clientFlags) (*client.Node, []grpc.DialOption, error) {
-	opts, err := sec.dialOptions()
+// adminCmd is what every Admin command shares: its flag set with --addr,
+// --json, --timeout and the client security flags, and the connection.
+type adminCmd struct {
+	fs      *flag.FlagSet
+	addr    *string
+	asJSON  *bool
+	timeout *time.Duration
+	sec     clientFlags
+}
+
+// newAdminCmd makes the flag set of the command name; the caller adds the
+// command's own flags to a.fs before parse.
+func newAdminCmd(name, jsonHelp, timeoutHelp string, stderr io.Writer) *adminCmd {
+	a := &adminCmd{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	a.fs.SetOutput(stderr)
+	a.addr = a.fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
+	a.asJSON = a.fs.Bool("json", false, jsonHelp)
+	a.timeout = a.fs.Duration("timeout", 5*time.Second, timeoutHelp)
+	a.sec.register(a.fs, true)
+	return a
+}
+
+// parse reads args (and the environment) into the flags; arguments other
+// than flags are refused.
+func (a *adminCmd) parse(args []string) error {
+	if err := parseWithEnv(a.fs, args); err != nil {
+		return err
+	}
+	if a.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", a.fs.Arg(0))
+	}
+	return nil
+}
+
+// dial connects to --addr for Admin calls, with the TLS or gossip-key
+// proofs of the security flags, and returns the dial options for the
+// other members too.
+func (a *adminCmd) dial() (*client.Node, []grpc.DialOption, error) {
+	opts, err := a.sec.dialOptions()
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := client.Dial(addr, opts...)
+	c, err := client.Dial(*a.addr, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", addr, err)
+		return nil, nil, fmt.Errorf("%s: %w", *a.addr, err)
 	}
 	return c, opts, nil
 }
@@ -134,20 +160,11 @@ type topKey struct {
 // its heaviest keys and prints the merge: a key's hits on every node
 // added, the heaviest --limit by --by.
 func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sluice keys top", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
-	byName := fs.String("by", "admitted", "admitted|refused: the hits the keys are ranked by")
-	limit := fs.Int("limit", transport.DefaultTopKeys, fmt.Sprintf("how many keys (1..%d)", transport.MaxTopKeys))
-	asJSON := fs.Bool("json", false, "print a JSON array of {name, key, admitted, refused}")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of each call")
-	var sec clientFlags
-	sec.register(fs, true)
-	if err := parseWithEnv(fs, args); err != nil {
+	a := newAdminCmd("sluice keys top", "print a JSON array of {name, key, admitted, refused}", "deadline of each call", stderr)
+	byName := a.fs.String("by", "admitted", "admitted|refused: the hits the keys are ranked by")
+	limit := a.fs.Int("limit", transport.DefaultTopKeys, fmt.Sprintf("how many keys (1..%d)", transport.MaxTopKeys))
+	if err := a.parse(args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var by sluicev1.TopBy
 	var order hitters.By
@@ -161,16 +178,16 @@ func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *limit < 1 || *limit > transport.MaxTopKeys {
 		return fmt.Errorf("--limit %d: want 1..%d", *limit, transport.MaxTopKeys)
 	}
-	c, opts, err := dialAdmin(*addr, &sec)
+	c, opts, err := a.dial()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *timeout)
+	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
 	st, err := c.Status(cctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
+		return fmt.Errorf("%s: %w", *a.addr, err)
 	}
 	// Each key is decided by its owner, so each node's own top --limit
 	// holds every key of the cluster's (stand-in decisions aside).
@@ -187,29 +204,29 @@ func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			continue
 		}
 		wg.Go(func() {
-			a := answer{member: m.Name}
-			defer func() { mu.Lock(); answers = append(answers, a); mu.Unlock() }()
+			an := answer{member: m.Name}
+			defer func() { mu.Lock(); answers = append(answers, an); mu.Unlock() }()
 			mc, err := client.Dial(m.GrpcAddr, opts...)
 			if err != nil {
-				a.err = err
+				an.err = err
 				return
 			}
 			defer mc.Close()
-			cctx, cancel := context.WithTimeout(ctx, *timeout)
+			cctx, cancel := context.WithTimeout(ctx, *a.timeout)
 			defer cancel()
-			a.resp, a.err = mc.TopKeys(cctx, &sluicev1.TopKeysRequest{By: by, Limit: int32(*limit)})
+			an.resp, an.err = mc.TopKeys(cctx, &sluicev1.TopKeysRequest{By: by, Limit: int32(*limit)})
 		})
 	}
 	wg.Wait()
 	merged := map[[2]string]*hitters.Hitter{}
 	answered := 0
-	for _, a := range answers {
-		if a.err != nil {
-			fmt.Fprintf(stderr, "sluice keys top: %s did not answer (its keys are missing): %v\n", a.member, a.err)
+	for _, an := range answers {
+		if an.err != nil {
+			fmt.Fprintf(stderr, "sluice keys top: %s did not answer (its keys are missing): %v\n", an.member, an.err)
 			continue
 		}
 		answered++
-		for _, k := range a.resp.Keys {
+		for _, k := range an.resp.Keys {
 			h := merged[[2]string{k.Name, k.Key}]
 			if h == nil {
 				h = &hitters.Hitter{Name: k.Name, Key: k.Key}
@@ -230,7 +247,7 @@ func keysTop(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	hitters.SortBy(list, order)
 	list = list[:min(*limit, len(list))]
-	if *asJSON {
+	if *a.asJSON {
 		out := make([]topKey, len(list))
 		for i, h := range list {
 			out[i] = topKey{Name: h.Name, Key: h.Key, Admitted: h.Admitted, Refused: h.Refused}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"sync"
@@ -17,32 +16,23 @@ import (
 )
 
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sluice status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of any node")
-	asJSON := fs.Bool("json", false, "print the status as JSON")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
-	var sec clientFlags
-	sec.register(fs, true)
-	if err := parseWithEnv(fs, args); err != nil {
+	a := newAdminCmd("sluice status", "print the status as JSON", "deadline of the call", stderr)
+	if err := a.parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	c, opts, err := dialAdmin(*addr, &sec)
+	c, opts, err := a.dial()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *timeout)
+	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
 	defer cancel()
 	st, err := c.Status(cctx)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *addr, err)
+		return fmt.Errorf("%s: %w", *a.addr, err)
 	}
-	fillFromMembers(ctx, st, *timeout, opts)
-	if *asJSON {
+	fillFromMembers(ctx, st, *a.timeout, opts)
+	if *a.asJSON {
 		b, err := jsonOut.Marshal(st)
 		if err != nil {
 			return err
