@@ -27,12 +27,14 @@ import "math"
 // sides × limit (TestMergeIsAtLeastAsStrict checks it against Decide).
 //
 // For the token bucket and the sliding-window counters, and when either
-// copy is fresh or the algorithms differ, it returns false and the caller
-// keeps its own rule: the newer version wins. (A token bucket's level can
+// copy is fresh or the algorithms or the epochs differ, it returns false
+// and the caller keeps its own rule: the newer version wins. (Copies of
+// different epochs are on either side of a Reset: the larger count is the
+// one the reset forgot.) (A token bucket's level can
 // only be compared at one time with its refill rate, which the state does
 // not hold; the sliding-window counter is approximate by design.)
 func Merge(a, b State) (State, bool) {
-	if a.Algorithm != b.Algorithm {
+	if a.Algorithm != b.Algorithm || a.Epoch != b.Epoch {
 		return State{}, false
 	}
 	switch a.Algorithm {
@@ -166,4 +168,20 @@ func sameVals(a, b []int64) bool {
 		}
 	}
 	return true
+}
+
+// MaxEpoch is the largest State.Epoch; Reset wraps around to 0 after it.
+const MaxEpoch = 15
+
+// Reset forgets what s counted: a decision on the result is one on a fresh
+// counter (the full quota, a full bucket). The result is not fresh before
+// s's own Expires, so that it is kept, copied to replicas and outranks
+// (by version) every copy of the count it forgot until those expire too,
+// and its Epoch is the next one, so that no copy of the forgotten count
+// is merged into it (Merge). A fresh s is returned unchanged.
+func Reset(s State, now int64) State {
+	if s.Fresh(now) {
+		return s
+	}
+	return State{Algorithm: s.Algorithm, Epoch: (s.Epoch + 1) & MaxEpoch, Expires: s.Expires}
 }

@@ -21,6 +21,13 @@ package bucket
 // nothing back (they are never leased). The caller guarantees that the hits
 // were admitted into this state and are no longer spendable.
 func Refund(s *State, lim *Limit, hits, grantedAt, now int64) int64 {
+	epoch := s.Epoch
+	back := refund(s, lim, hits, grantedAt, now)
+	s.Epoch = epoch
+	return back
+}
+
+func refund(s *State, lim *Limit, hits, grantedAt, now int64) int64 {
 	if hits <= 0 || grantedAt < 0 || lim.WindowMS < MinWindowMS || lim.Mode != ModeHard || lim.CountRefused {
 		return 0
 	}

@@ -25,8 +25,13 @@ import (
 // sub-window counts). An Ext is never modified once a State holds it —
 // Decide replaces the pointer — so copies of a State may be kept and read
 // without the lock that guards the original, and State stays comparable.
+//
+// Epoch counts the resets of the counter (Reset), modulo MaxEpoch+1:
+// copies of different epochs are not merged (Merge), the newer version
+// wins. Decide keeps it.
 type State struct {
 	Algorithm Algorithm
+	Epoch     uint8
 	Start     int64
 	Count     int64
 	Prev      int64
@@ -101,6 +106,13 @@ func DecideWith(s *State, lim *Limit, hits, now int64, load float64) Decision {
 // written one by one stalls the processor's store forwarding, which cost
 // this path half its time.) It does not keep lim.
 func DecideTo(out *Decision, s *State, lim *Limit, hits, now int64, load float64) {
+	// The algorithms write whole states; the epoch is not theirs.
+	epoch := s.Epoch
+	decideTo(out, s, lim, hits, now, load)
+	s.Epoch = epoch
+}
+
+func decideTo(out *Decision, s *State, lim *Limit, hits, now int64, load float64) {
 	if lim.WindowMS < MinWindowMS {
 		// Not a valid limit: refuse rather than divide by zero.
 		*out = Decision{Status: OverLimit, Limit: lim.Limit}
@@ -291,6 +303,14 @@ func Combine(ds []Decision) Decision {
 // version 1): every state of a fixed-size algorithm.
 const EncodedSize = 2 + 4*8
 
+// The second byte of an encoded State holds the Algorithm in its low four
+// bits and the Epoch in its high four: a state that was never reset
+// encodes as before epochs existed.
+const (
+	algorithmMask = 0x0f
+	epochShift    = 4
+)
+
 // Encoding versions, the first byte of an encoded State.
 const (
 	encodingVersion    = 1 // fixed size: EncodedSize bytes
@@ -316,7 +336,7 @@ func (s State) AppendBinary(b []byte) ([]byte, error) {
 	if s.Ext != nil {
 		v = encodingVersionExt
 	}
-	b = append(b, v, byte(s.Algorithm))
+	b = append(b, v, byte(s.Algorithm)|s.Epoch<<epochShift)
 	b = binary.BigEndian.AppendUint64(b, uint64(s.Start))
 	b = binary.BigEndian.AppendUint64(b, uint64(s.Count))
 	b = binary.BigEndian.AppendUint64(b, uint64(s.Prev))
@@ -358,7 +378,8 @@ func (s *State) UnmarshalBinary(b []byte) error {
 		return fmt.Errorf("%w: encoding version %d, want 1 or 2", ErrBadState, b[0])
 	}
 	v := State{
-		Algorithm: Algorithm(b[1]),
+		Algorithm: Algorithm(b[1] & algorithmMask),
+		Epoch:     b[1] >> epochShift,
 		Start:     int64(binary.BigEndian.Uint64(b[2:])),
 		Count:     int64(binary.BigEndian.Uint64(b[10:])),
 		Prev:      int64(binary.BigEndian.Uint64(b[18:])),

@@ -84,6 +84,12 @@ func (n *Node) DrainKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev
 	return n.admin.DrainKey(ctx, req)
 }
 
+// ResetKey asks the node to forget a key's counts, so that it has its full
+// quota again (an Admin call, logged by the node as an audit line).
+func (n *Node) ResetKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
+	return n.admin.ResetKey(ctx, req)
+}
+
 // Conn is the underlying connection, for other services on the same node
 // (health, reflection).
 func (n *Node) Conn() *grpc.ClientConn { return n.conn }

@@ -1,7 +1,8 @@
 package cluster
 
-// Key administration (Admin/InspectKey, Admin/DrainKey): what a key's
-// check would see, where the key lives, and draining its quota.
+// Key administration (Admin/InspectKey, DrainKey, ResetKey): what a key's
+// check would see, where the key lives, draining its quota and resetting
+// it.
 
 import (
 	"context"
@@ -66,7 +67,7 @@ func (n *Node) DrainKey(ctx context.Context, r check.Request) (KeyState, error) 
 		d := r
 		d.Hits = left
 		out := []check.Outcome{{}}
-		n.check(ctx, []check.Request{d}, out, false)
+		n.check(ctx, []check.Request{d}, out, true)
 		if out[0].Err != "" {
 			return ks, errors.New(out[0].Err)
 		}
@@ -81,11 +82,32 @@ func (n *Node) DrainKey(ctx context.Context, r check.Request) (KeyState, error) 
 	return ks, nil
 }
 
+// ResetKey forgets r's key's counts, all its limits', so that it has its
+// full quota again (bucket.Reset), and reports the key as InspectKey does
+// after the reset. The reset is decided as a check is, by the key's owner
+// (or its replica standing in for it), never from a lease; it reaches the
+// replicas and the store as a decision does, and no copy of the forgotten
+// count merges back into it. Quota leases other nodes hold on the key
+// stay theirs to spend (docs/operations.md).
+func (n *Node) ResetKey(ctx context.Context, r check.Request) (KeyState, error) {
+	var ks KeyState
+	rr := r
+	rr.Hits, rr.Reset = 0, true
+	out := []check.Outcome{{}}
+	n.check(ctx, []check.Request{rr}, out, true)
+	if out[0].Err != "" {
+		return ks, errors.New(out[0].Err)
+	}
+	ks.Peek = out[0]
+	n.locate(ctx, r, &ks)
+	return ks, nil
+}
+
 // peek decides a check of 0 hits of r's key into ks.Peek.
 func (n *Node) peek(ctx context.Context, r check.Request, ks *KeyState) error {
 	r.Hits = 0
 	out := []check.Outcome{{}}
-	n.check(ctx, []check.Request{r}, out, false)
+	n.check(ctx, []check.Request{r}, out, true)
 	ks.Peek = out[0]
 	if out[0].Err != "" {
 		return errors.New(out[0].Err)

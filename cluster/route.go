@@ -27,6 +27,9 @@ import (
 // changes nothing and does not block; the HTTP API asks it about every item
 // of a batch before deciding any.
 func (n *Node) ValidateCheck(r *check.Request) error {
+	if r.Reset {
+		return errors.New(errResetNotACheck)
+	}
 	var o check.Outcome
 	if _, ok := n.prepare(r, false, &o); !ok {
 		return errors.New(o.Err)
@@ -38,14 +41,19 @@ func (n *Node) ValidateCheck(r *check.Request) error {
 // validated, then decided here when this node owns its key, or forwarded to
 // its owner, one call per owner. Invalid requests get their own Err and do
 // not affect the others.
+// A request with Reset is refused: Node.ResetKey resets keys.
 func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
-	n.check(ctx, reqs, out, true)
+	n.check(ctx, reqs, out, false)
 }
 
-// check is Check; without leases, a key another node owns is always asked
-// of its owner, never decided from a quota lease this node holds
-// (DrainKey: draining a lease would leave the owner's count as it was).
-func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outcome, leases bool) {
+// errResetNotACheck refuses a client's check that asks a reset.
+const errResetNotACheck = "reset_key is not a check's: reset a key with Admin/ResetKey (sluice keys reset)"
+
+// check is Check. For admin, the key administration's own checks: a key
+// another node owns is always asked of its owner, never decided from a
+// quota lease this node holds (DrainKey: draining a lease would leave the
+// owner's count as it was), and a request may Reset.
+func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outcome, admin bool) {
 	if n.refusedAll(out) {
 		return
 	}
@@ -62,6 +70,10 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 	var remote, unsettled []routed
 	for i := range reqs {
 		r := &reqs[i]
+		if r.Reset && !admin {
+			out[i] = check.Outcome{Err: errResetNotACheck}
+			continue
+		}
 		lims, ok := n.prepare(r, false, &out[i])
 		if !ok {
 			continue
@@ -85,7 +97,7 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 			}
 			owner = ring.Member{Addr: to}
 		}
-		if leases && n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
+		if !admin && n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
 			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
 			// Decided from a lease the key's owner granted here (or
 			// refused from a refusal lease).
@@ -192,7 +204,7 @@ const (
 // lease when it spent that early, at most half of what is left — and puts
 // it in o.Lease for that node to spend.
 func (n *Node) grant(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, from uint64, now int64, o *check.Outcome) {
-	if o.Err != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
+	if o.Err != "" || r.Reset || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
 	if _, away := n.away(h, lims); away {
@@ -417,7 +429,13 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			o.Owner, o.Err = n.name, abandoned+err.Error()
 			return ""
 		}
-		err := n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+		var err error
+		if r.Reset {
+			err = n.resetCache(h, k, lims, now)
+		}
+		if err == nil {
+			err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+		}
 		if errors.Is(err, writeback.ErrFenced) && !f.Released {
 			// This node had released the key: the step for a released key
 			// says where to point, or to take it back.
@@ -450,6 +468,24 @@ func (n *Node) decideCache(d *bucket.Decision, h uint64, k writeback.Key, lims l
 		*d = all
 	}
 	return err
+}
+
+// resetCache forgets the counts of k's limits in the cache
+// (writeback.Cache.Reset).
+func (n *Node) resetCache(h uint64, k writeback.Key, lims limits, now int64) error {
+	if _, ok := n.away(h, lims); ok {
+		return errors.New("a key whose count another region holds (a global limit) is not reset from here: reset it in its home region")
+	}
+	if len(lims.more) == 0 {
+		_, err := n.cache.Reset(h, k, now)
+		return err
+	}
+	for i := range 1 + len(lims.more) {
+		if _, err := n.cache.Reset(h, writeback.SubKey(k, i), now); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxCrossedPulls is how many times in a row decide takes a key back

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"syscall"
@@ -108,5 +109,95 @@ func TestInspectAndDrainAKeyOnThreeNodes(t *testing.T) {
 		if r := check(i); r.Status != sluicev1.Status_STATUS_OVER_LIMIT {
 			t.Fatalf("after the owner %s was killed, %s admitted a check of the drained key: %v", ins.Owner, ps[i].name, r)
 		}
+	}
+}
+
+// TestResetAKeyOnThreeNodes: on three real nodes, `sluice keys reset`
+// asked of a node that does not own a fixed-window key gives it its full
+// quota again on every node; it is logged as an audit line and counted;
+// a client's check cannot ask a reset; and once the owner is SIGKILLed,
+// its replica admits exactly what the reset left after the hits counted
+// since it, not the forgotten count, which a merge of the two copies of
+// one window would keep (the larger count wins).
+func TestResetAKeyOnThreeNodes(t *testing.T) {
+	t.Parallel()
+	ps := startClusterAt(t, "127.0.0.34", 3)
+	clients := clientsOf(t, ps)
+	const limit, after = 10, 4
+	req := func(hits int64) *sluicev1.RateLimitRequest {
+		return &sluicev1.RateLimitRequest{Name: "admin", Key: "r", Hits: proto.Int64(hits), Limit: limit,
+			WindowMs: 3_600_000, Algorithm: sluicev1.Algorithm_ALGORITHM_FIXED_WINDOW}
+	}
+	if r := checkOne(t, clients[0], req(limit)); r.Status != sluicev1.Status_STATUS_UNDER_LIMIT {
+		t.Fatalf("the whole quota: %v", r)
+	}
+	for i := range ps {
+		if r := checkOne(t, clients[i], req(1)); r.Status != sluicev1.Status_STATUS_OVER_LIMIT {
+			t.Fatalf("%s admitted past the limit: %v", ps[i].name, r)
+		}
+	}
+	owner := checkOne(t, clients[0], req(0)).Owner
+	asked := -1
+	for i, p := range ps {
+		if p.name != owner {
+			asked = i
+		}
+	}
+	// A client's check cannot ask it.
+	bad := req(0)
+	bad.ResetKey = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := clients[asked].Check(ctx, &sluicev1.CheckRequest{Requests: []*sluicev1.RateLimitRequest{bad}})
+	if err != nil || !strings.Contains(resp.GetResponses()[0].GetError(), "Admin/ResetKey") {
+		t.Fatalf("a client's check with reset_key: %v, %v", resp, err)
+	}
+
+	out, code := runCLI(t, "keys", "reset", "--addr", ps[asked].grpc, "--name", "admin", "--key", "r", "--limit", "10", "--window", "1h",
+		"--algorithm", "fixed_window", "--json")
+	if code != 0 {
+		t.Fatalf("sluice keys reset on %s exited %d: %s", ps[asked].name, code, out)
+	}
+	var ins struct {
+		Peek struct {
+			Status    string `json:"status"`
+			Remaining string `json:"remaining"`
+		} `json:"peek"`
+		Owner string `json:"owner"`
+	}
+	if err := json.Unmarshal([]byte(out), &ins); err != nil || ins.Peek.Status != "STATUS_UNDER_LIMIT" || ins.Peek.Remaining != "10" || ins.Owner != owner {
+		t.Fatalf("sluice keys reset: %q (%v), want 10 remaining at owner %s", out, err, owner)
+	}
+	waitFor(t, 10*time.Second, "the reset's audit line in "+ps[asked].name+"'s log", func() bool {
+		return strings.Contains(ps[asked].log.String(), `msg="audit: key reset" name=admin key=r caller="an unauthenticated caller (no TLS, no gossip key) from 127.0.0.1:`)
+	})
+	if v := metric(t, ps[asked], `sluice_key_admin_total{result="reset"}`); v != 1 {
+		t.Fatalf("sluice_key_admin_total{result=\"reset\"} on %s: %v, want 1", ps[asked].name, v)
+	}
+	for i := range after {
+		if r := checkOne(t, clients[i%len(ps)], req(1)); r.Status != sluicev1.Status_STATUS_UNDER_LIMIT || r.Remaining != int64(limit-1-i) {
+			t.Fatalf("hit %d after the reset via %s: %v", i+1, ps[i%len(ps)].name, r)
+		}
+	}
+
+	// The owner dies once the reset and the hits since are replicated.
+	waitSettled(t, clients)
+	victim := -1
+	for i, p := range ps {
+		if p.name == owner {
+			victim = i
+		}
+	}
+	if err := ps[victim].stop(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("SIGKILL: process exited cleanly")
+	}
+	got := 0
+	for range limit {
+		if r := checkOne(t, clients[asked], req(1)); r.Status == sluicev1.Status_STATUS_UNDER_LIMIT {
+			got++
+		}
+	}
+	if got != limit-after {
+		t.Fatalf("after the owner %s was killed: %d admitted, want exactly %d (%d of %d counted since the reset)", owner, got, limit-after, after, limit)
 	}
 }

@@ -75,29 +75,32 @@ func (f fakeKeys) DrainKey(ctx context.Context, r check.Request) (*sluicev1.KeyI
 	return f.InspectKey(ctx, r)
 }
 
+func (f fakeKeys) ResetKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
+	return f.InspectKey(ctx, r)
+}
+
 // The Admin key calls pass on exactly the requests a check would accept
-// (hits aside) and refuse every other with InvalidArgument, without asking
-// the node; an invalid drain is counted as failed.
+// (hits aside, and never with reset_key, which nodes alone send each
+// other) and refuse every other with InvalidArgument, without asking the
+// node; an invalid call is counted as failed.
 func FuzzKeyRequest(f *testing.F) {
-	f.Add("api", "user:1", int64(10), int64(60000), int32(3), int64(5), true)
-	f.Add("", "k", int64(10), int64(60000), int32(0), int64(1), false)
-	f.Add("api", "k", int64(-1), int64(0), int32(9), int64(-3), true)
-	f.Add("api", "k", int64(0), int64(0), int32(0), int64(0), false) // the rule for api
-	f.Fuzz(func(t *testing.T, name, key string, limit, window int64, alg int32, hits int64, drain bool) {
+	f.Add("api", "user:1", int64(10), int64(60000), int32(3), int64(5), uint8(1), false)
+	f.Add("", "k", int64(10), int64(60000), int32(0), int64(1), uint8(0), false)
+	f.Add("api", "k", int64(-1), int64(0), int32(9), int64(-3), uint8(2), false)
+	f.Add("api", "k", int64(0), int64(0), int32(0), int64(0), uint8(0), false) // the rule for api
+	f.Add("api", "k", int64(10), int64(60000), int32(1), int64(0), uint8(0), true)
+	f.Fuzz(func(t *testing.T, name, key string, limit, window int64, alg int32, hits int64, which uint8, resetKey bool) {
 		asked := 0
 		srv := &Server{cfg: ServerConfig{Keys: fakeKeys{&asked}}, log: slog.New(slog.DiscardHandler)}
 		g := adminServer{s: srv}
-		wire := &sluicev1.RateLimitRequest{Name: name, Key: key, Limit: limit, WindowMs: window, Algorithm: sluicev1.Algorithm(alg), Hits: &hits}
-		call := g.InspectKey
-		if drain {
-			call = g.DrainKey
-		}
+		wire := &sluicev1.RateLimitRequest{Name: name, Key: key, Limit: limit, WindowMs: window, Algorithm: sluicev1.Algorithm(alg), Hits: &hits, ResetKey: resetKey}
+		call := [...]func(context.Context, *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error){g.InspectKey, g.DrainKey, g.ResetKey}[which%3]
 		ins, err := call(context.Background(), &sluicev1.KeyRequest{Request: wire})
 		r := peer.RequestFromProto(wire)
-		r.Hits = 0
-		if r.Validate() != nil {
+		r.Hits, r.Reset = 0, false
+		if r.Validate() != nil || resetKey {
 			if status.Code(err) != codes.InvalidArgument || asked != 0 || srv.KeyAdminStats().Failed != 1 {
-				t.Fatalf("%q %q limit %d window %d alg %d: %v (asked %d)", name, key, limit, window, alg, err, asked)
+				t.Fatalf("%q %q limit %d window %d alg %d reset_key %v: %v (asked %d)", name, key, limit, window, alg, resetKey, err, asked)
 			}
 			return
 		}

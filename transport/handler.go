@@ -62,12 +62,13 @@ type TopKeysSource interface {
 	TopKeys(ctx context.Context, by sluicev1.TopBy, limit int) (*sluicev1.TopKeysResponse, error)
 }
 
-// KeysSource answers the Admin key calls (InspectKey, DrainKey) for a
+// KeysSource answers the Admin key calls (InspectKey, DrainKey, ResetKey) for a
 // request already validated (its name, key and limits, as a check's).
 // cmd/sluice implements it over cluster.Node. Called concurrently.
 type KeysSource interface {
 	InspectKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
 	DrainKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
+	ResetKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
 }
 
 // MaxTopKeys is the most keys a TopKeys call may ask for, and

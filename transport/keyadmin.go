@@ -1,8 +1,8 @@
 package transport
 
-// The Admin key calls (InspectKey, DrainKey): validated as checks are,
-// answered by the KeysSource; a drain is logged as an audit line naming
-// its caller and counted.
+// The Admin key calls (InspectKey, DrainKey, ResetKey): validated as
+// checks are, answered by the KeysSource; a drain or a reset is logged as
+// an audit line naming its caller, and every call is counted.
 
 import (
 	"context"
@@ -24,23 +24,35 @@ import (
 // keyAdminCounters count the Admin key calls answered, by call and
 // result.
 type keyAdminCounters struct {
-	inspected, drained, failed atomic.Uint64
+	inspected, drained, reset, failed atomic.Uint64
 }
 
-// KeyAdminStats are the Admin key calls answered: inspections and drains
-// done, and calls of either that failed (refused as invalid, or the key
-// could not be decided).
-type KeyAdminStats struct{ Inspected, Drained, Failed uint64 }
+// KeyAdminStats are the Admin key calls answered: inspections, drains and
+// resets done, and calls of any of them that failed (refused as invalid,
+// or the key could not be decided).
+type KeyAdminStats struct{ Inspected, Drained, Reset, Failed uint64 }
 
 // KeyAdminStats returns the Admin key calls this server answered.
 func (s *Server) KeyAdminStats() KeyAdminStats {
-	return KeyAdminStats{s.keyAdmin.inspected.Load(), s.keyAdmin.drained.Load(), s.keyAdmin.failed.Load()}
+	return KeyAdminStats{s.keyAdmin.inspected.Load(), s.keyAdmin.drained.Load(), s.keyAdmin.reset.Load(), s.keyAdmin.failed.Load()}
 }
+
+// keyCallKind is which Admin key call is answered.
+type keyCallKind int
+
+const (
+	keyInspect keyCallKind = iota
+	keyDrain
+	keyReset
+)
 
 // keyRequest validates an Admin key call's request as a check's.
 func keyRequest(req *sluicev1.KeyRequest) (check.Request, error) {
 	if req.GetRequest() == nil {
 		return check.Request{}, status.Error(codes.InvalidArgument, "request is missing: give name, key and the limits as for a check")
+	}
+	if req.GetRequest().GetResetKey() {
+		return check.Request{}, status.Error(codes.InvalidArgument, "request.reset_key is set by nodes only: reset a key with ResetKey")
 	}
 	r := peer.RequestFromProto(req.GetRequest())
 	r.Hits = 0
@@ -51,14 +63,18 @@ func keyRequest(req *sluicev1.KeyRequest) (check.Request, error) {
 }
 
 func (g adminServer) InspectKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
-	return g.keyCall(ctx, req, false)
+	return g.keyCall(ctx, req, keyInspect)
 }
 
 func (g adminServer) DrainKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
-	return g.keyCall(ctx, req, true)
+	return g.keyCall(ctx, req, keyDrain)
 }
 
-func (g adminServer) keyCall(ctx context.Context, req *sluicev1.KeyRequest, drain bool) (*sluicev1.KeyInspection, error) {
+func (g adminServer) ResetKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev1.KeyInspection, error) {
+	return g.keyCall(ctx, req, keyReset)
+}
+
+func (g adminServer) keyCall(ctx context.Context, req *sluicev1.KeyRequest, kind keyCallKind) (*sluicev1.KeyInspection, error) {
 	s := g.s
 	if s.cfg.Keys == nil {
 		return nil, status.Error(codes.Unimplemented, "key administration is not available on this server")
@@ -69,29 +85,32 @@ func (g adminServer) keyCall(ctx context.Context, req *sluicev1.KeyRequest, drai
 		return nil, err
 	}
 	var ins *sluicev1.KeyInspection
-	if drain {
-		ins, err = s.cfg.Keys.DrainKey(ctx, r)
-	} else {
+	// The audit line of a change: who changed which key, and what came of
+	// it.
+	args := []any{"name", r.Name, "key", r.Key, "caller", callerOf(ctx)}
+	switch kind {
+	case keyInspect:
 		ins, err = s.cfg.Keys.InspectKey(ctx, r)
-	}
-	if drain {
-		// The audit line: who drained which key, and what came of it.
-		args := []any{"name", r.Name, "key", r.Key, "caller", callerOf(ctx)}
+	case keyDrain:
+		ins, err = s.cfg.Keys.DrainKey(ctx, r)
 		if err != nil {
 			s.log.Warn("audit: key drain failed", append(args, "err", err)...)
 		} else {
 			s.log.Info("audit: key drained", append(args, "drained", ins.GetDrained(), "remaining", ins.GetPeek().GetRemaining(), "owner", ins.GetOwner())...)
 		}
+	case keyReset:
+		ins, err = s.cfg.Keys.ResetKey(ctx, r)
+		if err != nil {
+			s.log.Warn("audit: key reset failed", append(args, "err", err)...)
+		} else {
+			s.log.Info("audit: key reset", append(args, "remaining", ins.GetPeek().GetRemaining(), "owner", ins.GetOwner())...)
+		}
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		s.keyAdmin.failed.Add(1)
 		return nil, status.Error(codes.Unavailable, err.Error())
-	case drain:
-		s.keyAdmin.drained.Add(1)
-	default:
-		s.keyAdmin.inspected.Add(1)
 	}
+	[...]*atomic.Uint64{&s.keyAdmin.inspected, &s.keyAdmin.drained, &s.keyAdmin.reset}[kind].Add(1)
 	return ins, nil
 }
 

@@ -247,6 +247,33 @@ func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, n
 	return back, nil
 }
 
+// Reset forgets k's count at now (bucket.Reset): the next decision is one
+// on a fresh counter. The reset state outranks every copy of the count it
+// forgot (a newer version, another epoch), and is flushed and replicated
+// like a decision. A key this cache does not hold, or holds fresh, is
+// left as it is, and Reset reports false; a fenced key is ErrFenced.
+func (c *Cache) Reset(hash uint64, k Key, now int64) (bool, error) {
+	s := c.shardFor(hash)
+	sl, err := c.find(s, hash, k, now, false)
+	if err == nil && sl != nil && len(s.fences) > 0 && s.isFenced(k, now) {
+		err = ErrFenced
+	}
+	if err != nil || sl == nil {
+		s.mu.Unlock()
+		return false, err
+	}
+	var st bucket.State
+	sl.loadState(&st)
+	st = bucket.Reset(st, now)
+	changed := sl.differs(&st)
+	if changed {
+		sl.setState(st)
+		s.changed(hash, sl, now)
+	}
+	s.mu.Unlock()
+	return changed, nil
+}
+
 // TakeChanged calls fn, without any lock held, with the caller's hash and
 // the current record of every key changed by Decide or installed by Install
 // since the previous call (with Config.TrackChanges; otherwise it finds

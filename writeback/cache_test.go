@@ -525,3 +525,88 @@ func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
 		})
 	}
 }
+
+// TestResetOutranksCopiesOfTheForgottenCount: a reset key's record, and the
+// records that follow it, replace a replica's copy of the count the reset
+// forgot, by every install path, though that copy's count is larger (which
+// a merge of one epoch would keep); the forgotten count arriving late
+// changes nothing; and the reset survives a restart from the store.
+func TestResetOutranksCopiesOfTheForgottenCount(t *testing.T) {
+	t.Parallel()
+	fw := bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 10, WindowMS: 3_600_000}
+	for _, tc := range []struct {
+		name    string
+		install func(c *Cache, h uint64, rec Record) bool
+	}{
+		{"Install", (*Cache).Install},
+		{"Merge", (*Cache).Merge},
+		{"InstallUnlessFencedSince", func(c *Cache, h uint64, rec Record) bool {
+			return c.InstallUnlessFencedSince(h, rec, base)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			owner, dir := newTestCache(t, Config{Shards: 1, Size: 8})
+			k := Key{Name: "n", Key: "k"}
+			h := hashKey(k)
+			for i := range 10 {
+				decide(t, owner, k, fw, 1, base+int64(i))
+			}
+			forgotten, _, _ := owner.Get(h, k, base+10)
+			if ok, err := owner.Reset(h, k, base+11); !ok || err != nil {
+				t.Fatalf("Reset: %v, %v", ok, err)
+			}
+			reset, _, _ := owner.Get(h, k, base+12)
+			if reset.State.Epoch != 1 || reset.Version <= forgotten.Version {
+				t.Fatalf("reset record %+v after %+v", reset, forgotten)
+			}
+			decide(t, owner, k, fw, 2, base+13)
+			after, _, _ := owner.Get(h, k, base+14)
+
+			replica, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+			tc.install(replica, h, forgotten)
+			tc.install(replica, h, reset)
+			if got, _, _ := replica.Get(h, k, base+15); got.State != reset.State {
+				t.Fatalf("replica holds %+v after the reset, want %+v", got.State, reset.State)
+			}
+			tc.install(replica, h, after)
+			tc.install(replica, h, forgotten) // late
+			if got, _, _ := replica.Get(h, k, base+15); got.State.Count != 2 || got.State.Epoch != 1 {
+				t.Fatalf("replica holds %+v, want the owner's count 2 after the reset", got.State)
+			}
+			// A replica that missed the reset record itself.
+			missed, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+			tc.install(missed, h, forgotten)
+			tc.install(missed, h, after)
+			if got, _, _ := missed.Get(h, k, base+15); got.State.Count != 2 {
+				t.Fatalf("a replica that missed the reset holds count %d, want 2", got.State.Count)
+			}
+			if d := decide(t, missed, k, fw, 8, base+16); d.Status != bucket.UnderLimit || d.Remaining != 0 {
+				t.Fatalf("8 more hits after the reset's 2: %+v", d)
+			}
+
+			// The owner restarts from its store.
+			if err := owner.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			again := newCacheAt(t, Config{Shards: 1, Size: 8}, dir)
+			if got, _, _ := again.Get(h, k, base+20); got.State != after.State || got.Version != after.Version {
+				t.Fatalf("after a restart: %+v, want %+v", got, after)
+			}
+		})
+	}
+}
+
+// TestResetOfAFreshKeyChangesNothing: nothing counted, nothing reset.
+func TestResetOfAFreshKeyChangesNothing(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+	k := Key{Name: "n", Key: "k"}
+	if ok, err := c.Reset(hashKey(k), k, base); ok || err != nil {
+		t.Fatalf("Reset of a key never seen: %v, %v", ok, err)
+	}
+	decide(t, c, k, lim10, 1, base)
+	if ok, err := c.Reset(hashKey(k), k, base+3*60_000_000_000); ok || err != nil {
+		t.Fatalf("Reset of an expired key: %v, %v", ok, err)
+	}
+}

@@ -31,7 +31,8 @@ const (
 	keyLenMask   = 1<<16 - 1 // bits 0–15: length of the bytes at kp
 	nameIdxShift = 16        // bits 16–31: the name's index in shard.names; 0: not interned
 	nameLenShift = 32        // bits 32–47: the name's length when not interned
-	algShift     = 48        // bits 48–55: the State's Algorithm
+	algShift     = 48        // bits 48–51: the State's Algorithm
+	epochShift   = 52        // bits 52–55: the State's Epoch
 	limitShift   = 56        // bits 56–60: the Key's Limit (MaxLimit is 31)
 	limitMask    = 0x1f
 	changedBit   = 1 << 61 // on shard.changed, not yet taken by TakeChanged
@@ -61,20 +62,21 @@ func (sl *slot) state() bucket.State {
 // loadState writes sl's state to *st field by field (a State returned by
 // value is copied whole, which stalls store forwarding on the hot path).
 func (sl *slot) loadState(st *bucket.State) {
-	st.Algorithm = bucket.Algorithm(sl.meta >> algShift)
+	st.Algorithm = bucket.Algorithm(sl.meta >> algShift & 0x0f)
+	st.Epoch = uint8(sl.meta >> epochShift & bucket.MaxEpoch)
 	st.Start, st.Count, st.Prev, st.Expires, st.Ext = sl.start, sl.count, sl.prev, sl.expires, sl.ext
 }
 
 func (sl *slot) setState(st bucket.State) {
 	sl.start, sl.count, sl.prev, sl.expires, sl.ext = st.Start, st.Count, st.Prev, st.Expires, st.Ext
-	sl.meta = sl.meta&^(0xff<<algShift) | uint64(st.Algorithm)<<algShift
+	sl.meta = sl.meta&^(0xff<<algShift) | uint64(st.Algorithm&0x0f)<<algShift | uint64(st.Epoch&bucket.MaxEpoch)<<epochShift
 }
 
 // differs reports whether st is not the state sl holds. (Field by field:
 // see bucket.DecideWith on whole-struct copies.)
 func (sl *slot) differs(st *bucket.State) bool {
 	return st.Start != sl.start || st.Count != sl.count || st.Prev != sl.prev || st.Expires != sl.expires ||
-		st.Ext != sl.ext || uint64(st.Algorithm) != sl.meta>>algShift&0xff
+		st.Ext != sl.ext || uint64(st.Algorithm)|uint64(st.Epoch)<<(epochShift-algShift) != sl.meta>>algShift&0xff
 }
 
 func (sl *slot) fresh(now int64) bool { return bucket.FreshAt(sl.expires, now) }

@@ -27,6 +27,11 @@ type Request struct {
 	// with Limit 0 but other fields set alongside a non-empty More, which
 	// would be ambiguous. At most bucket.MaxLimitsPerRequest limits in all.
 	More []bucket.Limit
+	// Reset forgets the key's counts (bucket.Reset) instead of counting
+	// Hits, which must be 0; the answer is that of a check of 0 hits after
+	// it. Only Node.ResetKey sets it, and the forwards it makes: a
+	// client's Check with Reset is refused.
+	Reset bool
 }
 
 // Outcome is a Decision as it travels between nodes and back to the client:
@@ -103,6 +108,9 @@ func (r *Request) Validate() error {
 	}
 	if r.Hits < 0 {
 		return fmt.Errorf("hits is %d, must be >= 0", r.Hits)
+	}
+	if r.Reset && r.Hits != 0 {
+		return fmt.Errorf("a reset counts no hits: hits is %d, must be 0", r.Hits)
 	}
 	if len(r.More) > 0 {
 		return r.validateMore()

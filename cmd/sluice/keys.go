@@ -22,9 +22,10 @@ import (
 const keysUsage = `usage:
   sluice keys top [--by admitted|refused] [--limit 20] [--json] [--addr ADDR]
   sluice keys inspect --name N --key K [limit flags as for check] [--json] [--addr ADDR]
-  sluice keys drain   --name N --key K [limit flags as for check] [--json] [--addr ADDR]`
+  sluice keys drain   --name N --key K [limit flags as for check] [--json] [--addr ADDR]
+  sluice keys reset   --name N --key K [limit flags as for check] [--json] [--addr ADDR]`
 
-// keysCmd is `sluice keys SUBCOMMAND`: top, inspect, drain.
+// keysCmd is `sluice keys SUBCOMMAND`: top, inspect, drain, reset.
 func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(keysUsage)
@@ -32,13 +33,13 @@ func keysCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	switch args[0] {
 	case "top":
 		return keysTop(ctx, args[1:], stdout, stderr)
-	case "inspect", "drain":
+	case "inspect", "drain", "reset":
 		return keysOne(ctx, args[0], args[1:], stdout, stderr)
 	}
 	return fmt.Errorf("unknown keys command %q\n%s", args[0], keysUsage)
 }
 
-// keysOne is `sluice keys inspect|drain`: the key and its limits as for
+// keysOne is `sluice keys inspect|drain|reset`: the key and its limits as for
 // `sluice check` (none: the rule for --name), one Admin call.
 func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	a := newAdminCmd("sluice keys "+cmd, "print the answer as protobuf JSON", "deadline of the call", stderr)
@@ -64,8 +65,11 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
 	defer cancel()
 	call := c.InspectKey
-	if cmd == "drain" {
+	switch cmd {
+	case "drain":
 		call = c.DrainKey
+	case "reset":
+		call = c.ResetKey
 	}
 	ins, err := call(cctx, &sluicev1.KeyRequest{Request: req})
 	if err != nil {
@@ -85,8 +89,11 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		word = "refused"
 	}
 	fmt.Fprintf(stdout, "key %q of %q\n", ins.Key, ins.Name)
-	if cmd == "drain" {
+	switch cmd {
+	case "drain":
 		fmt.Fprintf(stdout, "drained:  %d hits\n", ins.Drained)
+	case "reset":
+		fmt.Fprintln(stdout, "reset:    the key's counts are forgotten")
 	}
 	fmt.Fprintf(stdout, "a check:  %s, %d of %d remaining, full again in %s (decided by %s)\n", word, p.GetRemaining(), p.GetLimit(),
 		ms(p.GetResetAfterMs()), p.GetOwner())

@@ -335,7 +335,7 @@ var (
 	descIdleResumes     = desc("sluice_idle_resumes_total", "Decisions that found the pause heartbeat stopped after --heartbeat-idle without checks: the node then pulled its keys before deciding them, as after a pause.", prometheus.CounterValue)
 	descEnvoyShadow     = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
 	descTopKeyHits      = desc("sluice_top_key_hits", "Hits of the keys this node decided most in the last 30 to 60 s: the heaviest 10 by admitted hits (by=\"admitted\", their admitted hits) and by refused hits (by=\"refused\", their refused hits), so at most 20 series at a time (`sluice keys top` merges the members' lists).", prometheus.GaugeValue, "by", "name", "key")
-	descKeyAdmin        = desc("sluice_key_admin_total", "Admin key calls this node answered (sluice keys inspect, sluice keys drain), by result: inspected, drained, or failed (refused as invalid, or the key could not be decided).", prometheus.CounterValue, "result")
+	descKeyAdmin        = desc("sluice_key_admin_total", "Admin key calls this node answered (sluice keys inspect, drain, reset), by result: inspected, drained, reset, or failed (refused as invalid, or the key could not be decided).", prometheus.CounterValue, "result")
 	descAuthRefused     = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
 )
 
@@ -462,6 +462,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ka := c.srv.KeyAdminStats()
 		put(descKeyAdmin, float64(ka.Inspected), "inspected")
 		put(descKeyAdmin, float64(ka.Drained), "drained")
+		put(descKeyAdmin, float64(ka.Reset), "reset")
 		put(descKeyAdmin, float64(ka.Failed), "failed")
 	}
 }

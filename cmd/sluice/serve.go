@@ -567,7 +567,7 @@ func (s topKeysSource) TopKeys(_ context.Context, by sluicev1.TopBy, limit int) 
 	return resp, nil
 }
 
-// keysSource answers Admin.InspectKey and Admin.DrainKey from the node.
+// keysSource answers Admin.InspectKey, DrainKey and ResetKey from the node.
 type keysSource struct{ node *cluster.Node }
 
 func (s keysSource) InspectKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
@@ -577,6 +577,11 @@ func (s keysSource) InspectKey(ctx context.Context, r check.Request) (*sluicev1.
 
 func (s keysSource) DrainKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
 	ks, err := s.node.DrainKey(ctx, r)
+	return inspection(r, ks), err
+}
+
+func (s keysSource) ResetKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
+	ks, err := s.node.ResetKey(ctx, r)
 	return inspection(r, ks), err
 }
 

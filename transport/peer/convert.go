@@ -53,6 +53,7 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) check.Request {
 			CalendarTZ:         r.CalendarTz,
 			Global:             r.Global,
 		},
+		Reset: r.ResetKey,
 	}
 	if n := min(len(r.Limits), maxConvertedLimits); n > 0 {
 		req.More = make([]bucket.Limit, n)
@@ -167,6 +168,7 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *check.Request, hits *int64) {
 	m.Calendar = sluicev1.Calendar(r.Calendar)
 	m.CalendarTz = r.CalendarTZ
 	m.Global = r.Global
+	m.ResetKey = r.Reset
 	m.Limits = nil
 	if len(r.More) > 0 {
 		m.Limits = make([]*sluicev1.Limit, len(r.More))

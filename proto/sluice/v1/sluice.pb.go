@@ -592,6 +592,11 @@ type RateLimitRequest struct {
 	Global bool `protobuf:"varint,17,opt,name=global,proto3" json:"global,omitempty"`
 	// The IANA time zone of the calendar windows (Limit.calendar_tz).
 	CalendarTz string `protobuf:"bytes,18,opt,name=calendar_tz,json=calendarTz,proto3" json:"calendar_tz,omitempty"`
+	// reset_key: between nodes only. The item forgets the key's counts instead
+	// of counting hits (Admin/ResetKey sends it on to the key's owner, with
+	// hits 0). A client's Check with reset_key set is refused: reset a key with
+	// Admin/ResetKey (sluice keys reset).
+	ResetKey bool `protobuf:"varint,19,opt,name=reset_key,json=resetKey,proto3" json:"reset_key,omitempty"`
 	// More limits on the same (name, key), decided atomically with the inline
 	// one: every limit admits and all consume, or none does. The answer is the
 	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
@@ -756,6 +761,13 @@ func (x *RateLimitRequest) GetCalendarTz() string {
 		return x.CalendarTz
 	}
 	return ""
+}
+
+func (x *RateLimitRequest) GetResetKey() bool {
+	if x != nil {
+		return x.ResetKey
+	}
+	return false
 }
 
 func (x *RateLimitRequest) GetLimits() []*Limit {
@@ -3448,7 +3460,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xee\x04\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\x8b\x05\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -3469,7 +3481,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\bcalendar\x18\x0f \x01(\x0e2\x13.sluice.v1.CalendarR\bcalendar\x12\x16\n" +
 	"\x06global\x18\x11 \x01(\bR\x06global\x12\x1f\n" +
 	"\vcalendar_tz\x18\x12 \x01(\tR\n" +
-	"calendarTz\x12(\n" +
+	"calendarTz\x12\x1b\n" +
+	"\treset_key\x18\x13 \x01(\bR\bresetKey\x12(\n" +
 	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limitsB\a\n" +
 	"\x05_hits\"\xf1\x03\n" +
 	"\x05Limit\x12\x14\n" +
@@ -3721,13 +3734,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eTOP_BY_REFUSED\x10\x012\x88\x01\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\x84\x02\n" +
+	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\xc1\x02\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x12@\n" +
 	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse\x12=\n" +
 	"\n" +
 	"InspectKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12;\n" +
-	"\bDrainKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection2\xdd\x03\n" +
+	"\bDrainKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12;\n" +
+	"\bResetKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection2\xdd\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
@@ -3837,28 +3851,30 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	16, // 36: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
 	14, // 37: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
 	14, // 38: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
-	23, // 39: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	38, // 40: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	41, // 41: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	35, // 42: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	27, // 43: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	29, // 44: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	33, // 45: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	12, // 46: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 47: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	20, // 48: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	17, // 49: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
-	15, // 50: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
-	15, // 51: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
-	24, // 52: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	39, // 53: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	42, // 54: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	36, // 55: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	32, // 56: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	31, // 57: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	34, // 58: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	46, // [46:59] is the sub-list for method output_type
-	33, // [33:46] is the sub-list for method input_type
+	14, // 39: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
+	23, // 40: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	38, // 41: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	41, // 42: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	35, // 43: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	27, // 44: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	29, // 45: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	33, // 46: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	12, // 47: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 48: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	20, // 49: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	17, // 50: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	15, // 51: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
+	15, // 52: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
+	15, // 53: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
+	24, // 54: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	39, // 55: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	42, // 56: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	36, // 57: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	32, // 58: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	31, // 59: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	34, // 60: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	47, // [47:61] is the sub-list for method output_type
+	33, // [33:47] is the sub-list for method input_type
 	33, // [33:33] is the sub-list for extension type_name
 	33, // [33:33] is the sub-list for extension extendee
 	0,  // [0:33] is the sub-list for field type_name

@@ -185,6 +185,7 @@ const (
 	Admin_TopKeys_FullMethodName    = "/sluice.v1.Admin/TopKeys"
 	Admin_InspectKey_FullMethodName = "/sluice.v1.Admin/InspectKey"
 	Admin_DrainKey_FullMethodName   = "/sluice.v1.Admin/DrainKey"
+	Admin_ResetKey_FullMethodName   = "/sluice.v1.Admin/ResetKey"
 )
 
 // AdminClient is the client API for Admin service.
@@ -210,6 +211,14 @@ type AdminClient interface {
 	// sluice_key_admin_total. The drain is a decision like any other: it
 	// reaches the key's replicas and store as one.
 	DrainKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error)
+	// ResetKey: forget a key's counts, so that it has its full quota (a
+	// fresh window, a full bucket) again; the answer is the inspection after
+	// it. Logged as an audit line naming the caller, and counted in
+	// sluice_key_admin_total. The key's owner resets it, and the reset
+	// reaches its replicas and store as a decision does; copies of the
+	// forgotten count never merge back into it (docs/operations.md,
+	// "Inspecting, draining and resetting a key").
+	ResetKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error)
 }
 
 type adminClient struct {
@@ -260,6 +269,16 @@ func (c *adminClient) DrainKey(ctx context.Context, in *KeyRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *adminClient) ResetKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInspection)
+	err := c.cc.Invoke(ctx, Admin_ResetKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -283,6 +302,14 @@ type AdminServer interface {
 	// sluice_key_admin_total. The drain is a decision like any other: it
 	// reaches the key's replicas and store as one.
 	DrainKey(context.Context, *KeyRequest) (*KeyInspection, error)
+	// ResetKey: forget a key's counts, so that it has its full quota (a
+	// fresh window, a full bucket) again; the answer is the inspection after
+	// it. Logged as an audit line naming the caller, and counted in
+	// sluice_key_admin_total. The key's owner resets it, and the reset
+	// reaches its replicas and store as a decision does; copies of the
+	// forgotten count never merge back into it (docs/operations.md,
+	// "Inspecting, draining and resetting a key").
+	ResetKey(context.Context, *KeyRequest) (*KeyInspection, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -304,6 +331,9 @@ func (UnimplementedAdminServer) InspectKey(context.Context, *KeyRequest) (*KeyIn
 }
 func (UnimplementedAdminServer) DrainKey(context.Context, *KeyRequest) (*KeyInspection, error) {
 	return nil, status.Error(codes.Unimplemented, "method DrainKey not implemented")
+}
+func (UnimplementedAdminServer) ResetKey(context.Context, *KeyRequest) (*KeyInspection, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetKey not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -398,6 +428,24 @@ func _Admin_DrainKey_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ResetKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ResetKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ResetKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ResetKey(ctx, req.(*KeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -420,6 +468,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainKey",
 			Handler:    _Admin_DrainKey_Handler,
+		},
+		{
+			MethodName: "ResetKey",
+			Handler:    _Admin_ResetKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
