@@ -63,3 +63,65 @@ func TestOnlyTheExecutorWritesRecords(t *testing.T) {
 	}
 	t.Logf("%d record writes, all in carry.go", found)
 }
+
+// effectGuards are the node's acts that only Step decides (ownership.
+// Effects): each call must sit under an if that reads its effect.
+var effectGuards = map[string]string{"noteGivenUp": "NoteGivenUp", "pullStandIn": "PullStandIn"}
+
+// The node gives up a check, notes it, and takes in a stand-in's decision
+// only where Step said so: every call of those acts in package cluster
+// sits in an if whose condition reads the effect.
+func TestOnlyStepGivesChecksUp(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	calls, guarded := 0, map[token.Pos]bool{}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var all []*ast.CallExpr
+		ast.Inspect(f, func(node ast.Node) bool {
+			switch x := node.(type) {
+			case *ast.CallExpr:
+				if sel, ok := x.Fun.(*ast.SelectorExpr); ok && effectGuards[sel.Sel.Name] != "" {
+					all = append(all, x)
+				}
+			case *ast.IfStmt:
+				reads := map[string]bool{}
+				ast.Inspect(x.Cond, func(c ast.Node) bool {
+					if sel, ok := c.(*ast.SelectorExpr); ok {
+						reads[sel.Sel.Name] = true
+					}
+					return true
+				})
+				ast.Inspect(x.Body, func(c ast.Node) bool {
+					if call, ok := c.(*ast.CallExpr); ok {
+						if sel, ok := call.Fun.(*ast.SelectorExpr); ok && reads[effectGuards[sel.Sel.Name]] {
+							guarded[call.Pos()] = true
+						}
+					}
+					return true
+				})
+			}
+			return true
+		})
+		for _, call := range all {
+			calls++
+			if !guarded[call.Pos()] {
+				t.Errorf("%s: %s outside an if that reads its effect", fset.Position(call.Pos()), call.Fun.(*ast.SelectorExpr).Sel.Name)
+			}
+		}
+	}
+	if calls < len(effectGuards) {
+		t.Fatalf("%d calls found: the check reads nothing", calls)
+	}
+	t.Logf("%d calls, each under its effect", calls)
+}

@@ -260,7 +260,7 @@ func (m mapRules) Lookup(name string) ([]bucket.Limit, bool) { l, ok := m[name];
 func (m mapRules) Hash() string                              { return "test" }
 
 // TestLimitZeroTakesTheRule: limit 0 means "take limit and window from the
-// rules for the name" (DESIGN §4) even when the request carries a window,
+// rules for the name" (docs/architecture.md) even when the request carries a window,
 // and the owner of a forwarded check decides with the limits its sender
 // resolved, rules or not (here only the entry node has rules).
 func TestLimitZeroTakesTheRule(t *testing.T) {

@@ -166,12 +166,22 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	o := &out[rt.i]
 	// The policy decides from what this node holds, whatever its records
-	// say (ownership.Serve): a key it had released is taken back.
-	err := n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
-	if errors.Is(err, writeback.ErrFenced) {
-		eff := ownership.Step(n.released(n.facts(n.ring.Table(), rt.hash, k, rt.lims, now), k), ownership.Event{Kind: ownership.Serve})
-		n.carry(rt.hash, k, rt.lims, eff, change{mark: math.MaxUint64}, now) // Reclaim, whatever released it
+	// say (ownership.Serve): a key it had released is taken back, once the
+	// cache refused the decision (Fenced).
+	ev := ownership.Event{Kind: ownership.Serve}
+	f := n.facts(n.ring.Table(), rt.hash, k, rt.lims, now)
+	var err error
+	for {
+		eff := ownership.Step(f, ev)
+		if eff.Reclaim {
+			n.carry(rt.hash, k, rt.lims, eff, change{mark: math.MaxUint64}, now) // whatever released it
+		}
 		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
+		if !errors.Is(err, writeback.ErrFenced) || ev.After == ownership.Fenced {
+			break
+		}
+		ev.After = ownership.Fenced
+		f = n.released(f, k)
 	}
 	o.Owner = n.name
 	if err != nil {

@@ -113,7 +113,8 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 			return true
 		}
 		f := n.factsIn(moves, cur, h, r.Key, limits{}, now)
-		eff := ownership.Step(f, ownership.Event{Kind: ownership.Lost})
+		ev := ownership.Event{Kind: ownership.Lost}
+		eff := ownership.Step(f, ev)
 		if eff.SendCopy {
 			// Unsettled: the new owner pulls it on first touch, and
 			// meanwhile holds this copy.
@@ -128,8 +129,8 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		// (Step(Lost) with Released).
 		got := n.carry(h, r.Key, limits{}, eff, change{ttl: n.cfg.MoveWindow, ifDeciding: true}, now)
 		if errors.Is(got.err, writeback.ErrFenced) {
-			f.Released = true
-			eff = ownership.Step(f, ownership.Event{Kind: ownership.Lost})
+			ev.After = ownership.Fenced
+			eff = ownership.Step(f, ev)
 		}
 		if got.err != nil || !got.held || !eff.Push {
 			return true

@@ -217,8 +217,8 @@ func TestIncompleteHandoffIsReported(t *testing.T) {
 // TestHandoffOf100kKeys measures a graceful leave that hands 100k counters
 // to the next owner, and checks that every one arrives. Its deadline comes
 // from this machine's speed, measured on the same work, not from a fixed
-// figure: on a loaded machine it takes longer, it does not fail (DESIGN §6:
-// speed is measured, never asserted).
+// figure: on a loaded machine it takes longer, it does not fail (docs/performance.md:
+// speed is measured by benchmarks, never asserted).
 func TestHandoffOf100kKeys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100k-key handoff measurement")

@@ -357,15 +357,21 @@ func (n *Node) decide(ctx context.Context, h uint64, r *check.Request, lims limi
 func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, now int64, o *check.Outcome) (redirect string) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	f := n.facts(n.ring.Table(), h, k, lims, now)
-	eff := ownership.Step(f, ev)
-	for lost := 0; ; {
+	for {
+		eff := ownership.Step(f, ev)
 		if n.debug && (!eff.DecidesAsItStands() || f.Released || !f.Owns) {
 			// Every step but the plain decision of an owned key.
-			n.log.Debug("step", "name", k.Name, "key", k.Key, "event", ev.Kind, "from", ev.From, "owns", f.Owns, "owner", f.OwnerAddr,
+			n.log.Debug("step", "name", k.Name, "key", k.Key, "event", ev.Kind, "from", ev.From, "after", ev.After, "owns", f.Owns, "owner", f.OwnerAddr,
 				"handed_by", f.HandedBy, "unsettled", f.Unsettled, "released", f.Released, "released_to", f.ReleasedTo, "unseen", f.ReleasedToUnseen,
 				"effects", fmt.Sprintf("%+v", eff))
 		}
 		switch {
+		case eff.Abandon:
+			if eff.NoteGivenUp {
+				n.noteGivenUp(k, lims, now)
+			}
+			o.Owner, o.Err = n.name, abandonedBecause(ctx, ev.After)
+			return ""
 		case eff.Joining:
 			o.Owner, o.Err = n.name, errJoining
 			return ""
@@ -381,53 +387,33 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			// A key released by a handoff whose push is still out: taken
 			// back once the push has landed, so that a pull from where it
 			// went finds it there (pushing). The wait ends with ctx, and
-			// the check is then abandoned below.
+			// the check is then given up below.
 			_ = n.pushing.wait(ctx, h)
 		}
 		if eff.PullFrom != "" {
 			n.pullKey(ctx, h, k, lims, eff.PullFrom, mark)
 		}
-		if eff.Settle && !n.settleKey(ctx, h, k, lims, now, owning(ev)) && ctx.Err() == nil {
-			o.Owner, o.Err = n.name, errUnsettled
-			return ""
-		}
-		if eff.Reclaim && !n.carry(h, k, lims, eff, change{mark: mark}, now).reclaimed {
-			// The node this one pulled the key back from pulled it from
-			// here in the same moment (each took the other for the node
-			// it had released the key to): it took this node's state and
-			// decides the key. Lifting its release would have both decide
-			// from the same count. The step for the new release says
-			// where to point, or to pull it back once more.
-			if lost++; lost > maxCrossedPulls {
-				if f.Owns && owning(ev) {
-					// The check fails over to the key's replica, which
-					// decides it as a stand-in: this node pulls that
-					// decision before it decides the key again.
-					n.noteGivenUp(k, lims, now)
-				}
-				o.Owner, o.Err = n.name, abandoned+"the key was pulled from here again while this node took it back"
-				return ""
+		if eff.Settle && !n.settleKey(ctx, h, k, lims, now, owning(ev)) {
+			ev.After = ownership.NotSettled
+			if ctx.Err() != nil {
+				ev.After = ownership.Cancelled
 			}
-			f = n.released(f, k)
-			eff = ownership.Step(f, ev)
 			continue
 		}
-		if f.Owns && owning(ev) {
+		if eff.Reclaim && !n.carry(h, k, lims, eff, change{mark: mark}, now).reclaimed {
+			// Released again while this node took the key back: the step
+			// for the new release says where to point, to pull it back once
+			// more, or to give up.
+			ev.After, ev.Crossings = ownership.Crossed, ev.Crossings+1
+			f = n.released(f, k)
+			continue
+		}
+		if eff.PullStandIn {
 			n.pullStandIn(ctx, h, k, lims, now)
 		}
-		if err := ctx.Err(); err != nil {
-			// Nobody waits for the answer, and what this node holds may be
-			// stale (a forward that reached it after a pause, with its
-			// sender's cancellation right behind it; a settle cut short): a
-			// decision from it would only risk outranking a newer count.
-			// The sender of a forward fails it over to the key's replica,
-			// whose decision this node pulls before it decides the key
-			// again (standins.go).
-			if f.Owns && ev.Kind == ownership.Forwarded {
-				n.noteGivenUp(k, lims, now)
-			}
-			o.Owner, o.Err = n.name, abandoned+err.Error()
-			return ""
+		if ctx.Err() != nil {
+			ev.After = ownership.Cancelled
+			continue
 		}
 		var err error
 		if r.Reset {
@@ -439,8 +425,8 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 		if errors.Is(err, writeback.ErrFenced) && !f.Released {
 			// This node had released the key: the step for a released key
 			// says where to point, or to take it back.
+			ev.After = ownership.Fenced
 			f = n.released(f, k)
-			eff = ownership.Step(f, ev)
 			continue
 		}
 		o.Owner = n.name
@@ -452,6 +438,22 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 		n.noteDecided(h, r, &o.Decision, f.Owns, now)
 		return ""
 	}
+}
+
+// abandonedBecause is the error of a check given up (ownership.Effects.
+// Abandon) for what became of its previous step.
+func abandonedBecause(ctx context.Context, after ownership.Result) string {
+	switch after {
+	case ownership.NotSettled:
+		return errUnsettled
+	case ownership.Crossed:
+		return abandoned + "the key was pulled from here again while this node took it back"
+	case ownership.Cancelled:
+		if err := ctx.Err(); err != nil {
+			return abandoned + err.Error()
+		}
+	}
+	return abandoned + "given up"
 }
 
 // decideCache applies hits to k's limits in the cache, with this node's
@@ -487,12 +489,6 @@ func (n *Node) resetCache(h uint64, k writeback.Key, lims limits, now int64) err
 	}
 	return nil
 }
-
-// maxCrossedPulls is how many times in a row decide takes a key back
-// again after another node's pull crossed its own before it gives the
-// check up (abandoned): two nodes that keep pulling one key from each
-// other would otherwise hold the check until its deadline.
-const maxCrossedPulls = 2
 
 // routed is a request bound for another node.
 type routed struct {

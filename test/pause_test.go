@@ -106,7 +106,7 @@ func memberStates(c *client.Node) (map[string]string, error) {
 }
 
 // TestPausedOwnerDoesNotDecideFromItsStaleCount is the gray failure of
-// issue 14: a key's owner is frozen (SIGSTOP, as a long GC pause or a VM
+// a paused process: a key's owner is frozen (SIGSTOP, as a long GC pause or a VM
 // freeze would), the others declare it dead and decide its key from the
 // replica's copy, then it resumes (SIGCONT). No admitted hit was lost —
 // everything the owner admitted was replicated before the pause — so the
@@ -126,7 +126,7 @@ func TestPausedOwnerDoesNotDecideFromItsStaleCount(t *testing.T) {
 	key := keysOwnedBy(t, clients[via], ps[x].name, "acct:", 1, limit)[0]
 
 	// The bound on over-admission for a paused owner is what it admitted
-	// since its last replication (DESIGN §1, as for a crash). The hits
+	// since its last replication (docs/guarantees.md, as for a crash). The hits
 	// before the pause are one change, and the test waits until the
 	// owner's replication of it has been answered (its count of counters
 	// sent to replicas grows; a replica installs a copy before it answers,

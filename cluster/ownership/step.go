@@ -121,20 +121,77 @@ type Event struct {
 	Kind    Kind
 	From    string
 	Release bool
+	// After is what became of the effects of the event's previous step,
+	// when the node steps again for the same event (Carried the first
+	// time); Crossings counts its Crossed results so far.
+	After     Result
+	Crossings int
 }
+
+// Result is what became of a step's effects when the node could not carry
+// them all out: it steps again for the same event with Event.After set,
+// its facts read afresh, and Step says what to do then (take the key back
+// from where it went, point there, or give the check up).
+type Result uint8
+
+const (
+	// Carried: the event's first step.
+	Carried Result = iota
+	// Fenced: the cache refused the decision, or a handoff's fence,
+	// because the key had been released meanwhile (the facts then hold
+	// the release: Facts.Released, ReleasedTo).
+	Fenced
+	// Crossed: a Reclaim failed because a pull released the key here
+	// again while this node took it back: the node it pulled the key back
+	// from pulled it from here in the same moment (each took the other
+	// for the node it had released the key to) and decides it. Lifting
+	// the release would have both decide from the same count.
+	Crossed
+	// NotSettled: a Settle left the key unsettled: a member that may
+	// hold a newer copy did not answer its pull.
+	NotSettled
+	// Cancelled: the check's caller stopped waiting (its context ended)
+	// before the decision.
+	Cancelled
+)
+
+var resultNames = [...]string{"carried", "fenced", "crossed", "not settled", "cancelled"}
+
+func (r Result) String() string {
+	if int(r) < len(resultNames) {
+		return resultNames[r]
+	}
+	return "result(?)"
+}
+
+// MaxCrossings is how many times in a row a check takes a key back again
+// after another node's pull crossed its own (Crossed) before it gives the
+// check up: two nodes that keep pulling one key from each other would
+// otherwise hold the check until its deadline.
+const MaxCrossings = 2
 
 // Effects is what the node does for one event, in field order. A check's
 // effects end with a decision from the cache (Decide), a redirect
-// (Redirect), a forward (Forward), or the joining error (Joining).
+// (Redirect), a forward (Forward), the joining error (Joining), or giving
+// the check up (Abandon).
 type Effects struct {
-	// Next is the key's state once the effects are carried out (for a
-	// check whose decision the cache refuses, Step is called again with
-	// Released set).
+	// Next is the key's state once the effects are carried out: the
+	// table's "to" column in docs/ownership.md, which the tests check.
+	// The node carries out effects and reads its records, so it has no
+	// use for it. (For effects the node cannot all carry out, Step is
+	// called again with Event.After.)
 	Next State
 	// Joining: answer the check that this node is joining, deciding
 	// nothing: what it holds may be stale, and the cluster has not handed
 	// it anything yet.
 	Joining bool
+	// Abandon: answer the check abandoned (Event.After says why),
+	// deciding nothing: its sender, or this node when the check came here
+	// first, fails it over to the key's replica. NoteGivenUp: and note
+	// that this node, the key's owner, gave up a check of it, so that it
+	// pulls the replica's stand-in decision before it decides the key
+	// again (PullStandIn).
+	Abandon, NoteGivenUp bool
 	// Redirect: answer the check moved_to this address, deciding nothing.
 	Redirect string
 	// Forward: send the check to the owner (OwnerAddr).
@@ -144,8 +201,14 @@ type Effects struct {
 	PullFrom string
 	// Settle: pull the key from the holders Moves.Plan names first.
 	Settle bool
-	// Reclaim: end the cache's release of the key.
+	// Reclaim: end the cache's release of the key, unless a pull released
+	// it again since the step (then step again, Crossed).
 	Reclaim bool
+	// PullStandIn: before deciding, when this node gave up a check of
+	// the key since it last decided it (NoteGivenUp), pull the key's
+	// replica's copy without releasing it there and install it: the
+	// replica may have decided that check as a stand-in.
+	PullStandIn bool
 	// Decide: decide the check from the cache.
 	Decide bool
 	// Release: release the key (atomically with reading its record) to
@@ -189,17 +252,30 @@ func (e Effects) DecidesAsItStands() bool {
 }
 
 // Step returns the effects of event e on a key with facts f. It has no
-// side effects.
+// side effects. An event whose effects the node could not all carry out
+// is stepped again with Event.After (Result).
 func Step(f Facts, e Event) Effects {
+	if e.After == Fenced || e.After == Crossed {
+		f.Released = true
+	}
 	switch e.Kind {
 	case Check, Forwarded, StandIn, Failover:
+		if eff, ok := giveUp(f, e); ok {
+			return eff
+		}
 		if e.Kind == Check && f.Owns && !f.InRing {
 			return Effects{Next: f.State(), Joining: true}
 		}
+		var eff Effects
 		if f.Released {
-			return checkReleased(f, e)
+			eff = checkReleased(f, e)
+		} else {
+			eff = check(f, e)
 		}
-		return check(f, e)
+		// An owner's own checks, and checks sent to it as the owner,
+		// take in what a stand-in decided for it first.
+		eff.PullStandIn = eff.Decide && f.Owns && (e.Kind == Check || e.Kind == Forwarded)
+		return eff
 	case Serve:
 		return Effects{Next: StandingIn, Reclaim: f.Released, Decide: true}
 	case Pull:
@@ -247,6 +323,27 @@ func Step(f Facts, e Event) Effects {
 		return Effects{Next: ReleasedTo, Release: true, NoteTo: f.OwnerAddr, Push: true}
 	}
 	return Effects{Next: f.State()}
+}
+
+// giveUp returns the effects of a check the node must give up, given
+// what became of its previous step (Event.After), and whether it must.
+func giveUp(f Facts, e Event) (Effects, bool) {
+	switch {
+	case e.After == Cancelled:
+		// Nobody waits for the answer, and what this node holds may be
+		// stale (a forward that reached it after a pause, with its
+		// sender's cancellation right behind it; a settle cut short): a
+		// decision from it would only risk outranking a newer count. The
+		// sender of a forward fails it over to the key's replica.
+		return Effects{Next: f.State(), Abandon: true, NoteGivenUp: f.Owns && e.Kind == Forwarded}, true
+	case e.After == NotSettled:
+		// Deciding from an older copy would outrank the holder's newer
+		// count; the replica, which holds the count, decides instead.
+		return Effects{Next: f.State(), Abandon: true}, true
+	case e.After == Crossed && e.Crossings > MaxCrossings:
+		return Effects{Next: f.State(), Abandon: true, NoteGivenUp: f.Owns && (e.Kind == Check || e.Kind == Forwarded)}, true
+	}
+	return Effects{}, false
 }
 
 // check is a check of a key the cache has not refused (yet).

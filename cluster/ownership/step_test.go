@@ -34,21 +34,21 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		want Effects
 	}{
 		// Checks, before the cache is asked.
-		{"owned, check: decided", owned, Event{Kind: Check}, Effects{Next: Owned, Decide: true}},
+		{"owned, check: decided", owned, Event{Kind: Check}, Effects{Next: Owned, Decide: true, PullStandIn: true}},
 		{"unowned, check: forwarded to the owner", unowned, Event{Kind: Check}, Effects{Next: Unowned, Forward: true}},
 		{"replica, check: forwarded to the owner", replica, Event{Kind: Check}, Effects{Next: Replica, Forward: true}},
 		{"joining, check of an owned key: the joining error", with(owned, func(f *Facts) { f.InRing = false }), Event{Kind: Check}, Effects{Next: Owned, Joining: true}},
 		{"joining, check of a key it had released: the joining error", with(releasedOwned, func(f *Facts) { f.InRing = false }), Event{Kind: Check}, Effects{Next: ReleasedTo, Joining: true}},
-		{"joining, forwarded check: decided", with(owned, func(f *Facts) { f.InRing = false }), Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true}},
-		{"unsettled, check: pulled first", unsettled, Event{Kind: Check}, Effects{Next: Owned, Settle: true, Decide: true}},
-		{"unsettled, forwarded check: pulled first", unsettled, Event{Kind: Forwarded}, Effects{Next: Owned, Settle: true, Decide: true}},
+		{"joining, forwarded check: decided", with(owned, func(f *Facts) { f.InRing = false }), Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true, PullStandIn: true}},
+		{"unsettled, check: pulled first", unsettled, Event{Kind: Check}, Effects{Next: Owned, Settle: true, Decide: true, PullStandIn: true}},
+		{"unsettled, forwarded check: pulled first", unsettled, Event{Kind: Forwarded}, Effects{Next: Owned, Settle: true, Decide: true, PullStandIn: true}},
 		{"unowned, forward received: moved_to the owner", unowned, Event{Kind: Forwarded}, Effects{Next: Unowned, Redirect: other}},
 		{"draining, forward of a key it does not own: moved_to the next owner", draining(unowned), Event{Kind: Forwarded}, Effects{Next: Unowned, Redirect: other}},
 		{"draining, stand-in of a key it does not own: moved_to, no pull", draining(unowned), Event{Kind: StandIn, From: third}, Effects{Next: Unowned, Redirect: other}},
 		{"stand-in with pull_from: pull there, decide", unowned, Event{Kind: StandIn, From: third}, Effects{Next: StandingIn, PullFrom: third, Decide: true}},
 		{"stand-in with pull_from itself: no pull", unowned, Event{Kind: StandIn, From: self}, Effects{Next: StandingIn, Decide: true}},
 		{"replica, forward failure: decided from the copy", replica, Event{Kind: Failover}, Effects{Next: StandingIn, Decide: true}},
-		{"leaving, owned: still decided", leaving(owned), Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true}},
+		{"leaving, owned: still decided", leaving(owned), Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true, PullStandIn: true}},
 		{"handed here by its view's owner, check: decided", handed, Event{Kind: Check}, Effects{Next: Owned, Decide: true}},
 		{"handed here by its view's owner, forward received: decided", handed, Event{Kind: Forwarded}, Effects{Next: Owned, Decide: true}},
 		{"handed here by a node not its view's owner, check: forwarded", with(handed, func(f *Facts) { f.HandedBy = third }), Event{Kind: Check}, Effects{Next: Unowned, Forward: true}},
@@ -56,15 +56,15 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"draining, handed here, forward received: moved_to the owner", draining(handed), Event{Kind: Forwarded}, Effects{Next: Owned, Redirect: other}},
 
 		// Checks the cache refused: released to X.
-		{"released, owns in its view: pull X, reclaim, decide", releasedOwned, Event{Kind: Forwarded}, Effects{Next: Owned, PullFrom: third, Reclaim: true, Decide: true}},
-		{"released to itself: reclaim, decide", with(releasedOwned, func(f *Facts) { f.ReleasedTo = self }), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true}},
+		{"released, owns in its view: pull X, reclaim, decide", releasedOwned, Event{Kind: Forwarded}, Effects{Next: Owned, PullFrom: third, Reclaim: true, Decide: true, PullStandIn: true}},
+		{"released to itself: reclaim, decide", with(releasedOwned, func(f *Facts) { f.ReleasedTo = self }), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true, PullStandIn: true}},
 		{"released, not owned: moved_to X", releasedUnowned, Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: third}},
 		{"released to a node not in its table, owns in its view: moved_to X, never taken back", with(releasedOwned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: Check}, Effects{Next: ReleasedTo, Redirect: third}},
 		{"released to a node not in its table, forward received: moved_to X", with(releasedOwned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: third}},
 		{"released to a node not in its table, stand-in forward: pull X, reclaim, decide", with(releasedUnowned, func(f *Facts) { f.ReleasedToUnseen = true }), Event{Kind: StandIn}, Effects{Next: StandingIn, Reclaim: true, Decide: true, PullFrom: third}},
 		{"released nowhere recorded, not owned: moved_to the owner", with(releasedUnowned, func(f *Facts) { f.ReleasedTo = "" }), Event{Kind: Forwarded}, Effects{Next: ReleasedTo, Redirect: other}},
 		{"released, leaving: moved_to X, never taken back", leaving(releasedOwned), Event{Kind: Check}, Effects{Next: ReleasedTo, Redirect: third}},
-		{"released nowhere known, leaving and owning: reclaim, decide", leaving(with(releasedOwned, func(f *Facts) { f.ReleasedTo = "" })), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true}},
+		{"released nowhere known, leaving and owning: reclaim, decide", leaving(with(releasedOwned, func(f *Facts) { f.ReleasedTo = "" })), Event{Kind: Check}, Effects{Next: Owned, Reclaim: true, Decide: true, PullStandIn: true}},
 		{"released to X, stand-in forward: pull X, reclaim, decide", releasedUnowned, Event{Kind: StandIn}, Effects{Next: StandingIn, Reclaim: true, Decide: true, PullFrom: third}},
 		{"released to X, stand-in forward with pull_from P: pull X (newer than P), reclaim, decide", releasedUnowned, Event{Kind: StandIn, From: other}, Effects{Next: StandingIn, Reclaim: true, Decide: true, PullFrom: third}},
 		{"released to nowhere known, stand-in forward with pull_from P: pull P", with(releasedUnowned, func(f *Facts) { f.ReleasedTo = "" }), Event{Kind: StandIn, From: other}, Effects{Next: StandingIn, Reclaim: true, Decide: true, PullFrom: other}},
@@ -73,6 +73,17 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"released and not owned, forward failure: moved_to (the policy follows)", releasedUnowned, Event{Kind: Failover}, Effects{Next: ReleasedTo, Redirect: third}},
 		{"released, serve policy: reclaim, decide", releasedUnowned, Event{Kind: Serve}, Effects{Next: StandingIn, Reclaim: true, Decide: true}},
 		{"serve policy: decide", unowned, Event{Kind: Serve}, Effects{Next: StandingIn, Decide: true}},
+
+		// Stepped again after the cache refused part of the effects.
+		{"fenced, owned: reclaim, decide", owned, Event{Kind: Forwarded, After: Fenced}, Effects{Next: Owned, Reclaim: true, Decide: true, PullStandIn: true}},
+		{"crossed once, owns in its view: pull X again, reclaim, decide", releasedOwned, Event{Kind: Forwarded, After: Crossed, Crossings: 1}, Effects{Next: Owned, PullFrom: third, Reclaim: true, Decide: true, PullStandIn: true}},
+		{"crossed past the bound, owner: given up, noted", releasedOwned, Event{Kind: Forwarded, After: Crossed, Crossings: MaxCrossings + 1}, Effects{Next: ReleasedTo, Abandon: true, NoteGivenUp: true}},
+		{"crossed past the bound, stand-in: given up", releasedUnowned, Event{Kind: StandIn, After: Crossed, Crossings: MaxCrossings + 1}, Effects{Next: ReleasedTo, Abandon: true}},
+		{"caller gone, forwarded to the owner: given up, noted", owned, Event{Kind: Forwarded, After: Cancelled}, Effects{Next: Owned, Abandon: true, NoteGivenUp: true}},
+		{"caller gone, local check: given up", owned, Event{Kind: Check, After: Cancelled}, Effects{Next: Owned, Abandon: true}},
+		{"caller gone, stand-in: given up", replica, Event{Kind: StandIn, After: Cancelled}, Effects{Next: Replica, Abandon: true}},
+		{"not settled: given up", unsettled, Event{Kind: Forwarded, After: NotSettled}, Effects{Next: Unsettled, Abandon: true}},
+		{"fenced, table change: nothing pushed", owned, Event{Kind: Lost, After: Fenced}, Effects{Next: ReleasedTo}},
 
 		// Pulls received.
 		{"owned, pull with release: released to the puller", owned, Event{Kind: Pull, From: other, Release: true}, Effects{Next: ReleasedTo, Release: true, NoteTo: other}},
@@ -106,10 +117,13 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 	}
 }
 
-// A check's effects end in exactly one way, whatever the facts: a
-// decision, a redirect, a forward or the joining error. A redirect never
-// points at the node itself, and only a node that knows the key's state is
-// newer elsewhere pulls. Every combination of facts is tried.
+// A check's effects end in exactly one way, whatever the facts and
+// whatever became of its previous step: a decision, a redirect, a
+// forward, the joining error or giving it up. A redirect never points at
+// the node itself, and only a node that knows the key's state is newer
+// elsewhere pulls; a check is given up only for what became of a previous
+// step, and only its owner notes that it gave it up. Every combination of
+// facts is tried.
 func TestStepAnswersEveryCheckOneWay(t *testing.T) {
 	t.Parallel()
 	addrs := []string{"", self, other, third}
@@ -130,36 +144,58 @@ func TestStepAnswersEveryCheckOneWay(t *testing.T) {
 						if !f.Released {
 							f.ReleasedTo, f.ReleasedToUnseen = "", false
 						}
-						e := Event{Kind: kind, From: from}
-						eff := Step(f, e)
-						ends := 0
-						for _, b := range []bool{eff.Decide, eff.Redirect != "", eff.Forward, eff.Joining} {
-							if b {
-								ends++
-							}
-						}
-						if ends != 1 {
-							t.Fatalf("facts %+v, event %+v: %+v ends %d ways, want 1", f, e, eff, ends)
-						}
-						if eff.Redirect == self || eff.PullFrom == self {
-							t.Fatalf("facts %+v, event %+v: %+v points at the node itself", f, e, eff)
-						}
-						if eff.Reclaim && !f.Released {
-							t.Fatalf("facts %+v, event %+v: %+v reclaims a key never released", f, e, eff)
-						}
-						if eff.Decide && f.Released && !eff.Reclaim {
-							t.Fatalf("facts %+v, event %+v: %+v decides a released key without taking it back", f, e, eff)
-						}
-						if f.ReleasedToUnseen && eff.Reclaim && kind != StandIn && kind != Serve {
-							t.Fatalf("facts %+v, event %+v: %+v takes back a key from a node whose table is newer", f, e, eff)
-						}
-						if (eff.Release || eff.Adopt || eff.Merge || eff.Stale || eff.Push) && kind != Pull {
-							t.Fatalf("facts %+v, event %+v: %+v has effects of another event", f, e, eff)
+						for _, e := range []Event{{Kind: kind, From: from}, {Kind: kind, From: from, After: Fenced},
+							{Kind: kind, From: from, After: Crossed, Crossings: 1}, {Kind: kind, From: from, After: Crossed, Crossings: MaxCrossings + 1},
+							{Kind: kind, From: from, After: NotSettled}, {Kind: kind, From: from, After: Cancelled}} {
+							stepOneWay(t, f, e)
 						}
 					}
 				}
 			}
 		}
+	}
+}
+
+func stepOneWay(t *testing.T, f Facts, e Event) {
+	kind := e.Kind
+	eff := Step(f, e)
+	if e.After == Fenced || e.After == Crossed {
+		f.Released = true
+	}
+	if eff.Abandon {
+		if e.After == Carried || e.After == Fenced || (e.After == Crossed && e.Crossings <= MaxCrossings) {
+			t.Fatalf("facts %+v, event %+v: %+v gives up a check for nothing", f, e, eff)
+		}
+		if eff.NoteGivenUp && !f.Owns {
+			t.Fatalf("facts %+v, event %+v: %+v notes a check given up by a node that does not own the key", f, e, eff)
+		}
+	}
+	if eff.PullStandIn && (!eff.Decide || !f.Owns) {
+		t.Fatalf("facts %+v, event %+v: %+v pulls a stand-in's decision it will not use", f, e, eff)
+	}
+	ends := 0
+	for _, b := range []bool{eff.Decide, eff.Redirect != "", eff.Forward, eff.Joining, eff.Abandon} {
+		if b {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Fatalf("facts %+v, event %+v: %+v ends %d ways, want 1", f, e, eff, ends)
+	}
+	if eff.Redirect == self || eff.PullFrom == self {
+		t.Fatalf("facts %+v, event %+v: %+v points at the node itself", f, e, eff)
+	}
+	if eff.Reclaim && !f.Released {
+		t.Fatalf("facts %+v, event %+v: %+v reclaims a key never released", f, e, eff)
+	}
+	if eff.Decide && f.Released && !eff.Reclaim {
+		t.Fatalf("facts %+v, event %+v: %+v decides a released key without taking it back", f, e, eff)
+	}
+	if f.ReleasedToUnseen && eff.Reclaim && kind != StandIn && kind != Serve {
+		t.Fatalf("facts %+v, event %+v: %+v takes back a key from a node whose table is newer", f, e, eff)
+	}
+	if (eff.Release || eff.Adopt || eff.Merge || eff.Stale || eff.Push) && kind != Pull {
+		t.Fatalf("facts %+v, event %+v: %+v has effects of another event", f, e, eff)
 	}
 }
 

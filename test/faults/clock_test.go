@@ -42,7 +42,7 @@ var clockAlgs = []struct {
 	{"clock.sliding", sluicev1.Algorithm_ALGORITHM_SLIDING_WINDOW},
 }
 
-// TestClockStep is issue 14's clock scenario: of three hosts, n1 decides
+// TestClockStep is the clock fault scenario: of three hosts, n1 decides
 // with its clock 2 s ahead (SLUICE_TEST_CLOCK_OFFSET=2s), is stopped
 // gracefully under load and started again 2 s behind (-2s), so each of its
 // keys moves from a clock 2 s ahead to the others' and back to one 2 s

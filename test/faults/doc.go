@@ -1,5 +1,5 @@
 // Package faults runs Sluice on real hosts under real network and process
-// faults (issue 14): every node is a `sluice serve` process in a network
+// faults: every node is a `sluice serve` process in a network
 // namespace of its own, wired by a veth pair to a bridge in one more
 // namespace, with an address in a private 10.213.x.0/24 subnet that exists
 // only inside those namespaces. Faults are iptables rules inside the node

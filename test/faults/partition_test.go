@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-// TestPartitionTwoPlusThree is issue 14's first scenario: five hosts under
+// TestPartitionTwoPlusThree is the first fault scenario: five hosts under
 // load from clients that reach every host, split 2+3 by iptables for
-// partitionHold, then healed. DESIGN §1: each side enforces the limit on
+// partitionHold, then healed. docs/guarantees.md: each side enforces the limit on
 // its own (at most sides × limit per window), every check is answered,
 // and after the heal the sides merge: every host sees all five alive and
 // every host answers the same state for every key.

@@ -24,7 +24,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
-// The soak (issue 14, point 4): five hosts under steady mixed load, a fault
+// The soak: five hosts under steady mixed load, a fault
 // every soakFaultEvery drawn from the harness's list, and each node's RSS,
 // goroutines, open files and store size sampled every soakSampleEvery into
 // a CSV. `make soak DURATION=10m` runs it and plots the CSV
