@@ -90,6 +90,22 @@ func (n *Node) ResetKey(ctx context.Context, req *sluicev1.KeyRequest) (*sluicev
 	return n.admin.ResetKey(ctx, req)
 }
 
+// SetOverride puts limits in force for a key, or every key with a prefix,
+// on every node (an Admin call, logged by the node as an audit line).
+func (n *Node) SetOverride(ctx context.Context, req *sluicev1.SetOverrideRequest) (*sluicev1.Override, error) {
+	return n.admin.SetOverride(ctx, req)
+}
+
+// DeleteOverride ends an override on every node (an Admin call).
+func (n *Node) DeleteOverride(ctx context.Context, req *sluicev1.DeleteOverrideRequest) (*sluicev1.DeleteOverrideResponse, error) {
+	return n.admin.DeleteOverride(ctx, req)
+}
+
+// ListOverrides lists the overrides in force (an Admin call).
+func (n *Node) ListOverrides(ctx context.Context, req *sluicev1.ListOverridesRequest) (*sluicev1.ListOverridesResponse, error) {
+	return n.admin.ListOverrides(ctx, req)
+}
+
 // Conn is the underlying connection, for other services on the same node
 // (health, reflection).
 func (n *Node) Conn() *grpc.ClientConn { return n.conn }

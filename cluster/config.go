@@ -91,6 +91,10 @@ type Config struct {
 	// DataDir is where the durable store lives. Required unless Store is
 	// set.
 	DataDir string
+	// OverridesFile is where the node keeps the runtime overrides
+	// (package overrides); "" is DataDir/overrides, or nowhere without a
+	// DataDir.
+	OverridesFile string
 	// Store, when set, is the node's durable store instead of the pebble
 	// store under DataDir (tests: writeback.MemStore, which survives a
 	// simulated crash and is handed to the restarted node). The node owns

@@ -147,7 +147,8 @@ func (n *Node) Start(ctx context.Context) error {
 	n.sampleCPU()
 	n.pause.mu.Unlock()
 	n.beat.last.Store(n.now().UnixNano())
-	n.wg.Add(9)
+	n.wg.Add(10)
+	go n.saveLoop()
 	if n.regions != nil {
 		n.wg.Add(1)
 		go n.regionLoop()
@@ -248,6 +249,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		close(n.stop)
 		n.wg.Wait()
+		if len(n.ovr.save) > 0 {
+			n.saveOverrides() // a change the saver had no time for
+		}
 		n.pause.mu.Lock()
 		if n.pause.evidence != nil {
 			n.pause.evidence.close()

@@ -453,6 +453,16 @@ type delegate struct {
 	onReturn  func(info memberInfo) // a member that was dead or had left is back
 	onRestart func(name string)     // a member's boot id changed: another process runs under its name
 	onDead    func()                // a member was declared dead (not left), after the roster says so
+	overrides overrideHooks         // the runtime overrides' gossip
+}
+
+// overrideHooks carry the runtime overrides' gossip (overrides.go): user
+// messages, broadcasts, and the push/pull state.
+type overrideHooks struct {
+	msg        func([]byte)
+	broadcasts func(overhead, limit int) [][]byte
+	local      func() []byte
+	merge      func([]byte)
 }
 
 var (
@@ -496,10 +506,31 @@ func (d *delegate) setMeta(m meta) {
 	b := encodeMeta(m)
 	d.meta.Store(&b)
 }
-func (d *delegate) NotifyMsg([]byte)                           {}
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (d *delegate) LocalState(join bool) []byte                { return nil }
-func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+func (d *delegate) NotifyMsg(b []byte) {
+	if d.overrides.msg != nil {
+		d.overrides.msg(b)
+	}
+}
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if d.overrides.broadcasts == nil {
+		return nil
+	}
+	return d.overrides.broadcasts(overhead, limit)
+}
+
+func (d *delegate) LocalState(join bool) []byte {
+	if d.overrides.local == nil {
+		return nil
+	}
+	return d.overrides.local()
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if d.overrides.merge != nil {
+		d.overrides.merge(buf)
+	}
+}
 
 func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	before, restarted := d.roster.joined(n)

@@ -77,6 +77,7 @@ type Node struct {
 	peers Peers
 
 	deleg      *delegate
+	ovr        overrideState
 	roster     roster
 	gossipAddr atomic.Value // string: memberlist's advertised host:port, set by Start
 	ml         atomic.Pointer[memberlist.Memberlist]
@@ -241,6 +242,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	n.regions = newRegions(&cfg, n.now().UnixNano())
 	n.ledger = ownership.NewLedger(ledgerKeep(&cfg), ledgerRoom, n.now().UnixNano())
 	n.hitters = hitters.New()
+	n.initOverrides()
 	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}
@@ -271,6 +273,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		n.log.Warn("member alive again after being declared dead: a network partition healed or it restarted; "+
 			"each key's newest counter version wins", "member", name)
 	}, onRestart: n.memberRestarted, onDead: n.wakeReconnect}
+	n.deleg.overrides = overrideHooks{msg: n.overrideMsg, broadcasts: n.ovr.queue.GetBroadcasts, local: n.overrideLocalState, merge: n.overrideMerge}
 	n.deleg.setMeta(n.meta())
 	n.beat.last.Store(n.now().UnixNano())
 	return n, nil

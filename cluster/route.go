@@ -325,6 +325,13 @@ func (n *Node) prepare(r *check.Request, resolved bool, o *check.Outcome) (limit
 		o.Err = err.Error()
 		return limits{}, false
 	}
+	if !resolved {
+		// An operator's override wins over the request's own limits and
+		// the rules (docs/operations.md, "Overrides").
+		if lims, ok := n.overrideLimits(r.Name, r.Key); ok {
+			return lims, true
+		}
+	}
 	switch {
 	case r.Limit.Limit != 0 || (resolved && r.WindowMS != 0):
 		return limits{one: &r.Limit, more: r.More}, true

@@ -33,7 +33,7 @@ var layers = []layer{
 	// the node (Request, Outcome, leases, region asks): bucket only.
 	{pkg: "cluster/check", may: []string{"bucket"},
 		mustNot: []string{"ring", "writeback", "cluster$", "cluster/ownership", "cluster/lease", "transport", "proto/sluice/v1", "google.golang.org/grpc"}},
-	{pkg: "cluster", may: []string{"cluster/check", "cluster/ownership", "cluster/lease", "cluster/hitters", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
+	{pkg: "cluster", may: []string{"cluster/check", "cluster/ownership", "cluster/lease", "cluster/hitters", "cluster/overrides", "ring", "cluster/keymove", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
 	// The key-ownership protocol: records and a pure step function, no
 	// I/O — no memberlist, no gRPC, nothing of the node.
@@ -45,6 +45,10 @@ var layers = []layer{
 	// The heaviest keys: a summary, no I/O, standard library only.
 	{pkg: "cluster/hitters", may: []string{},
 		mustNot: []string{"cluster$", "ring", "writeback", "bucket", "transport", "google.golang.org/grpc"}},
+	// The runtime overrides: a last-writer-wins table and its encoding;
+	// no network, nothing of the node.
+	{pkg: "cluster/overrides", may: []string{"bucket", "cluster/check"},
+		mustNot: []string{"cluster$", "cluster/ownership", "ring", "writeback", "transport", "github.com/hashicorp/memberlist", "google.golang.org/grpc"}},
 	// The in-process cluster of the tests: nodes over memory networks.
 	{pkg: "cluster/clustertest", may: []string{"cluster", "ring", "writeback", "bucket", "github.com/hashicorp/memberlist"},
 		mustNot: []string{"transport", "proto/sluice/v1", "google.golang.org/grpc", "go.opentelemetry.io/otel/sdk"}},
@@ -68,7 +72,7 @@ var layers = []layer{
 	// protocol's service and are guarded by transport/security. The rules
 	// file's Envoy rule is one type: the Envoy service answers with
 	// rules.EnvoyRule, from the rules package.
-	{pkg: "transport", may: []string{"bucket", "cluster/check", "cluster/keymove", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	{pkg: "transport", may: []string{"bucket", "cluster/check", "cluster/keymove", "cluster/overrides", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/check"
+	"github.com/sluicehq/sluice/cluster/overrides"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -69,6 +70,15 @@ type KeysSource interface {
 	InspectKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
 	DrainKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
 	ResetKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error)
+}
+
+// OverridesSource keeps the runtime overrides (Admin.SetOverride,
+// DeleteOverride, ListOverrides). cmd/sluice implements it with
+// cluster.Node. Called concurrently.
+type OverridesSource interface {
+	SetOverride(o overrides.Override) (overrides.Override, error)
+	DeleteOverride(t overrides.Target, setBy string) (bool, error)
+	Overrides(name string) []overrides.Override
 }
 
 // MaxTopKeys is the most keys a TopKeys call may ask for, and

@@ -57,6 +57,9 @@ type ServerConfig struct {
 	Status StatusSource
 	// TopKeys answers Admin.TopKeys; nil answers Unimplemented.
 	TopKeys TopKeysSource
+	// Overrides answers Admin.SetOverride, DeleteOverride and
+	// ListOverrides; nil answers Unimplemented.
+	Overrides OverridesSource
 	// Keys answers Admin.InspectKey and Admin.DrainKey; nil answers
 	// Unimplemented.
 	Keys KeysSource
@@ -169,6 +172,7 @@ type Server struct {
 
 	envoyStats envoyCounters
 	keyAdmin   keyAdminCounters
+	overrideN  overrideCounters
 
 	mu       sync.Mutex
 	started  bool

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -84,6 +85,9 @@ type Member struct {
 	Node *cluster.Node
 	// Store is the node's store; after a crash, what its disk held.
 	Store *writeback.MemStore
+	// OverridesFile is where the node keeps its runtime overrides, kept
+	// across its restarts.
+	OverridesFile string
 }
 
 // Cluster is N nodes in one process, over a GossipNetwork and a
@@ -95,6 +99,7 @@ type Member struct {
 type Cluster struct {
 	t        testing.TB
 	opts     Options
+	dir      string // the members' override files
 	Gossip   *GossipNetwork
 	Peers    *cluster.MemNetwork
 	members  map[string]*Member
@@ -112,7 +117,7 @@ func New(t testing.TB, opts Options) *Cluster {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
-		failed: map[string]int64{}}
+		failed: map[string]int64{}, dir: t.TempDir()}
 	c.Peers.SeedDelivery(opts.Seed, DeliverySpread)
 	t.Cleanup(c.Close)
 	return c
@@ -200,7 +205,8 @@ func (c *Cluster) newMember(name string, taken map[string]bool) (*Member, error)
 	if name == "" || strings.ContainsAny(name, " ,/") {
 		return nil, fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
 	}
-	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore()}, nil
+	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore(),
+		OverridesFile: filepath.Join(c.dir, name+".overrides")}, nil
 }
 
 // Restart starts again a member that left or crashed, at the same
@@ -251,6 +257,7 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	cfg.ClusterName = "clustertest"
 	cfg.GRPCAddr = m.PeerAddr
 	cfg.Store = m.Store
+	cfg.OverridesFile = m.OverridesFile
 	cfg.JoinRetry = 100 * time.Millisecond
 	cfg.Log = c.opts.Log
 	cfg.Resolve = func(host string) ([]string, error) {

@@ -25,7 +25,8 @@ Usage:
   sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
   sluice status  [flags]   show the cluster as one node sees it
   sluice keys top [flags]  the keys with the most admitted (or refused) hits, cluster-wide
-  sluice keys inspect|drain [flags]  what a key's check would see, and where it lives; drain its quota
+  sluice keys inspect|drain|reset [flags]  what a key's check would see, and where it lives; drain its quota, or reset it
+  sluice overrides set|list|delete [flags]  limits set at run time for a key or a key prefix, on every node
   sluice health  [flags]   probe a node's /healthz (or /readyz); exit 0 healthy, 1 not
   sluice wait    [flags]   wait until a node is ready (/readyz); exit 0 ready, 1 not in --timeout
   sluice bench   [flags]   generate load against a node and summarise it
@@ -62,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, args[1:], stdout, stderr)
 	case "keys":
 		err = keysCmd(ctx, args[1:], stdout, stderr)
+	case "overrides":
+		err = overridesCmd(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = bench(ctx, args[1:], stdout, stderr)
 	case "keygen":

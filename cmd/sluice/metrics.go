@@ -336,6 +336,9 @@ var (
 	descEnvoyShadow     = desc("sluice_envoy_shadow_over_limit_total", "Envoy descriptors over their limit but answered OK (shadow_mode).", prometheus.CounterValue)
 	descTopKeyHits      = desc("sluice_top_key_hits", "Hits of the keys this node decided most in the last 30 to 60 s: the heaviest 10 by admitted hits (by=\"admitted\", their admitted hits) and by refused hits (by=\"refused\", their refused hits), so at most 20 series at a time (`sluice keys top` merges the members' lists).", prometheus.GaugeValue, "by", "name", "key")
 	descKeyAdmin        = desc("sluice_key_admin_total", "Admin key calls this node answered (sluice keys inspect, drain, reset), by result: inspected, drained, reset, or failed (refused as invalid, or the key could not be decided).", prometheus.CounterValue, "result")
+	descOverrides       = desc("sluice_overrides", "Runtime overrides in force, as this node knows them (sluice overrides list; the cap is 1000).", prometheus.GaugeValue)
+	descOverrideChanges = desc("sluice_override_changes_total", "Override changes this node answered (sluice overrides set, delete), by result: set, deleted, or failed (refused).", prometheus.CounterValue, "result")
+	descOverrideRefused = desc("sluice_override_records_refused_total", "Override records refused from gossip, a peer's state or the node's file (logged with the reason).", prometheus.CounterValue)
 	descAuthRefused     = desc("sluice_auth_refused_total", "Internal calls and operator pages refused for want of a node certificate or a valid proof.", prometheus.CounterValue)
 )
 
@@ -346,7 +349,8 @@ var statusDescs = []statusDesc{descRate, descForwarded, descForwardErrors, descF
 	descKeys, descUnreplicated, descUnflushed, descWritable, descFlushFailures, descStoreSize,
 	descMembersAlive, descMembers, descMemberChanges, descReady, descCacheLookups, descCacheLoads, descCacheEvicted,
 	descRulesReloads, descRulesFailures, descRules, descRulesInfo,
-	descEnvoyCalls, descEnvoyDescs, descEnvoyOver, descEnvoyShadow, descAuthRefused, descTopKeyHits, descKeyAdmin}
+	descEnvoyCalls, descEnvoyDescs, descEnvoyOver, descEnvoyShadow, descAuthRefused, descTopKeyHits, descKeyAdmin,
+	descOverrides, descOverrideChanges, descOverrideRefused}
 
 // topKeysMetric caps the label values of sluice_top_key_hits: the
 // heaviest 10 keys of each kind.
@@ -440,6 +444,9 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	// Label values must be UTF-8 (MustNewConstMetric panics otherwise);
 	// names and keys need not be.
 	utf8 := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+	live, _, refused := c.node.OverrideStats()
+	put(descOverrides, float64(live))
+	put(descOverrideRefused, float64(refused))
 	for _, h := range c.node.TopKeys(hitters.ByAdmitted, topKeysMetric) {
 		put(descTopKeyHits, float64(h.Admitted), "admitted", utf8(h.Name), utf8(h.Key))
 	}
@@ -460,6 +467,10 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		put(descEnvoyShadow, float64(e.Shadow))
 		put(descAuthRefused, float64(c.srv.AuthRefused()))
 		ka := c.srv.KeyAdminStats()
+		oc := c.srv.OverrideStats()
+		put(descOverrideChanges, float64(oc.Set), "set")
+		put(descOverrideChanges, float64(oc.Deleted), "deleted")
+		put(descOverrideChanges, float64(oc.Failed), "failed")
 		put(descKeyAdmin, float64(ka.Inspected), "inspected")
 		put(descKeyAdmin, float64(ka.Drained), "drained")
 		put(descKeyAdmin, float64(ka.Reset), "reset")

@@ -318,6 +318,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		Status:                statusSource{node: node, rules: watcher(cfg.Rules)},
 		TopKeys:               topKeysSource{node},
 		Keys:                  keysSource{node},
+		Overrides:             node,
 		Owners:                &ownerSource{node: node},
 		Members:               peers,
 		Metrics:               metrics.handler(lg),

@@ -328,7 +328,7 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type OwnersRequest struct {
@@ -1096,6 +1096,366 @@ func (x *RateLimitResponse) GetOwner() string {
 	return ""
 }
 
+// Override is a limit set at run time for one key of a name, or, with
+// prefix, for every key of the name that starts with key ("" for every
+// key of the name).
+type Override struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key    string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Prefix bool                   `protobuf:"varint,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// The limits in force for the matching keys, as a check's limits
+	// field: the first, and the others decided atomically with it. At
+	// least one, at most 16; each limit above 0.
+	Limits []*Limit `protobuf:"bytes,4,rep,name=limits,proto3" json:"limits,omitempty"`
+	Note   string   `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"` // why, for the next operator (at most 256 bytes)
+	// Filled by the node that set it: the version (the newer wins), the
+	// node, the caller as its audit line names it, and when.
+	Version       uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	Origin        string `protobuf:"bytes,7,opt,name=origin,proto3" json:"origin,omitempty"`
+	SetBy         string `protobuf:"bytes,8,opt,name=set_by,json=setBy,proto3" json:"set_by,omitempty"`
+	SetAtUnixMs   int64  `protobuf:"varint,9,opt,name=set_at_unix_ms,json=setAtUnixMs,proto3" json:"set_at_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Override) Reset() {
+	*x = Override{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Override) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Override) ProtoMessage() {}
+
+func (x *Override) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Override.ProtoReflect.Descriptor instead.
+func (*Override) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Override) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Override) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Override) GetPrefix() bool {
+	if x != nil {
+		return x.Prefix
+	}
+	return false
+}
+
+func (x *Override) GetLimits() []*Limit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Override) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *Override) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Override) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *Override) GetSetBy() string {
+	if x != nil {
+		return x.SetBy
+	}
+	return ""
+}
+
+func (x *Override) GetSetAtUnixMs() int64 {
+	if x != nil {
+		return x.SetAtUnixMs
+	}
+	return 0
+}
+
+type SetOverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *Override              `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetOverrideRequest) Reset() {
+	*x = SetOverrideRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetOverrideRequest) ProtoMessage() {}
+
+func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
+func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetOverrideRequest) GetOverride() *Override {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type DeleteOverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Prefix        bool                   `protobuf:"varint,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideRequest) Reset() {
+	*x = DeleteOverrideRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideRequest) ProtoMessage() {}
+
+func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeleteOverrideRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteOverrideRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeleteOverrideRequest) GetPrefix() bool {
+	if x != nil {
+		return x.Prefix
+	}
+	return false
+}
+
+type DeleteOverrideResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideResponse) Reset() {
+	*x = DeleteOverrideResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideResponse) ProtoMessage() {}
+
+func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteOverrideResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+type ListOverridesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // only this name's; empty for all
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOverridesRequest) Reset() {
+	*x = ListOverridesRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOverridesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOverridesRequest) ProtoMessage() {}
+
+func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
+func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListOverridesRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ListOverridesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Overrides     []*Override            `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"` // by name, keys before prefixes, then key
+	Max           int32                  `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`            // the most overrides a cluster holds
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOverridesResponse) Reset() {
+	*x = ListOverridesResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOverridesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOverridesResponse) ProtoMessage() {}
+
+func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
+func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListOverridesResponse) GetOverrides() []*Override {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *ListOverridesResponse) GetMax() int32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
 // KeyRequest names a key for the Admin key calls: request gives name, key
 // and the limits as a check does (inline, in limits, or none for the rule
 // of name); its hits are ignored.
@@ -1108,7 +1468,7 @@ type KeyRequest struct {
 
 func (x *KeyRequest) Reset() {
 	*x = KeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1480,7 @@ func (x *KeyRequest) String() string {
 func (*KeyRequest) ProtoMessage() {}
 
 func (x *KeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1493,7 @@ func (x *KeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
 func (*KeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KeyRequest) GetRequest() *RateLimitRequest {
@@ -1163,7 +1523,7 @@ type KeyInspection struct {
 
 func (x *KeyInspection) Reset() {
 	*x = KeyInspection{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1535,7 @@ func (x *KeyInspection) String() string {
 func (*KeyInspection) ProtoMessage() {}
 
 func (x *KeyInspection) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1548,7 @@ func (x *KeyInspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInspection.ProtoReflect.Descriptor instead.
 func (*KeyInspection) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KeyInspection) GetName() string {
@@ -1250,7 +1610,7 @@ type TopKeysRequest struct {
 
 func (x *TopKeysRequest) Reset() {
 	*x = TopKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1622,7 @@ func (x *TopKeysRequest) String() string {
 func (*TopKeysRequest) ProtoMessage() {}
 
 func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1635,7 @@ func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
 func (*TopKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TopKeysRequest) GetBy() TopBy {
@@ -1302,7 +1662,7 @@ type TopKeysResponse struct {
 
 func (x *TopKeysResponse) Reset() {
 	*x = TopKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1674,7 @@ func (x *TopKeysResponse) String() string {
 func (*TopKeysResponse) ProtoMessage() {}
 
 func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1687,7 @@ func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
 func (*TopKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TopKeysResponse) GetNode() string {
@@ -1364,7 +1724,7 @@ type TopKey struct {
 
 func (x *TopKey) Reset() {
 	*x = TopKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1736,7 @@ func (x *TopKey) String() string {
 func (*TopKey) ProtoMessage() {}
 
 func (x *TopKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1749,7 @@ func (x *TopKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKey.ProtoReflect.Descriptor instead.
 func (*TopKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TopKey) GetName() string {
@@ -1442,7 +1802,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1814,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1827,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 type StatusResponse struct {
@@ -1522,7 +1882,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1894,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1907,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1750,7 +2110,7 @@ type MemberEvent struct {
 
 func (x *MemberEvent) Reset() {
 	*x = MemberEvent{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +2122,7 @@ func (x *MemberEvent) String() string {
 func (*MemberEvent) ProtoMessage() {}
 
 func (x *MemberEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2135,7 @@ func (x *MemberEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberEvent.ProtoReflect.Descriptor instead.
 func (*MemberEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *MemberEvent) GetUnixMs() int64 {
@@ -1832,7 +2192,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +2204,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +2217,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Member) GetName() string {
@@ -1978,7 +2338,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2350,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2363,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForwardRequest) GetRequests() []*RateLimitRequest {
@@ -2064,7 +2424,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2436,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2449,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
@@ -2134,7 +2494,7 @@ type LeaseGrant struct {
 
 func (x *LeaseGrant) Reset() {
 	*x = LeaseGrant{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2506,7 @@ func (x *LeaseGrant) String() string {
 func (*LeaseGrant) ProtoMessage() {}
 
 func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2519,7 @@ func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
 func (*LeaseGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LeaseGrant) GetIndex() uint32 {
@@ -2206,7 +2566,7 @@ type RegionLink struct {
 
 func (x *RegionLink) Reset() {
 	*x = RegionLink{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2578,7 @@ func (x *RegionLink) String() string {
 func (*RegionLink) ProtoMessage() {}
 
 func (x *RegionLink) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2591,7 @@ func (x *RegionLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLink.ProtoReflect.Descriptor instead.
 func (*RegionLink) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegionLink) GetRegion() string {
@@ -2294,7 +2654,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2666,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2679,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReturnRequest) GetFrom() string {
@@ -2356,7 +2716,7 @@ type LeaseReturn struct {
 
 func (x *LeaseReturn) Reset() {
 	*x = LeaseReturn{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2728,7 @@ func (x *LeaseReturn) String() string {
 func (*LeaseReturn) ProtoMessage() {}
 
 func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2741,7 @@ func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
 func (*LeaseReturn) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LeaseReturn) GetRequest() *RateLimitRequest {
@@ -2414,7 +2774,7 @@ type RegionGrantRequest struct {
 
 func (x *RegionGrantRequest) Reset() {
 	*x = RegionGrantRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2786,7 @@ func (x *RegionGrantRequest) String() string {
 func (*RegionGrantRequest) ProtoMessage() {}
 
 func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2799,7 @@ func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantRequest.ProtoReflect.Descriptor instead.
 func (*RegionGrantRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegionGrantRequest) GetFrom() string {
@@ -2500,7 +2860,7 @@ type RegionAsk struct {
 
 func (x *RegionAsk) Reset() {
 	*x = RegionAsk{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2872,7 @@ func (x *RegionAsk) String() string {
 func (*RegionAsk) ProtoMessage() {}
 
 func (x *RegionAsk) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2885,7 @@ func (x *RegionAsk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionAsk.ProtoReflect.Descriptor instead.
 func (*RegionAsk) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegionAsk) GetRequest() *RateLimitRequest {
@@ -2565,7 +2925,7 @@ type RegionGrantResponse struct {
 
 func (x *RegionGrantResponse) Reset() {
 	*x = RegionGrantResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2937,7 @@ func (x *RegionGrantResponse) String() string {
 func (*RegionGrantResponse) ProtoMessage() {}
 
 func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2950,7 @@ func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantResponse.ProtoReflect.Descriptor instead.
 func (*RegionGrantResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegionGrantResponse) GetRegion() string {
@@ -2625,7 +2985,7 @@ type ReturnResponse struct {
 
 func (x *ReturnResponse) Reset() {
 	*x = ReturnResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +2997,7 @@ func (x *ReturnResponse) String() string {
 func (*ReturnResponse) ProtoMessage() {}
 
 func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +3010,7 @@ func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
 func (*ReturnResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReturnResponse) GetTaken() []int64 {
@@ -2679,7 +3039,7 @@ type DecidedRequest struct {
 
 func (x *DecidedRequest) Reset() {
 	*x = DecidedRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +3051,7 @@ func (x *DecidedRequest) String() string {
 func (*DecidedRequest) ProtoMessage() {}
 
 func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +3064,7 @@ func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
 func (*DecidedRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DecidedRequest) GetFrom() string {
@@ -2762,7 +3122,7 @@ type DecidedResponse struct {
 
 func (x *DecidedResponse) Reset() {
 	*x = DecidedResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +3134,7 @@ func (x *DecidedResponse) String() string {
 func (*DecidedResponse) ProtoMessage() {}
 
 func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +3147,7 @@ func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedResponse.ProtoReflect.Descriptor instead.
 func (*DecidedResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DecidedResponse) GetHashes() []uint64 {
@@ -2838,7 +3198,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +3210,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +3223,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -2916,7 +3276,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2928,7 +3288,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2941,7 +3301,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -2985,7 +3345,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3357,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3370,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Counter) GetName() string {
@@ -3053,7 +3413,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3425,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3078,7 +3438,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -3120,7 +3480,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3492,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3505,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -3179,7 +3539,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3191,7 +3551,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3204,7 +3564,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CounterKey) GetName() string {
@@ -3240,7 +3600,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3612,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3625,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -3329,7 +3689,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3701,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3714,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -3391,7 +3751,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3763,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3776,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -3512,7 +3872,30 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x04 \x01(\x03R\fresetAfterMs\x12$\n" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
-	"\x05owner\x18\a \x01(\tR\x05owner\"C\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"\xf4\x01\n" +
+	"\bOverride\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\bR\x06prefix\x12(\n" +
+	"\x06limits\x18\x04 \x03(\v2\x10.sluice.v1.LimitR\x06limits\x12\x12\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06origin\x18\a \x01(\tR\x06origin\x12\x15\n" +
+	"\x06set_by\x18\b \x01(\tR\x05setBy\x12#\n" +
+	"\x0eset_at_unix_ms\x18\t \x01(\x03R\vsetAtUnixMs\"E\n" +
+	"\x12SetOverrideRequest\x12/\n" +
+	"\boverride\x18\x01 \x01(\v2\x13.sluice.v1.OverrideR\boverride\"U\n" +
+	"\x15DeleteOverrideRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\bR\x06prefix\"2\n" +
+	"\x16DeleteOverrideResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"*\n" +
+	"\x14ListOverridesRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\\\n" +
+	"\x15ListOverridesResponse\x121\n" +
+	"\toverrides\x18\x01 \x03(\v2\x13.sluice.v1.OverrideR\toverrides\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\x05R\x03max\"C\n" +
 	"\n" +
 	"KeyRequest\x125\n" +
 	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"\xcf\x01\n" +
@@ -3734,14 +4117,17 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eTOP_BY_REFUSED\x10\x012\x88\x01\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\xc1\x02\n" +
+	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\xaf\x04\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x12@\n" +
 	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse\x12=\n" +
 	"\n" +
 	"InspectKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12;\n" +
 	"\bDrainKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12;\n" +
-	"\bResetKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection2\xdd\x03\n" +
+	"\bResetKey\x12\x15.sluice.v1.KeyRequest\x1a\x18.sluice.v1.KeyInspection\x12A\n" +
+	"\vSetOverride\x12\x1d.sluice.v1.SetOverrideRequest\x1a\x13.sluice.v1.Override\x12U\n" +
+	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12R\n" +
+	"\rListOverrides\x12\x1f.sluice.v1.ListOverridesRequest\x1a .sluice.v1.ListOverridesResponse2\xdd\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse\x127\n" +
@@ -3764,52 +4150,58 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_sluice_v1_sluice_proto_goTypes = []any{
-	(Algorithm)(0),              // 0: sluice.v1.Algorithm
-	(Status)(0),                 // 1: sluice.v1.Status
-	(Mode)(0),                   // 2: sluice.v1.Mode
-	(Calendar)(0),               // 3: sluice.v1.Calendar
-	(TopBy)(0),                  // 4: sluice.v1.TopBy
-	(ReplicateRequest_Kind)(0),  // 5: sluice.v1.ReplicateRequest.Kind
-	(*OwnersRequest)(nil),       // 6: sluice.v1.OwnersRequest
-	(*OwnersResponse)(nil),      // 7: sluice.v1.OwnersResponse
-	(*OwnerMember)(nil),         // 8: sluice.v1.OwnerMember
-	(*CheckRequest)(nil),        // 9: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),    // 10: sluice.v1.RateLimitRequest
-	(*Limit)(nil),               // 11: sluice.v1.Limit
-	(*CheckResponse)(nil),       // 12: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil),   // 13: sluice.v1.RateLimitResponse
-	(*KeyRequest)(nil),          // 14: sluice.v1.KeyRequest
-	(*KeyInspection)(nil),       // 15: sluice.v1.KeyInspection
-	(*TopKeysRequest)(nil),      // 16: sluice.v1.TopKeysRequest
-	(*TopKeysResponse)(nil),     // 17: sluice.v1.TopKeysResponse
-	(*TopKey)(nil),              // 18: sluice.v1.TopKey
-	(*StatusRequest)(nil),       // 19: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),      // 20: sluice.v1.StatusResponse
-	(*MemberEvent)(nil),         // 21: sluice.v1.MemberEvent
-	(*Member)(nil),              // 22: sluice.v1.Member
-	(*ForwardRequest)(nil),      // 23: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),     // 24: sluice.v1.ForwardResponse
-	(*LeaseGrant)(nil),          // 25: sluice.v1.LeaseGrant
-	(*RegionLink)(nil),          // 26: sluice.v1.RegionLink
-	(*ReturnRequest)(nil),       // 27: sluice.v1.ReturnRequest
-	(*LeaseReturn)(nil),         // 28: sluice.v1.LeaseReturn
-	(*RegionGrantRequest)(nil),  // 29: sluice.v1.RegionGrantRequest
-	(*RegionAsk)(nil),           // 30: sluice.v1.RegionAsk
-	(*RegionGrantResponse)(nil), // 31: sluice.v1.RegionGrantResponse
-	(*ReturnResponse)(nil),      // 32: sluice.v1.ReturnResponse
-	(*DecidedRequest)(nil),      // 33: sluice.v1.DecidedRequest
-	(*DecidedResponse)(nil),     // 34: sluice.v1.DecidedResponse
-	(*ForwardEnvelope)(nil),     // 35: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),        // 36: sluice.v1.ForwardReply
-	(*Counter)(nil),             // 37: sluice.v1.Counter
-	(*ReplicateRequest)(nil),    // 38: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),   // 39: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),          // 40: sluice.v1.CounterKey
-	(*PullRequest)(nil),         // 41: sluice.v1.PullRequest
-	(*PullResponse)(nil),        // 42: sluice.v1.PullResponse
-	(*PullHolder)(nil),          // 43: sluice.v1.PullHolder
+	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
+	(Status)(0),                    // 1: sluice.v1.Status
+	(Mode)(0),                      // 2: sluice.v1.Mode
+	(Calendar)(0),                  // 3: sluice.v1.Calendar
+	(TopBy)(0),                     // 4: sluice.v1.TopBy
+	(ReplicateRequest_Kind)(0),     // 5: sluice.v1.ReplicateRequest.Kind
+	(*OwnersRequest)(nil),          // 6: sluice.v1.OwnersRequest
+	(*OwnersResponse)(nil),         // 7: sluice.v1.OwnersResponse
+	(*OwnerMember)(nil),            // 8: sluice.v1.OwnerMember
+	(*CheckRequest)(nil),           // 9: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),       // 10: sluice.v1.RateLimitRequest
+	(*Limit)(nil),                  // 11: sluice.v1.Limit
+	(*CheckResponse)(nil),          // 12: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),      // 13: sluice.v1.RateLimitResponse
+	(*Override)(nil),               // 14: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 15: sluice.v1.SetOverrideRequest
+	(*DeleteOverrideRequest)(nil),  // 16: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 17: sluice.v1.DeleteOverrideResponse
+	(*ListOverridesRequest)(nil),   // 18: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 19: sluice.v1.ListOverridesResponse
+	(*KeyRequest)(nil),             // 20: sluice.v1.KeyRequest
+	(*KeyInspection)(nil),          // 21: sluice.v1.KeyInspection
+	(*TopKeysRequest)(nil),         // 22: sluice.v1.TopKeysRequest
+	(*TopKeysResponse)(nil),        // 23: sluice.v1.TopKeysResponse
+	(*TopKey)(nil),                 // 24: sluice.v1.TopKey
+	(*StatusRequest)(nil),          // 25: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),         // 26: sluice.v1.StatusResponse
+	(*MemberEvent)(nil),            // 27: sluice.v1.MemberEvent
+	(*Member)(nil),                 // 28: sluice.v1.Member
+	(*ForwardRequest)(nil),         // 29: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 30: sluice.v1.ForwardResponse
+	(*LeaseGrant)(nil),             // 31: sluice.v1.LeaseGrant
+	(*RegionLink)(nil),             // 32: sluice.v1.RegionLink
+	(*ReturnRequest)(nil),          // 33: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),            // 34: sluice.v1.LeaseReturn
+	(*RegionGrantRequest)(nil),     // 35: sluice.v1.RegionGrantRequest
+	(*RegionAsk)(nil),              // 36: sluice.v1.RegionAsk
+	(*RegionGrantResponse)(nil),    // 37: sluice.v1.RegionGrantResponse
+	(*ReturnResponse)(nil),         // 38: sluice.v1.ReturnResponse
+	(*DecidedRequest)(nil),         // 39: sluice.v1.DecidedRequest
+	(*DecidedResponse)(nil),        // 40: sluice.v1.DecidedResponse
+	(*ForwardEnvelope)(nil),        // 41: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),           // 42: sluice.v1.ForwardReply
+	(*Counter)(nil),                // 43: sluice.v1.Counter
+	(*ReplicateRequest)(nil),       // 44: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 45: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),             // 46: sluice.v1.CounterKey
+	(*PullRequest)(nil),            // 47: sluice.v1.PullRequest
+	(*PullResponse)(nil),           // 48: sluice.v1.PullResponse
+	(*PullHolder)(nil),             // 49: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	8,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
@@ -3823,61 +4215,70 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	3,  // 8: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
 	13, // 9: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
 	1,  // 10: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	10, // 11: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
-	13, // 12: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
-	4,  // 13: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
-	18, // 14: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
-	22, // 15: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	21, // 16: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	26, // 17: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
-	10, // 18: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	13, // 19: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	25, // 20: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	28, // 21: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	10, // 22: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	30, // 23: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
-	10, // 24: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
-	25, // 25: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
-	23, // 26: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	24, // 27: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	5,  // 28: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	37, // 29: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	40, // 30: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	37, // 31: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	43, // 32: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	9,  // 33: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	6,  // 34: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	19, // 35: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	16, // 36: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
-	14, // 37: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
-	14, // 38: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
-	14, // 39: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
-	23, // 40: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	38, // 41: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	41, // 42: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	35, // 43: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	27, // 44: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	29, // 45: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	33, // 46: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	12, // 47: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 48: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	20, // 49: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	17, // 50: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
-	15, // 51: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
-	15, // 52: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
-	15, // 53: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
-	24, // 54: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	39, // 55: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	42, // 56: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	36, // 57: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	32, // 58: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	31, // 59: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	34, // 60: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	47, // [47:61] is the sub-list for method output_type
-	33, // [33:47] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	11, // 11: sluice.v1.Override.limits:type_name -> sluice.v1.Limit
+	14, // 12: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	14, // 13: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	10, // 14: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
+	13, // 15: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
+	4,  // 16: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
+	24, // 17: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
+	28, // 18: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	27, // 19: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
+	32, // 20: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	10, // 21: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	13, // 22: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	31, // 23: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	34, // 24: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	10, // 25: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	36, // 26: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	10, // 27: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	31, // 28: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	29, // 29: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	30, // 30: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	5,  // 31: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	43, // 32: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	46, // 33: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	43, // 34: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	49, // 35: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	9,  // 36: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	6,  // 37: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	25, // 38: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	22, // 39: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
+	20, // 40: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
+	20, // 41: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
+	20, // 42: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
+	15, // 43: sluice.v1.Admin.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	16, // 44: sluice.v1.Admin.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	18, // 45: sluice.v1.Admin.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	29, // 46: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	44, // 47: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	47, // 48: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	41, // 49: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	33, // 50: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	35, // 51: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	39, // 52: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	12, // 53: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 54: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	26, // 55: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	23, // 56: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	21, // 57: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
+	21, // 58: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
+	21, // 59: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
+	14, // 60: sluice.v1.Admin.SetOverride:output_type -> sluice.v1.Override
+	17, // 61: sluice.v1.Admin.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	19, // 62: sluice.v1.Admin.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	30, // 63: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	45, // 64: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	48, // 65: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	42, // 66: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	38, // 67: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	37, // 68: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	40, // 69: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	53, // [53:70] is the sub-list for method output_type
+	36, // [36:53] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -3892,7 +4293,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   38,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

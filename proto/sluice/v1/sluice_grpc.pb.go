@@ -181,11 +181,14 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Admin_Status_FullMethodName     = "/sluice.v1.Admin/Status"
-	Admin_TopKeys_FullMethodName    = "/sluice.v1.Admin/TopKeys"
-	Admin_InspectKey_FullMethodName = "/sluice.v1.Admin/InspectKey"
-	Admin_DrainKey_FullMethodName   = "/sluice.v1.Admin/DrainKey"
-	Admin_ResetKey_FullMethodName   = "/sluice.v1.Admin/ResetKey"
+	Admin_Status_FullMethodName         = "/sluice.v1.Admin/Status"
+	Admin_TopKeys_FullMethodName        = "/sluice.v1.Admin/TopKeys"
+	Admin_InspectKey_FullMethodName     = "/sluice.v1.Admin/InspectKey"
+	Admin_DrainKey_FullMethodName       = "/sluice.v1.Admin/DrainKey"
+	Admin_ResetKey_FullMethodName       = "/sluice.v1.Admin/ResetKey"
+	Admin_SetOverride_FullMethodName    = "/sluice.v1.Admin/SetOverride"
+	Admin_DeleteOverride_FullMethodName = "/sluice.v1.Admin/DeleteOverride"
+	Admin_ListOverrides_FullMethodName  = "/sluice.v1.Admin/ListOverrides"
 )
 
 // AdminClient is the client API for Admin service.
@@ -219,6 +222,21 @@ type AdminClient interface {
 	// forgotten count never merge back into it (docs/operations.md,
 	// "Inspecting, draining and resetting a key").
 	ResetKey(ctx context.Context, in *KeyRequest, opts ...grpc.CallOption) (*KeyInspection, error)
+	// SetOverride: put limits in force for one key of a name, or for every
+	// key of a name that starts with a prefix, on every node within about a
+	// second, ahead of the limits checks carry inline and of the rules
+	// file (docs/operations.md, "Overrides at run time"). The cluster keeps
+	// it (gossip, and a file beside each node's store); no other store.
+	// version, origin, set_by and set_at_unix_ms are the node's to fill.
+	// Refused with INVALID_ARGUMENT when a field is wrong, and with
+	// RESOURCE_EXHAUSTED past the cap (1,000 overrides). Logged as an audit
+	// line naming the caller.
+	SetOverride(ctx context.Context, in *SetOverrideRequest, opts ...grpc.CallOption) (*Override, error)
+	// DeleteOverride: end an override on every node; deleted is false when
+	// none was in force. Logged as an audit line naming the caller.
+	DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error)
+	// ListOverrides: the overrides in force, as the asked node knows them.
+	ListOverrides(ctx context.Context, in *ListOverridesRequest, opts ...grpc.CallOption) (*ListOverridesResponse, error)
 }
 
 type adminClient struct {
@@ -279,6 +297,36 @@ func (c *adminClient) ResetKey(ctx context.Context, in *KeyRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *adminClient) SetOverride(ctx context.Context, in *SetOverrideRequest, opts ...grpc.CallOption) (*Override, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Override)
+	err := c.cc.Invoke(ctx, Admin_SetOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteOverrideResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListOverrides(ctx context.Context, in *ListOverridesRequest, opts ...grpc.CallOption) (*ListOverridesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOverridesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListOverrides_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -310,6 +358,21 @@ type AdminServer interface {
 	// forgotten count never merge back into it (docs/operations.md,
 	// "Inspecting, draining and resetting a key").
 	ResetKey(context.Context, *KeyRequest) (*KeyInspection, error)
+	// SetOverride: put limits in force for one key of a name, or for every
+	// key of a name that starts with a prefix, on every node within about a
+	// second, ahead of the limits checks carry inline and of the rules
+	// file (docs/operations.md, "Overrides at run time"). The cluster keeps
+	// it (gossip, and a file beside each node's store); no other store.
+	// version, origin, set_by and set_at_unix_ms are the node's to fill.
+	// Refused with INVALID_ARGUMENT when a field is wrong, and with
+	// RESOURCE_EXHAUSTED past the cap (1,000 overrides). Logged as an audit
+	// line naming the caller.
+	SetOverride(context.Context, *SetOverrideRequest) (*Override, error)
+	// DeleteOverride: end an override on every node; deleted is false when
+	// none was in force. Logged as an audit line naming the caller.
+	DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error)
+	// ListOverrides: the overrides in force, as the asked node knows them.
+	ListOverrides(context.Context, *ListOverridesRequest) (*ListOverridesResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -334,6 +397,15 @@ func (UnimplementedAdminServer) DrainKey(context.Context, *KeyRequest) (*KeyInsp
 }
 func (UnimplementedAdminServer) ResetKey(context.Context, *KeyRequest) (*KeyInspection, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResetKey not implemented")
+}
+func (UnimplementedAdminServer) SetOverride(context.Context, *SetOverrideRequest) (*Override, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetOverride not implemented")
+}
+func (UnimplementedAdminServer) DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteOverride not implemented")
+}
+func (UnimplementedAdminServer) ListOverrides(context.Context, *ListOverridesRequest) (*ListOverridesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOverrides not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -446,6 +518,60 @@ func _Admin_ResetKey_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SetOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetOverride(ctx, req.(*SetOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteOverride(ctx, req.(*DeleteOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListOverrides_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOverridesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListOverrides(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListOverrides_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListOverrides(ctx, req.(*ListOverridesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -472,6 +598,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResetKey",
 			Handler:    _Admin_ResetKey_Handler,
+		},
+		{
+			MethodName: "SetOverride",
+			Handler:    _Admin_SetOverride_Handler,
+		},
+		{
+			MethodName: "DeleteOverride",
+			Handler:    _Admin_DeleteOverride_Handler,
+		},
+		{
+			MethodName: "ListOverrides",
+			Handler:    _Admin_ListOverrides_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
