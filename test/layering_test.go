@@ -72,7 +72,7 @@ var layers = []layer{
 	// protocol's service and are guarded by transport/security. The rules
 	// file's Envoy rule is one type: the Envoy service answers with
 	// rules.EnvoyRule, from the rules package.
-	{pkg: "transport", may: []string{"bucket", "cluster/check", "cluster/keymove", "cluster/overrides", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
+	{pkg: "transport", may: []string{"bucket", "cluster/check", "cluster/keymove", "transport/peer", "transport/security", "transport/rules", "proto/sluice/v1", "google.golang.org/grpc", "google.golang.org/protobuf",
 		"google.golang.org/genproto/googleapis/rpc", // gRPC's standard status details (RetryInfo)
 		"github.com/envoyproxy/go-control-plane/envoy",
 		// Tracing: the OpenTelemetry API and otelgrpc; the SDK and the

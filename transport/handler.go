@@ -7,10 +7,10 @@ package transport
 
 import (
 	"context"
+	"errors"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/check"
-	"github.com/sluicehq/sluice/cluster/overrides"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/transport/peer"
 )
@@ -73,13 +73,20 @@ type KeysSource interface {
 }
 
 // OverridesSource keeps the runtime overrides (Admin.SetOverride,
-// DeleteOverride, ListOverrides). cmd/sluice implements it with
-// cluster.Node. Called concurrently.
+// DeleteOverride, ListOverrides). SetOverride gets o as the client sent
+// it and the caller as the audit line names it, and answers the stored
+// override, or an error that is ErrOverridesFull past the cap and a
+// refusal of o otherwise. cmd/sluice implements it with cluster.Node.
+// Called concurrently.
 type OverridesSource interface {
-	SetOverride(o overrides.Override) (overrides.Override, error)
-	DeleteOverride(t overrides.Target, setBy string) (bool, error)
-	Overrides(name string) []overrides.Override
+	SetOverride(o *sluicev1.Override, setBy string) (*sluicev1.Override, error)
+	DeleteOverride(name, key string, prefix bool, setBy string) (bool, error)
+	Overrides(name string) (list []*sluicev1.Override, max int)
 }
+
+// ErrOverridesFull is wrapped by an OverridesSource's refusal of a new
+// override past the cap.
+var ErrOverridesFull = errors.New("overrides full")
 
 // MaxTopKeys is the most keys a TopKeys call may ask for, and
 // DefaultTopKeys what a limit of 0 asks for.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster/overrides"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
+	"github.com/sluicehq/sluice/transport/peer"
 )
 
 // tableSource keeps overrides in a real table, as the node does.
@@ -20,20 +21,38 @@ type tableSource struct {
 	v  uint64
 }
 
-func (s *tableSource) SetOverride(o overrides.Override) (overrides.Override, error) {
-	s.mu.Lock()
-	s.v++
-	o.Origin, o.Version = "n1", s.v
-	s.mu.Unlock()
-	_, err := s.t.Apply(o)
-	return o, err
+func fromWire(m *sluicev1.Override) overrides.Override {
+	o := overrides.Override{Target: overrides.Target{Name: m.GetName(), Key: m.GetKey(), Prefix: m.GetPrefix()}, Note: m.GetNote(), Origin: "n1"}
+	for _, l := range m.GetLimits() {
+		o.Limits = append(o.Limits, peer.LimitFromProto(l))
+	}
+	return o
 }
 
-func (s *tableSource) DeleteOverride(t overrides.Target, setBy string) (bool, error) {
+func (s *tableSource) SetOverride(m *sluicev1.Override, setBy string) (*sluicev1.Override, error) {
+	o := fromWire(m)
+	o.SetBy = setBy
+	s.mu.Lock()
+	s.v++
+	o.Version = s.v
+	s.mu.Unlock()
+	if _, err := s.t.Apply(o); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (s *tableSource) DeleteOverride(name, key string, prefix bool, setBy string) (bool, error) {
 	return false, nil
 }
 
-func (s *tableSource) Overrides(name string) []overrides.Override { return s.t.List(name) }
+func (s *tableSource) Overrides(name string) ([]*sluicev1.Override, int) {
+	var out []*sluicev1.Override
+	for _, o := range s.t.List(name) {
+		out = append(out, &sluicev1.Override{Name: o.Name, Key: o.Key, Prefix: o.Prefix})
+	}
+	return out, overrides.MaxOverrides
+}
 
 // SetOverride stores exactly the overrides that validate, refuses every
 // other with InvalidArgument and changes nothing, counts each, and lists
@@ -50,8 +69,7 @@ func FuzzSetOverride(f *testing.F) {
 		g := adminServer{s: srv}
 		o := &sluicev1.Override{Name: name, Key: key, Prefix: prefix, Note: note,
 			Limits: []*sluicev1.Limit{{Limit: limit, WindowMs: window, Algorithm: sluicev1.Algorithm(alg)}}}
-		want := OverrideFromProto(o)
-		want.Origin = "n1"
+		want := fromWire(o)
 		valid := want.Validate() == nil
 		got, err := g.SetOverride(context.Background(), &sluicev1.SetOverrideRequest{Override: o})
 		list, _ := g.ListOverrides(context.Background(), &sluicev1.ListOverridesRequest{})

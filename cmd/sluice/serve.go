@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/hitters"
+	"github.com/sluicehq/sluice/cluster/overrides"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/transport"
@@ -318,7 +319,7 @@ func newServing(f *serveFlags, cfg *cluster.Config, sec *secrets, lg *slog.Logge
 		Status:                statusSource{node: node, rules: watcher(cfg.Rules)},
 		TopKeys:               topKeysSource{node},
 		Keys:                  keysSource{node},
-		Overrides:             node,
+		Overrides:             overridesSource{node},
 		Owners:                &ownerSource{node: node},
 		Members:               peers,
 		Metrics:               metrics.handler(lg),
@@ -584,6 +585,52 @@ func (s keysSource) DrainKey(ctx context.Context, r check.Request) (*sluicev1.Ke
 func (s keysSource) ResetKey(ctx context.Context, r check.Request) (*sluicev1.KeyInspection, error) {
 	ks, err := s.node.ResetKey(ctx, r)
 	return inspection(r, ks), err
+}
+
+// overridesSource answers the Admin override calls from the node,
+// converting between the wire and package overrides.
+type overridesSource struct{ node *cluster.Node }
+
+func (s overridesSource) SetOverride(m *sluicev1.Override, setBy string) (*sluicev1.Override, error) {
+	stored, err := s.node.SetOverride(overrideFromProto(m, setBy))
+	if errors.Is(err, overrides.ErrFull) {
+		err = fmt.Errorf("%w: %w", transport.ErrOverridesFull, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return overrideToProto(stored), nil
+}
+
+func (s overridesSource) DeleteOverride(name, key string, prefix bool, setBy string) (bool, error) {
+	return s.node.DeleteOverride(overrides.Target{Name: name, Key: key, Prefix: prefix}, setBy)
+}
+
+func (s overridesSource) Overrides(name string) ([]*sluicev1.Override, int) {
+	var out []*sluicev1.Override
+	for _, o := range s.node.Overrides(name) {
+		out = append(out, overrideToProto(o))
+	}
+	return out, overrides.MaxOverrides
+}
+
+// overrideFromProto converts an Override as a client sends it; the node's
+// fields (version, origin, set_at) are not read.
+func overrideFromProto(m *sluicev1.Override, setBy string) overrides.Override {
+	o := overrides.Override{Target: overrides.Target{Name: m.GetName(), Key: m.GetKey(), Prefix: m.GetPrefix()}, Note: m.GetNote(), SetBy: setBy}
+	for _, l := range m.GetLimits() {
+		o.Limits = append(o.Limits, peer.LimitFromProto(l))
+	}
+	return o
+}
+
+func overrideToProto(o overrides.Override) *sluicev1.Override {
+	m := &sluicev1.Override{Name: o.Name, Key: o.Key, Prefix: o.Prefix, Note: o.Note, Version: o.Version, Origin: o.Origin,
+		SetBy: o.SetBy, SetAtUnixMs: o.SetAt / 1e6}
+	for _, l := range o.Limits {
+		m.Limits = append(m.Limits, peer.LimitToProto(l))
+	}
+	return m
 }
 
 func inspection(r check.Request, ks cluster.KeyState) *sluicev1.KeyInspection {
