@@ -78,6 +78,7 @@ type Node struct {
 
 	deleg      *delegate
 	ovr        overrideState
+	reserve    *reservations
 	roster     roster
 	gossipAddr atomic.Value // string: memberlist's advertised host:port, set by Start
 	ml         atomic.Pointer[memberlist.Memberlist]
@@ -243,6 +244,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	n.ledger = ownership.NewLedger(ledgerKeep(&cfg), ledgerRoom, n.now().UnixNano())
 	n.hitters = hitters.New()
 	n.initOverrides()
+	n.reserve = newReservations()
 	if cfg.HotKeyThreshold > 0 {
 		n.heat = lease.NewHeat(heatSlots, heatTick)
 	}

@@ -97,7 +97,7 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 			}
 			owner = ring.Member{Addr: to}
 		}
-		if !admin && n.leases.Len() > 0 && len(lims.more) == 0 && lease.Leasable(lims.one, r.Hits) &&
+		if !admin && n.leases.Len() > 0 && len(lims.more) == 0 && r.ReserveTTLMS == 0 && r.ReservationID == "" && lease.Leasable(lims.one, r.Hits) &&
 			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
 			// Decided from a lease the key's owner granted here (or
 			// refused from a refusal lease).
@@ -204,7 +204,7 @@ const (
 // lease when it spent that early, at most half of what is left — and puts
 // it in o.Lease for that node to spend.
 func (n *Node) grant(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, from uint64, now int64, o *check.Outcome) {
-	if o.Err != "" || r.Reset || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
+	if o.Err != "" || r.Reset || r.ReserveTTLMS > 0 || r.ReservationID != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
 	if _, away := n.away(h, lims); away {
@@ -320,6 +320,18 @@ func (l limits) all() []bucket.Limit {
 // included, and is decided with them: the owner needs no rules. When it
 // fails it fills o with the error and returns false.
 func (n *Node) prepare(r *check.Request, resolved bool, o *check.Outcome) (limits, bool) {
+	lims, ok := n.prepareLimits(r, resolved, o)
+	if ok && (r.ReserveTTLMS > 0 || r.ReservationID != "") {
+		if why := reservable(lims); why != "" {
+			o.Err = why
+			return limits{}, false
+		}
+	}
+	return lims, ok
+}
+
+// prepareLimits is prepare but for the checks of reserve and settle.
+func (n *Node) prepareLimits(r *check.Request, resolved bool, o *check.Outcome) (limits, bool) {
 	*o = check.Outcome{}
 	if err := r.Validate(); err != nil {
 		o.Err = err.Error()
@@ -423,10 +435,15 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			continue
 		}
 		var err error
-		if r.Reset {
+		switch {
+		case r.ReservationID != "":
+			err = n.settleCache(h, k, lims, r, now, o)
+		case r.Reset:
 			err = n.resetCache(h, k, lims, now)
-		}
-		if err == nil {
+			if err == nil {
+				err = n.decideCache(&o.Decision, h, k, lims, 0, now)
+			}
+		default:
 			err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
 		}
 		if errors.Is(err, writeback.ErrFenced) && !f.Released {
@@ -441,6 +458,9 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			o.Decision = bucket.Decision{}
 			o.Err = err.Error()
 			return ""
+		}
+		if r.ReserveTTLMS > 0 && o.Decision.Allowed() {
+			o.Reservation = n.reserve.mint(r.Name, r.Key, lims.one, r.Hits, r.ReserveTTLMS, now)
 		}
 		n.noteDecided(h, r, &o.Decision, f.Owns, now)
 		return ""

@@ -168,7 +168,7 @@ func (s *Server) serveCheck(w http.ResponseWriter, r *http.Request) {
 			switch {
 			case refused || s.validateCheck(req.Requests[i]) != nil:
 				code = http.StatusBadRequest // invalid only now: the rules changed meanwhile
-			case strings.HasPrefix(o.Error, bucket.AlgorithmConflictPrefix):
+			case strings.HasPrefix(o.Error, bucket.AlgorithmConflictPrefix), strings.HasPrefix(o.Error, check.SettleRefusedPrefix):
 				if code == http.StatusOK || code == http.StatusServiceUnavailable {
 					code = http.StatusConflict
 				}

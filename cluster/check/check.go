@@ -32,7 +32,27 @@ type Request struct {
 	// it. Only Node.ResetKey sets it, and the forwards it makes: a
 	// client's Check with Reset is refused.
 	Reset bool
+	// ReserveTTLMS, when above 0, reserves: Hits is an estimate, and an
+	// admitted answer carries a reservation (Outcome.Reservation) to
+	// settle within this many ms.
+	ReserveTTLMS int64
+	// ReservationID, when set, settles that reservation at Actual hits:
+	// the difference to its estimate is charged or given back. Hits is 0.
+	ReservationID string
+	Actual        int64
 }
+
+// Bounds of reserve, then settle.
+const (
+	// SettleRefusedPrefix starts the error of a settle its key's owner
+	// refused (unknown or forged id, TTL passed, settled already): the
+	// reservation counts at its estimate, and sending the settle again
+	// changes nothing (the HTTP API answers it 409).
+	SettleRefusedPrefix = "settle refused: "
+
+	MaxReserveTTLMS     = 3_600_000 // an hour
+	MaxReservationIDLen = 128
+)
 
 // Outcome is a Decision as it travels between nodes and back to the client:
 // Owner names the node that decided; Err is set (with StatusUnspecified)
@@ -45,6 +65,12 @@ type Outcome struct {
 	// check, is a quota lease for that node (docs/leases.md); zero
 	// otherwise, and never sent to clients.
 	Lease Lease
+	// Reservation is the id of the reservation an admitted check with
+	// ReserveTTLMS made; Returned and Charged are what a settle gave back
+	// and charged (Settled: the item was a settle that took place).
+	Reservation       string
+	Settled           bool
+	Returned, Charged int64
 }
 
 // Lease is a quota lease as it travels from a key's owner to the node that
@@ -112,6 +138,9 @@ func (r *Request) Validate() error {
 	if r.Reset && r.Hits != 0 {
 		return fmt.Errorf("a reset counts no hits: hits is %d, must be 0", r.Hits)
 	}
+	if err := r.validateReservation(); err != nil {
+		return err
+	}
 	if len(r.More) > 0 {
 		return r.validateMore()
 	}
@@ -126,6 +155,33 @@ func (r *Request) Validate() error {
 		return nil
 	}
 	return r.Limit.Validate()
+}
+
+// validateReservation checks the reserve and settle fields.
+func (r *Request) validateReservation() error {
+	switch {
+	case r.ReservationID == "" && r.Actual != 0:
+		return fmt.Errorf("actual is set without reservation_id: a settle names its reservation")
+	case r.ReserveTTLMS == 0 && r.ReservationID == "":
+		return nil
+	case r.ReserveTTLMS < 0 || r.ReserveTTLMS > MaxReserveTTLMS:
+		return fmt.Errorf("reserve_ttl_ms is %d, must be 1..%d", r.ReserveTTLMS, MaxReserveTTLMS)
+	case r.ReserveTTLMS > 0 && r.ReservationID != "":
+		return fmt.Errorf("a check reserves (reserve_ttl_ms) or settles (reservation_id), not both")
+	case r.ReserveTTLMS > 0 && r.Hits <= 0:
+		return fmt.Errorf("a reservation needs hits, its estimate, above 0")
+	case r.ReservationID != "" && r.Hits != 0:
+		return fmt.Errorf("a settle counts no hits of its own: hits is %d, must be 0 (actual gives the cost)", r.Hits)
+	case r.ReservationID != "" && (r.Actual < 0 || r.Actual > bucket.MaxLimit):
+		return fmt.Errorf("actual is %d, must be 0..%d", r.Actual, bucket.MaxLimit)
+	case len(r.ReservationID) > MaxReservationIDLen:
+		return fmt.Errorf("reservation_id is %d bytes, more than %d", len(r.ReservationID), MaxReservationIDLen)
+	case len(r.More) > 0:
+		return fmt.Errorf("reserve and settle take one limit, not limits")
+	case r.Reset:
+		return fmt.Errorf("a reset neither reserves nor settles")
+	}
+	return nil
 }
 
 // validateMore validates a request with a non-empty More.

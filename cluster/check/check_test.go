@@ -237,3 +237,28 @@ func FuzzValidate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateReservation: Validate accepts a reserve or a settle exactly
+// within their bounds, and never both at once.
+func FuzzValidateReservation(f *testing.F) {
+	f.Add(int64(5), int64(60_000), "", int64(0), false)
+	f.Add(int64(0), int64(0), "abc", int64(250), false)
+	f.Add(int64(1), int64(1), "abc", int64(-1), true)
+	f.Add(int64(5), int64(60_000), "", int64(5), false) // actual without a settle
+	f.Fuzz(func(t *testing.T, hits, ttl int64, id string, actual int64, more bool) {
+		r := Request{Name: "llm", Key: "u", Hits: hits, ReserveTTLMS: ttl, ReservationID: id, Actual: actual,
+			Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Limit: 10, WindowMS: 1000}}
+		if more {
+			r.More, r.Limit = []bucket.Limit{r.Limit}, bucket.Limit{}
+		}
+		err := r.Validate()
+		reserve, settle := ttl != 0, id != ""
+		want := hits >= 0 && !(more && (reserve || settle)) && !(reserve && settle) &&
+			(!reserve || (ttl > 0 && ttl <= MaxReserveTTLMS && hits > 0)) &&
+			(!settle || (hits == 0 && actual >= 0 && actual <= bucket.MaxLimit && len(id) <= MaxReservationIDLen)) &&
+			(settle || actual == 0)
+		if (err == nil) != want {
+			t.Fatalf("%+v: %v, want accepted %v", r, err, want)
+		}
+	})
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/client"
@@ -39,6 +40,9 @@ func checkCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the response as protobuf JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline of the call")
+	reserveTTL := fs.Duration("reserve-ttl", 0, "reserve: --hits is an estimate; an admitted answer carries a reservation id to settle within this long (at most 1h)")
+	settle := fs.String("settle", "", "settle this reservation id at --actual hits (--hits is then 0; give the key and limit as the reserving check did)")
+	actual := fs.Int64("actual", 0, "with --settle: the actual cost")
 	var sec clientFlags
 	sec.register(fs, false)
 	if err := parseWithEnv(fs, args); err != nil {
@@ -59,6 +63,18 @@ func checkCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	req, err := cf.request(set)
 	if err != nil {
 		return fail("%v", err)
+	}
+	if *reserveTTL%time.Millisecond != 0 {
+		return fail("--reserve-ttl %v: must be a whole number of milliseconds", *reserveTTL)
+	}
+	req.ReserveTtlMs = reserveTTL.Milliseconds()
+	if *settle != "" {
+		req.ReservationId, req.Actual = *settle, *actual
+		if !set["hits"] {
+			req.Hits = proto.Int64(0)
+		}
+	} else if set["actual"] {
+		return fail("--actual goes with --settle")
 	}
 	opts, err := sec.dialOptions()
 	if err != nil {
@@ -194,16 +210,28 @@ func printCheck(stdout, stderr io.Writer, r *sluicev1.RateLimitResponse, asJSON 
 		if !asJSON {
 			fmt.Fprintf(stdout, "allowed: %d of %d remaining, full again in %s (decided by %s)\n",
 				r.Remaining, r.Limit, ms(r.ResetAfterMs), r.Owner)
+			printReservation(stdout, r)
 		}
 		return exitAllowed
 	case r.Status == sluicev1.Status_STATUS_OVER_LIMIT:
 		if !asJSON {
 			fmt.Fprintf(stdout, "over limit: %d of %d remaining, retry in %s (decided by %s)\n",
 				r.Remaining, r.Limit, ms(r.RetryAfterMs), r.Owner)
+			printReservation(stdout, r)
 		}
 		return exitOver
 	}
 	return checkFail(stderr, "%s answered status %v", addr, r.Status)
+}
+
+// printReservation prints what a reserve or a settle answered.
+func printReservation(stdout io.Writer, r *sluicev1.RateLimitResponse) {
+	if r.ReservationId != nil {
+		fmt.Fprintf(stdout, "reservation: %s\n", r.GetReservationId())
+	}
+	if r.Returned != nil || r.Charged != nil {
+		fmt.Fprintf(stdout, "settled: %d returned, %d charged\n", r.GetReturned(), r.GetCharged())
+	}
 }
 
 func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }

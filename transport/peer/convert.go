@@ -6,6 +6,8 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/check"
+	"google.golang.org/protobuf/proto"
+
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -53,7 +55,10 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) check.Request {
 			CalendarTZ:         r.CalendarTz,
 			Global:             r.Global,
 		},
-		Reset: r.ResetKey,
+		Reset:         r.ResetKey,
+		ReserveTTLMS:  r.ReserveTtlMs,
+		ReservationID: r.ReservationId,
+		Actual:        r.Actual,
 	}
 	if n := min(len(r.Limits), maxConvertedLimits); n > 0 {
 		req.More = make([]bucket.Limit, n)
@@ -169,6 +174,9 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *check.Request, hits *int64) {
 	m.CalendarTz = r.CalendarTZ
 	m.Global = r.Global
 	m.ResetKey = r.Reset
+	m.ReserveTtlMs = r.ReserveTTLMS
+	m.ReservationId = r.ReservationID
+	m.Actual = r.Actual
 	m.Limits = nil
 	if len(r.More) > 0 {
 		m.Limits = make([]*sluicev1.Limit, len(r.More))
@@ -207,6 +215,13 @@ func fillResponse(m *sluicev1.RateLimitResponse, o *check.Outcome) {
 	m.RetryAfterMs = o.RetryAfterMS
 	m.Error = o.Err
 	m.Owner = o.Owner
+	m.ReservationId, m.Returned, m.Charged = nil, nil, nil
+	if o.Reservation != "" {
+		m.ReservationId = proto.String(o.Reservation)
+	}
+	if o.Settled {
+		m.Returned, m.Charged = proto.Int64(o.Returned), proto.Int64(o.Charged)
+	}
 }
 
 // OutcomeFromProto converts one wire response. A status this release does not
@@ -222,8 +237,12 @@ func OutcomeFromProto(m *sluicev1.RateLimitResponse) check.Outcome {
 			ResetAfterMS: m.ResetAfterMs,
 			RetryAfterMS: m.RetryAfterMs,
 		},
-		Owner: m.Owner,
-		Err:   m.Error,
+		Owner:       m.Owner,
+		Err:         m.Error,
+		Reservation: m.GetReservationId(),
+		Settled:     m.Returned != nil,
+		Returned:    m.GetReturned(),
+		Charged:     m.GetCharged(),
 	}
 	switch m.Status {
 	case sluicev1.Status_STATUS_UNSPECIFIED, sluicev1.Status_STATUS_UNDER_LIMIT, sluicev1.Status_STATUS_OVER_LIMIT:

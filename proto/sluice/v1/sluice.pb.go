@@ -597,6 +597,21 @@ type RateLimitRequest struct {
 	// hits 0). A client's Check with reset_key set is refused: reset a key with
 	// Admin/ResetKey (sluice keys reset).
 	ResetKey bool `protobuf:"varint,19,opt,name=reset_key,json=resetKey,proto3" json:"reset_key,omitempty"`
+	// reserve_ttl_ms: reserve, then settle (docs/algorithms.md, "Reserve,
+	// then settle"). hits is an estimate of the cost; when admitted, the
+	// answer carries reservation_id, and a settle within this many ms
+	// charges or gives back the difference to the actual cost. 1..3600000;
+	// one limit only, a hard token_bucket, fixed_window or sliding_window
+	// (without sub_windows). A reservation never settled counts at its
+	// estimate.
+	ReserveTtlMs int64 `protobuf:"varint,20,opt,name=reserve_ttl_ms,json=reserveTtlMs,proto3" json:"reserve_ttl_ms,omitempty"`
+	// reservation_id and actual: a settle. The item names the key and its
+	// limit as the reserving check did (inline, or by the rule of name),
+	// hits 0, the reservation_id its answer carried, and the actual cost;
+	// the answer says how much came back (returned) or was charged
+	// (charged), and what remains.
+	ReservationId string `protobuf:"bytes,21,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	Actual        int64  `protobuf:"varint,22,opt,name=actual,proto3" json:"actual,omitempty"`
 	// More limits on the same (name, key), decided atomically with the inline
 	// one: every limit admits and all consume, or none does. The answer is the
 	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
@@ -768,6 +783,27 @@ func (x *RateLimitRequest) GetResetKey() bool {
 		return x.ResetKey
 	}
 	return false
+}
+
+func (x *RateLimitRequest) GetReserveTtlMs() int64 {
+	if x != nil {
+		return x.ReserveTtlMs
+	}
+	return 0
+}
+
+func (x *RateLimitRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *RateLimitRequest) GetActual() int64 {
+	if x != nil {
+		return x.Actual
+	}
+	return 0
 }
 
 func (x *RateLimitRequest) GetLimits() []*Limit {
@@ -1005,14 +1041,21 @@ func (x *CheckResponse) GetResponses() []*RateLimitResponse {
 }
 
 type RateLimitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        Status                 `protobuf:"varint,1,opt,name=status,proto3,enum=sluice.v1.Status" json:"status,omitempty"`
-	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
-	Remaining     int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	ResetAfterMs  int64                  `protobuf:"varint,4,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"` // until the window/bucket is full again
-	RetryAfterMs  int64                  `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // 0 when allowed
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`                                      // set, with STATUS_UNSPECIFIED, when this item was invalid
-	Owner         string                 `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`                                      // node name of the node that decided
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Status       Status                 `protobuf:"varint,1,opt,name=status,proto3,enum=sluice.v1.Status" json:"status,omitempty"`
+	Limit        int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining    int64                  `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	ResetAfterMs int64                  `protobuf:"varint,4,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"` // until the window/bucket is full again
+	RetryAfterMs int64                  `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // 0 when allowed
+	Error        string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`                                      // set, with STATUS_UNSPECIFIED, when this item was invalid
+	Owner        string                 `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`                                      // node name of the node that decided
+	// reservation_id: an admitted check with reserve_ttl_ms; settle it with
+	// this id. returned and charged: a settle's hits given back and charged.
+	// Present only when set, so that a plain check's JSON answer does not
+	// carry them.
+	ReservationId *string `protobuf:"bytes,8,opt,name=reservation_id,json=reservationId,proto3,oneof" json:"reservation_id,omitempty"`
+	Returned      *int64  `protobuf:"varint,9,opt,name=returned,proto3,oneof" json:"returned,omitempty"`
+	Charged       *int64  `protobuf:"varint,10,opt,name=charged,proto3,oneof" json:"charged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1094,6 +1137,27 @@ func (x *RateLimitResponse) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *RateLimitResponse) GetReservationId() string {
+	if x != nil && x.ReservationId != nil {
+		return *x.ReservationId
+	}
+	return ""
+}
+
+func (x *RateLimitResponse) GetReturned() int64 {
+	if x != nil && x.Returned != nil {
+		return *x.Returned
+	}
+	return 0
+}
+
+func (x *RateLimitResponse) GetCharged() int64 {
+	if x != nil && x.Charged != nil {
+		return *x.Charged
+	}
+	return 0
 }
 
 // Override is a limit set at run time for one key of a name, or, with
@@ -3820,7 +3884,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\x8b\x05\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xf0\x05\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -3842,7 +3906,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06global\x18\x11 \x01(\bR\x06global\x12\x1f\n" +
 	"\vcalendar_tz\x18\x12 \x01(\tR\n" +
 	"calendarTz\x12\x1b\n" +
-	"\treset_key\x18\x13 \x01(\bR\bresetKey\x12(\n" +
+	"\treset_key\x18\x13 \x01(\bR\bresetKey\x12$\n" +
+	"\x0ereserve_ttl_ms\x18\x14 \x01(\x03R\freserveTtlMs\x12%\n" +
+	"\x0ereservation_id\x18\x15 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06actual\x18\x16 \x01(\x03R\x06actual\x12(\n" +
 	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limitsB\a\n" +
 	"\x05_hits\"\xf1\x03\n" +
 	"\x05Limit\x12\x14\n" +
@@ -3864,7 +3931,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vcalendar_tz\x18\x0e \x01(\tR\n" +
 	"calendarTz\"K\n" +
 	"\rCheckResponse\x12:\n" +
-	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\xea\x01\n" +
+	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\x82\x03\n" +
 	"\x11RateLimitResponse\x12)\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x11.sluice.v1.StatusR\x06status\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -3872,7 +3939,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x04 \x01(\x03R\fresetAfterMs\x12$\n" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x12\x14\n" +
-	"\x05owner\x18\a \x01(\tR\x05owner\"\xf4\x01\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\x12*\n" +
+	"\x0ereservation_id\x18\b \x01(\tH\x00R\rreservationId\x88\x01\x01\x12\x1f\n" +
+	"\breturned\x18\t \x01(\x03H\x01R\breturned\x88\x01\x01\x12\x1d\n" +
+	"\acharged\x18\n" +
+	" \x01(\x03H\x02R\acharged\x88\x01\x01B\x11\n" +
+	"\x0f_reservation_idB\v\n" +
+	"\t_returnedB\n" +
+	"\n" +
+	"\b_charged\"\xf4\x01\n" +
 	"\bOverride\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
@@ -4287,6 +4362,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[4].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
