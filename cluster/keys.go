@@ -154,9 +154,10 @@ func (n *Node) locate(ctx context.Context, r check.Request, ks *KeyState) {
 		return
 	}
 	ans := make([]keymove.PullAnswer, len(keys))
-	pctx, cancel := context.WithTimeout(ctx, n.cfg.PullTimeout*4)
-	defer cancel()
-	if err := n.peers.Pull(pctx, reps[0].Addr, keys, false, 0, ans); err != nil {
+	// One pull that releases nothing, bounded by the Admin call's own
+	// deadline: an operator's call, not a check that must not outlast its
+	// forward timeout.
+	if err := n.peers.Pull(ctx, reps[0].Addr, keys, false, 0, ans); err != nil {
 		n.log.Debug("inspect: the owner did not answer", "owner", reps[0].Name, "err", fmt.Sprint(err))
 		return
 	}

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/client"
 	sluicev1 "github.com/sluicehq/sluice/proto/sluice/v1"
 )
 
@@ -80,6 +82,27 @@ func TestReserveThenSettleOnThreeNodes(t *testing.T) {
 	out, code = runCLI(t, append([]string{"check", "--addr", ps[0].grpc, "--settle", id, "--actual", "100"}, flags...)...)
 	if code != 0 || !strings.Contains(out, "allowed: 900 of 1000 remaining") || !strings.Contains(out, "settled: 300 returned, 0 charged") {
 		t.Fatalf("sluice check --settle: exit %d: %s", code, out)
+	}
+
+	// The Go client: Reserve, then Settle.
+	gc, err := client.New([]string{ps[0].grpc, ps[1].grpc, ps[2].grpc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lim := client.Request{Name: "llm", Key: "go", Hits: 1000, Limit: 1000, Window: 24 * time.Hour, Algorithm: client.TokenBucket}
+	got, rid, err := gc.Reserve(ctx, lim, time.Minute)
+	if err != nil || !got.Allowed || got.Remaining != 0 || rid == "" {
+		t.Fatalf("client Reserve: %+v %q %v", got, rid, err)
+	}
+	settled, err := gc.Settle(ctx, lim, rid, 250)
+	if err != nil || settled.Returned != 750 || settled.Remaining != 750 {
+		t.Fatalf("client Settle: %+v %v", settled, err)
+	}
+	if _, err := gc.Settle(ctx, lim, rid, 250); err == nil || !strings.Contains(err.Error(), "settle refused: the reservation was settled already") {
+		t.Fatalf("client Settle again: %v", err)
 	}
 
 	// The owner dies with a reservation open.
