@@ -8,7 +8,6 @@ package cluster
 // a broadcast missed.
 
 import (
-	"errors"
 	"path/filepath"
 	"sync/atomic"
 
@@ -173,8 +172,8 @@ func (n *Node) SetOverride(o overrides.Override) (overrides.Override, error) {
 	now := n.now().UnixNano()
 	o.Deleted = false
 	o.Origin, o.SetAt = n.name, now
-	o.Version = n.ovr.table.NextVersion(o.Target, now)
-	if _, err := n.ovr.table.Apply(o); err != nil {
+	o, err := n.ovr.table.Stamp(o, now)
+	if err != nil {
 		return o, err
 	}
 	n.changedOverrides(o, true)
@@ -189,13 +188,9 @@ func (n *Node) DeleteOverride(t overrides.Target, setBy string) (bool, error) {
 		return false, nil
 	}
 	now := n.now().UnixNano()
-	o := overrides.Override{Target: t, Deleted: true, Origin: n.name, SetBy: setBy, SetAt: now, Version: n.ovr.table.NextVersion(t, now)}
-	changed, err := n.ovr.table.Apply(o)
+	o, err := n.ovr.table.Stamp(overrides.Override{Target: t, Deleted: true, Origin: n.name, SetBy: setBy, SetAt: now}, now)
 	if err != nil {
 		return false, err
-	}
-	if !changed {
-		return false, errors.New("a newer change of the override arrived meanwhile")
 	}
 	n.changedOverrides(o, true)
 	return true, nil

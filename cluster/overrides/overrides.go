@@ -165,6 +165,31 @@ func (t *Table) Apply(o Override) (bool, error) {
 	o.Limits = slices.Clone(o.Limits)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.apply(o)
+}
+
+// Stamp gives o the version of a change of its target made at now (now,
+// or one more than the record held when that is not older) and applies
+// it, in one hold of the lock, so that two changes of one target on one
+// node never share a version. It returns o as applied.
+func (t *Table) Stamp(o Override, now int64) (Override, error) {
+	o.Version = 1 // validated below with its real version
+	if err := o.Validate(); err != nil {
+		return o, fmt.Errorf("override of %v: %w", o.Target, err)
+	}
+	o.Limits = slices.Clone(o.Limits)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o.Version = uint64(max(now, 0))
+	if held, ok := t.recs[o.Target]; ok && held.Version >= o.Version {
+		o.Version = held.Version + 1
+	}
+	_, err := t.apply(o)
+	return o, err
+}
+
+// apply is Apply with o valid and t.mu held.
+func (t *Table) apply(o Override) (bool, error) {
 	held, ok := t.recs[o.Target]
 	if ok && !newer(o, held) {
 		return false, nil
@@ -254,18 +279,6 @@ func (t *Table) Get(target Target) (Override, bool) {
 	defer t.mu.Unlock()
 	o, ok := t.recs[target]
 	return o, ok
-}
-
-// NextVersion is the version of a new record of target set at now (Unix
-// ns): now, or one more than the record held when that is not older.
-func (t *Table) NextVersion(target Target, now int64) uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	v := uint64(max(now, 0))
-	if held, ok := t.recs[target]; ok && held.Version >= v {
-		v = held.Version + 1
-	}
-	return v
 }
 
 // List returns the overrides in force of name ("" for every name),

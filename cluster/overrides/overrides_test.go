@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -219,4 +220,38 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoding %v: %v, %v", recs, again, err)
 		}
 	})
+}
+
+// Changes of one target stamped at the same moment on one node get
+// distinct versions, and the table holds the last.
+func TestStampOrdersChanges(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	const n = 100
+	versions := make(chan uint64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := rec("api", "k", false, []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: int64(i + 1), WindowMS: 1000}}, 0, "n1")
+			got, err := tb.Stamp(o, 5)
+			if err != nil {
+				t.Error(err)
+			}
+			versions <- got.Version
+		}()
+	}
+	wg.Wait()
+	close(versions)
+	seen, top := map[uint64]bool{}, uint64(0)
+	for v := range versions {
+		if seen[v] {
+			t.Fatalf("version %d given twice", v)
+		}
+		seen[v], top = true, max(top, v)
+	}
+	if held, _ := tb.Get(Target{Name: "api", Key: "k"}); held.Version != top {
+		t.Fatalf("the table holds version %d, want the last, %d", held.Version, top)
+	}
 }
