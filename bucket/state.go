@@ -406,7 +406,7 @@ func (s *State) UnmarshalBinary(b []byte) error {
 // check rejects states no algorithm can produce.
 func (s *State) check() error {
 	switch {
-	case s.Algorithm > GCRA:
+	case s.Algorithm > GCRA && s.Algorithm != Holders:
 		return fmt.Errorf("unknown algorithm %d", s.Algorithm)
 	case s.Count < 0 || s.Count > MaxLimit:
 		return fmt.Errorf("count %d out of range", s.Count)
@@ -440,6 +440,15 @@ func (s *State) checkExt(vals []int64) error {
 		for i, c := range vals {
 			if c < 0 || c > MaxLimit {
 				return fmt.Errorf("sub-window count %d at %d out of range", c, i)
+			}
+		}
+	case Holders:
+		if len(vals)%2 != 0 || int64(len(vals)) > 2*MaxHolders || s.Count != int64(len(vals)/2) {
+			return fmt.Errorf("holders: %d values for %d holders", len(vals), s.Count)
+		}
+		for i := 0; i+1 < len(vals); i += 2 {
+			if vals[i] <= 0 || (i > 0 && vals[i] <= vals[i-2]) || vals[i+1] < 0 || vals[i+1] > s.Expires {
+				return fmt.Errorf("holder %d: lease id %d or expiry %d out of order or range", i/2, vals[i], vals[i+1])
 			}
 		}
 	default:

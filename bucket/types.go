@@ -31,6 +31,9 @@ var algorithmNames = [...]string{
 
 // String returns the name used on the command line and in rules files.
 func (a Algorithm) String() string {
+	if a == Holders {
+		return "holders" // a concurrency limit's state; no limit names it
+	}
 	if int(a) < len(algorithmNames) {
 		return algorithmNames[a]
 	}

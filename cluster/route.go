@@ -30,6 +30,9 @@ func (n *Node) ValidateCheck(r *check.Request) error {
 	if r.Reset {
 		return errors.New(errResetNotACheck)
 	}
+	if r.Op != check.OpNone {
+		return errors.New(errLeaseNotACheck)
+	}
 	var o check.Outcome
 	if _, ok := n.prepare(r, false, &o); !ok {
 		return errors.New(o.Err)
@@ -48,6 +51,9 @@ func (n *Node) Check(ctx context.Context, reqs []check.Request, out []check.Outc
 
 // errResetNotACheck refuses a client's check that asks a reset.
 const errResetNotACheck = "reset_key is not a check's: reset a key with Admin/ResetKey (sluice keys reset)"
+
+// errLeaseNotACheck refuses a client's check that asks a lease operation.
+const errLeaseNotACheck = "lease_op is not a check's: use RateLimiter/Acquire, Renew and Release"
 
 // check is Check. For admin, the key administration's own checks: a key
 // another node owns is always asked of its owner, never decided from a
@@ -74,6 +80,10 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 			out[i] = check.Outcome{Err: errResetNotACheck}
 			continue
 		}
+		if r.Op != check.OpNone && !admin {
+			out[i] = check.Outcome{Err: errLeaseNotACheck}
+			continue
+		}
 		lims, ok := n.prepare(r, false, &out[i])
 		if !ok {
 			continue
@@ -97,7 +107,7 @@ func (n *Node) check(ctx context.Context, reqs []check.Request, out []check.Outc
 			}
 			owner = ring.Member{Addr: to}
 		}
-		if !admin && n.leases.Len() > 0 && len(lims.more) == 0 && r.ReserveTTLMS == 0 && r.ReservationID == "" && lease.Leasable(lims.one, r.Hits) &&
+		if !admin && n.leases.Len() > 0 && len(lims.more) == 0 && r.ReserveTTLMS == 0 && r.ReservationID == "" && r.Op == check.OpNone && lease.Leasable(lims.one, r.Hits) &&
 			n.leases.Take(lease.Key{Name: r.Name, Key: r.Key, Limit: *lims.one}, r.Hits, now, &out[i].Decision) {
 			// Decided from a lease the key's owner granted here (or
 			// refused from a refusal lease).
@@ -204,7 +214,7 @@ const (
 // lease when it spent that early, at most half of what is left — and puts
 // it in o.Lease for that node to spend.
 func (n *Node) grant(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, from uint64, now int64, o *check.Outcome) {
-	if o.Err != "" || r.Reset || r.ReserveTTLMS > 0 || r.ReservationID != "" || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
+	if o.Err != "" || r.Reset || r.ReserveTTLMS > 0 || r.ReservationID != "" || r.Op != check.OpNone || len(lims.more) > 0 || !lease.Leasable(lims.one, r.Hits) {
 		return
 	}
 	if _, away := n.away(h, lims); away {
@@ -320,6 +330,19 @@ func (l limits) all() []bucket.Limit {
 // included, and is decided with them: the owner needs no rules. When it
 // fails it fills o with the error and returns false.
 func (n *Node) prepare(r *check.Request, resolved bool, o *check.Outcome) (limits, bool) {
+	if r.Op != check.OpNone {
+		// A concurrency limit's operation carries its limit (a release
+		// may carry none); no override or rule applies.
+		*o = check.Outcome{}
+		if err := r.Validate(); err != nil {
+			o.Err = err.Error()
+			return limits{}, false
+		}
+		if r.Op == check.OpRelease && r.Limit.Limit == 0 {
+			r.Limit = releaseLimit
+		}
+		return limits{one: &r.Limit}, true
+	}
 	lims, ok := n.prepareLimits(r, resolved, o)
 	if ok && (r.ReserveTTLMS > 0 || r.ReservationID != "") {
 		if why := reservable(lims); why != "" {
@@ -329,6 +352,11 @@ func (n *Node) prepare(r *check.Request, resolved bool, o *check.Outcome) (limit
 	}
 	return lims, ok
 }
+
+// releaseLimit stands in for the limit of a release that gives none: a
+// release needs only its lease, and answers the holders left as the free
+// slots of the largest limit.
+var releaseLimit = bucket.Limit{Limit: bucket.MaxHolders, WindowMS: 1}
 
 // prepareLimits is prepare but for the checks of reserve and settle.
 func (n *Node) prepareLimits(r *check.Request, resolved bool, o *check.Outcome) (limits, bool) {
@@ -375,6 +403,9 @@ func (n *Node) decide(ctx context.Context, h uint64, r *check.Request, lims limi
 // then the one the decision is made in (drain waits for the gate).
 func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, now int64, o *check.Outcome) (redirect string) {
 	k := writeback.Key{Name: r.Name, Key: r.Key}
+	if r.Op != check.OpNone {
+		k = writeback.HoldersKey(k) // the key's concurrency limit: its own record
+	}
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	for {
 		eff := ownership.Step(f, ev)
@@ -436,6 +467,8 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 		}
 		var err error
 		switch {
+		case r.Op != check.OpNone:
+			err = n.holdCache(h, k, lims.one, r, now, o)
 		case r.ReservationID != "":
 			err = n.settleCache(h, k, lims, r, now, o)
 		case r.Reset:

@@ -247,6 +247,32 @@ func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, n
 	return back, nil
 }
 
+// Update applies fn to k's state at now, under the lock that serializes
+// the key's decisions: fn changes the state in place (a key not held, or
+// held fresh, starts from the zero State). A change is flushed and
+// replicated like a decision's. A fenced key is ErrFenced, and fn is not
+// called. (Concurrency limits: bucket.Acquire, Renew and Release.)
+func (c *Cache) Update(hash uint64, k Key, now int64, fn func(*bucket.State)) error {
+	s := c.shardFor(hash)
+	sl, err := c.find(s, hash, k, now, true)
+	if err == nil && len(s.fences) > 0 && s.isFenced(k, now) {
+		err = ErrFenced
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	var st bucket.State
+	sl.loadState(&st)
+	fn(&st)
+	if sl.differs(&st) {
+		sl.setState(st)
+		s.changed(hash, sl, now)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
 // Reset forgets k's count at now (bucket.Reset): the next decision is one
 // on a fresh counter. The reset state outranks every copy of the count it
 // forgot (a newer version, another epoch), and is flushed and replicated

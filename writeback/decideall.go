@@ -18,6 +18,14 @@ func SubKey(k Key, i int) Key {
 	return k
 }
 
+// HoldersKey returns the key of k's concurrency limit holders
+// (bucket.Holders): limit index MaxLimit, which no multi-limit check
+// reaches (at most bucket.MaxLimitsPerRequest limits).
+func HoldersKey(k Key) Key {
+	k.Limit = MaxLimit
+	return k
+}
+
 // BaseKey returns the key a SubKey was made from (k itself otherwise).
 func BaseKey(k Key) Key {
 	k.Limit = 0

@@ -40,7 +40,25 @@ type Request struct {
 	// the difference to its estimate is charged or given back. Hits is 0.
 	ReservationID string
 	Actual        int64
+	// Op, when set, is an operation on the key's concurrency limit
+	// instead of a check: the embedded Limit's Limit is the most holders
+	// and its WindowMS a lease's TTL; LeaseID names the lease to renew or
+	// release. Hits is 0. Only Node.Hold sets it: a client's Check with
+	// Op is refused.
+	Op      LeaseOp
+	LeaseID int64
 }
+
+// LeaseOp is an operation on a concurrency limit (docs/algorithms.md,
+// "Concurrency limits"). The numbers are those of sluice.v1.LeaseOp.
+type LeaseOp uint8
+
+const (
+	OpNone LeaseOp = iota
+	OpAcquire
+	OpRenew
+	OpRelease
+)
 
 // Bounds of reserve, then settle.
 const (
@@ -71,6 +89,10 @@ type Outcome struct {
 	Reservation       string
 	Settled           bool
 	Returned, Charged int64
+	// LeaseID is, for an operation on a concurrency limit, the lease
+	// acquired, renewed or released; 0 when none was (refused, or not
+	// held).
+	LeaseID int64
 }
 
 // Lease is a quota lease as it travels from a key's owner to the node that
@@ -141,6 +163,9 @@ func (r *Request) Validate() error {
 	if err := r.validateReservation(); err != nil {
 		return err
 	}
+	if err := r.validateOp(); err != nil {
+		return err
+	}
 	if len(r.More) > 0 {
 		return r.validateMore()
 	}
@@ -180,6 +205,30 @@ func (r *Request) validateReservation() error {
 		return fmt.Errorf("reserve and settle take one limit, not limits")
 	case r.Reset:
 		return fmt.Errorf("a reset neither reserves nor settles")
+	}
+	return nil
+}
+
+// validateOp checks the fields of an operation on a concurrency limit.
+func (r *Request) validateOp() error {
+	switch {
+	case r.Op == OpNone:
+		if r.LeaseID != 0 {
+			return fmt.Errorf("lease_id is set without lease_op")
+		}
+		return nil
+	case r.Op > OpRelease:
+		return fmt.Errorf("unknown lease_op %d", r.Op)
+	case r.Hits != 0 || r.Reset || r.ReserveTTLMS != 0 || r.ReservationID != "" || len(r.More) > 0:
+		return fmt.Errorf("a lease operation counts no hits, and neither resets, reserves nor takes several limits")
+	case r.Op == OpAcquire && r.LeaseID != 0:
+		return fmt.Errorf("an acquire names no lease_id: the key's owner gives one")
+	case r.Op != OpAcquire && r.LeaseID <= 0:
+		return fmt.Errorf("lease_id is %d: renew and release name the lease acquired", r.LeaseID)
+	case r.Op != OpRelease && (r.Limit.Limit < 1 || r.Limit.Limit > bucket.MaxHolders):
+		return fmt.Errorf("limit is %d: a concurrency limit is 1..%d holders", r.Limit.Limit, bucket.MaxHolders)
+	case r.Op != OpRelease && (r.WindowMS < 1 || r.WindowMS > bucket.MaxHoldTTLMS):
+		return fmt.Errorf("ttl is %d ms: a lease lasts 1..%d ms", r.WindowMS, bucket.MaxHoldTTLMS)
 	}
 	return nil
 }

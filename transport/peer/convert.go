@@ -59,6 +59,8 @@ func RequestFromProto(r *sluicev1.RateLimitRequest) check.Request {
 		ReserveTTLMS:  r.ReserveTtlMs,
 		ReservationID: r.ReservationId,
 		Actual:        r.Actual,
+		Op:            leaseOpFromProto(r.LeaseOp),
+		LeaseID:       r.LeaseId,
 	}
 	if n := min(len(r.Limits), maxConvertedLimits); n > 0 {
 		req.More = make([]bucket.Limit, n)
@@ -143,6 +145,15 @@ func HitsFromProto(r *sluicev1.RateLimitRequest) int64 {
 	return *r.Hits
 }
 
+// leaseOpFromProto converts a lease_op; a number this release does not know
+// becomes one Validate refuses, never another operation.
+func leaseOpFromProto(op sluicev1.LeaseOp) check.LeaseOp {
+	if op < 0 || op > sluicev1.LeaseOp_LEASE_OP_RELEASE {
+		return check.OpRelease + 1
+	}
+	return check.LeaseOp(op)
+}
+
 // RequestToProto converts one request for the wire. Hits is always sent,
 // 0 included.
 func RequestToProto(r check.Request) *sluicev1.RateLimitRequest {
@@ -177,6 +188,8 @@ func fillRequest(m *sluicev1.RateLimitRequest, r *check.Request, hits *int64) {
 	m.ReserveTtlMs = r.ReserveTTLMS
 	m.ReservationId = r.ReservationID
 	m.Actual = r.Actual
+	m.LeaseOp = sluicev1.LeaseOp(r.Op)
+	m.LeaseId = r.LeaseID
 	m.Limits = nil
 	if len(r.More) > 0 {
 		m.Limits = make([]*sluicev1.Limit, len(r.More))
@@ -219,6 +232,10 @@ func fillResponse(m *sluicev1.RateLimitResponse, o *check.Outcome) {
 	if o.Reservation != "" {
 		m.ReservationId = proto.String(o.Reservation)
 	}
+	m.LeaseId = nil
+	if o.LeaseID != 0 {
+		m.LeaseId = proto.Int64(o.LeaseID)
+	}
 	if o.Settled {
 		m.Returned, m.Charged = proto.Int64(o.Returned), proto.Int64(o.Charged)
 	}
@@ -241,6 +258,7 @@ func OutcomeFromProto(m *sluicev1.RateLimitResponse) check.Outcome {
 		Err:         m.Error,
 		Reservation: m.GetReservationId(),
 		Settled:     m.Returned != nil,
+		LeaseID:     m.GetLeaseId(),
 		Returned:    m.GetReturned(),
 		Charged:     m.GetCharged(),
 	}

@@ -25,6 +25,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LeaseOp is an operation on a concurrency limit as it travels between
+// nodes in a RateLimitRequest (lease_op).
+type LeaseOp int32
+
+const (
+	LeaseOp_LEASE_OP_NONE    LeaseOp = 0
+	LeaseOp_LEASE_OP_ACQUIRE LeaseOp = 1
+	LeaseOp_LEASE_OP_RENEW   LeaseOp = 2
+	LeaseOp_LEASE_OP_RELEASE LeaseOp = 3
+)
+
+// Enum value maps for LeaseOp.
+var (
+	LeaseOp_name = map[int32]string{
+		0: "LEASE_OP_NONE",
+		1: "LEASE_OP_ACQUIRE",
+		2: "LEASE_OP_RENEW",
+		3: "LEASE_OP_RELEASE",
+	}
+	LeaseOp_value = map[string]int32{
+		"LEASE_OP_NONE":    0,
+		"LEASE_OP_ACQUIRE": 1,
+		"LEASE_OP_RENEW":   2,
+		"LEASE_OP_RELEASE": 3,
+	}
+)
+
+func (x LeaseOp) Enum() *LeaseOp {
+	p := new(LeaseOp)
+	*p = x
+	return p
+}
+
+func (x LeaseOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LeaseOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_sluice_proto_enumTypes[0].Descriptor()
+}
+
+func (LeaseOp) Type() protoreflect.EnumType {
+	return &file_sluice_v1_sluice_proto_enumTypes[0]
+}
+
+func (x LeaseOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LeaseOp.Descriptor instead.
+func (LeaseOp) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
+}
+
 type Algorithm int32
 
 const (
@@ -70,11 +124,11 @@ func (x Algorithm) String() string {
 }
 
 func (Algorithm) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[0].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[1].Descriptor()
 }
 
 func (Algorithm) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[0]
+	return &file_sluice_v1_sluice_proto_enumTypes[1]
 }
 
 func (x Algorithm) Number() protoreflect.EnumNumber {
@@ -83,7 +137,7 @@ func (x Algorithm) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Algorithm.Descriptor instead.
 func (Algorithm) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
 }
 
 type Status int32
@@ -119,11 +173,11 @@ func (x Status) String() string {
 }
 
 func (Status) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[1].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
 }
 
 func (Status) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[1]
+	return &file_sluice_v1_sluice_proto_enumTypes[2]
 }
 
 func (x Status) Number() protoreflect.EnumNumber {
@@ -132,7 +186,7 @@ func (x Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Status.Descriptor instead.
 func (Status) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
 }
 
 // Mode is how hard a limit is (docs/algorithms.md, "Throttling modes").
@@ -169,11 +223,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[2].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[3].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[2]
+	return &file_sluice_v1_sluice_proto_enumTypes[3]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -182,7 +236,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
 }
 
 // Calendar selects UTC calendar windows for ALGORITHM_FIXED_WINDOW.
@@ -222,11 +276,11 @@ func (x Calendar) String() string {
 }
 
 func (Calendar) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[3].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
 }
 
 func (Calendar) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[3]
+	return &file_sluice_v1_sluice_proto_enumTypes[4]
 }
 
 func (x Calendar) Number() protoreflect.EnumNumber {
@@ -235,7 +289,7 @@ func (x Calendar) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Calendar.Descriptor instead.
 func (Calendar) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
 }
 
 // TopBy orders a TopKeys list.
@@ -269,11 +323,11 @@ func (x TopBy) String() string {
 }
 
 func (TopBy) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[4].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[5].Descriptor()
 }
 
 func (TopBy) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[4]
+	return &file_sluice_v1_sluice_proto_enumTypes[5]
 }
 
 func (x TopBy) Number() protoreflect.EnumNumber {
@@ -282,7 +336,7 @@ func (x TopBy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TopBy.Descriptor instead.
 func (TopBy) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
 }
 
 type ReplicateRequest_Kind int32
@@ -315,11 +369,11 @@ func (x ReplicateRequest_Kind) String() string {
 }
 
 func (ReplicateRequest_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_sluice_proto_enumTypes[5].Descriptor()
+	return file_sluice_v1_sluice_proto_enumTypes[6].Descriptor()
 }
 
 func (ReplicateRequest_Kind) Type() protoreflect.EnumType {
-	return &file_sluice_v1_sluice_proto_enumTypes[5]
+	return &file_sluice_v1_sluice_proto_enumTypes[6]
 }
 
 func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
@@ -328,7 +382,365 @@ func (x ReplicateRequest_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicateRequest_Kind.Descriptor instead.
 func (ReplicateRequest_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38, 0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43, 0}
+}
+
+type AcquireRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit         int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`              // the most holders at once, 1..10000
+	TtlMs         int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"` // the lease's life without a renew, 1..86400000
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRequest) Reset() {
+	*x = AcquireRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRequest) ProtoMessage() {}
+
+func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
+func (*AcquireRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AcquireRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type RenewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit         int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,5,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewRequest) ProtoMessage() {}
+
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RenewRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RenewRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RenewRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RenewRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *RenewRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	LeaseId       string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleaseRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// acquired (Acquire) or held (Renew): the lease is live, and
+	// lease_id names it.
+	Held          bool   `protobuf:"varint,1,opt,name=held,proto3" json:"held,omitempty"`
+	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	ExpiresInMs   int64  `protobuf:"varint,3,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"` // until the lease ends without a renew
+	Holders       int64  `protobuf:"varint,4,opt,name=holders,proto3" json:"holders,omitempty"`                              // leases of the key held now, this one included
+	Limit         int64  `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	RetryAfterMs  int64  `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"` // refused: until the first held lease ends
+	Owner         string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`                                      // the node that decided
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *LeaseResponse) GetHeld() bool {
+	if x != nil {
+		return x.Held
+	}
+	return false
+}
+
+func (x *LeaseResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *LeaseResponse) GetExpiresInMs() int64 {
+	if x != nil {
+		return x.ExpiresInMs
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetHolders() int64 {
+	if x != nil {
+		return x.Holders
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Released      bool                   `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	Holders       int64                  `protobuf:"varint,2,opt,name=holders,proto3" json:"holders,omitempty"` // leases of the key still held
+	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *ReleaseResponse) GetHolders() int64 {
+	if x != nil {
+		return x.Holders
+	}
+	return 0
+}
+
+func (x *ReleaseResponse) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type OwnersRequest struct {
@@ -339,7 +751,7 @@ type OwnersRequest struct {
 
 func (x *OwnersRequest) Reset() {
 	*x = OwnersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[0]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +763,7 @@ func (x *OwnersRequest) String() string {
 func (*OwnersRequest) ProtoMessage() {}
 
 func (x *OwnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[0]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +776,7 @@ func (x *OwnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnersRequest.ProtoReflect.Descriptor instead.
 func (*OwnersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{0}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
 }
 
 // OwnersResponse is one node's owner table: the owner of the key (name,
@@ -394,7 +806,7 @@ type OwnersResponse struct {
 
 func (x *OwnersResponse) Reset() {
 	*x = OwnersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[1]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +818,7 @@ func (x *OwnersResponse) String() string {
 func (*OwnersResponse) ProtoMessage() {}
 
 func (x *OwnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[1]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +831,7 @@ func (x *OwnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnersResponse.ProtoReflect.Descriptor instead.
 func (*OwnersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OwnersResponse) GetNode() string {
@@ -482,7 +894,7 @@ type OwnerMember struct {
 
 func (x *OwnerMember) Reset() {
 	*x = OwnerMember{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +906,7 @@ func (x *OwnerMember) String() string {
 func (*OwnerMember) ProtoMessage() {}
 
 func (x *OwnerMember) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[2]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +919,7 @@ func (x *OwnerMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnerMember.ProtoReflect.Descriptor instead.
 func (*OwnerMember) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *OwnerMember) GetName() string {
@@ -533,7 +945,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +957,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[3]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +970,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckRequest) GetRequests() []*RateLimitRequest {
@@ -612,6 +1024,12 @@ type RateLimitRequest struct {
 	// (charged), and what remains.
 	ReservationId string `protobuf:"bytes,21,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
 	Actual        int64  `protobuf:"varint,22,opt,name=actual,proto3" json:"actual,omitempty"`
+	// lease_op and lease_id: between nodes only, an operation on the key's
+	// concurrency limit (RateLimiter/Acquire, Renew, Release send it on to
+	// the key's owner): limit is the most holders, window_ms a lease's TTL.
+	// A client's Check with lease_op set is refused.
+	LeaseOp LeaseOp `protobuf:"varint,23,opt,name=lease_op,json=leaseOp,proto3,enum=sluice.v1.LeaseOp" json:"lease_op,omitempty"`
+	LeaseId int64   `protobuf:"varint,24,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// More limits on the same (name, key), decided atomically with the inline
 	// one: every limit admits and all consume, or none does. The answer is the
 	// most restrictive (bucket.Combine; docs/algorithms.md, "Several limits at
@@ -631,7 +1049,7 @@ type RateLimitRequest struct {
 
 func (x *RateLimitRequest) Reset() {
 	*x = RateLimitRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +1061,7 @@ func (x *RateLimitRequest) String() string {
 func (*RateLimitRequest) ProtoMessage() {}
 
 func (x *RateLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +1074,7 @@ func (x *RateLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimitRequest.ProtoReflect.Descriptor instead.
 func (*RateLimitRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RateLimitRequest) GetName() string {
@@ -806,6 +1224,20 @@ func (x *RateLimitRequest) GetActual() int64 {
 	return 0
 }
 
+func (x *RateLimitRequest) GetLeaseOp() LeaseOp {
+	if x != nil {
+		return x.LeaseOp
+	}
+	return LeaseOp_LEASE_OP_NONE
+}
+
+func (x *RateLimitRequest) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
 func (x *RateLimitRequest) GetLimits() []*Limit {
 	if x != nil {
 		return x.Limits
@@ -870,7 +1302,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +1314,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +1327,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Limit) GetLimit() int64 {
@@ -1005,7 +1437,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1449,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1462,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckResponse) GetResponses() []*RateLimitResponse {
@@ -1056,13 +1488,16 @@ type RateLimitResponse struct {
 	ReservationId *string `protobuf:"bytes,8,opt,name=reservation_id,json=reservationId,proto3,oneof" json:"reservation_id,omitempty"`
 	Returned      *int64  `protobuf:"varint,9,opt,name=returned,proto3,oneof" json:"returned,omitempty"`
 	Charged       *int64  `protobuf:"varint,10,opt,name=charged,proto3,oneof" json:"charged,omitempty"`
+	// lease_id: between nodes, the lease a concurrency limit's operation
+	// acquired, renewed or released.
+	LeaseId       *int64 `protobuf:"varint,11,opt,name=lease_id,json=leaseId,proto3,oneof" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RateLimitResponse) Reset() {
 	*x = RateLimitResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1509,7 @@ func (x *RateLimitResponse) String() string {
 func (*RateLimitResponse) ProtoMessage() {}
 
 func (x *RateLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1522,7 @@ func (x *RateLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RateLimitResponse.ProtoReflect.Descriptor instead.
 func (*RateLimitResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RateLimitResponse) GetStatus() Status {
@@ -1160,6 +1595,13 @@ func (x *RateLimitResponse) GetCharged() int64 {
 	return 0
 }
 
+func (x *RateLimitResponse) GetLeaseId() int64 {
+	if x != nil && x.LeaseId != nil {
+		return *x.LeaseId
+	}
+	return 0
+}
+
 // Override is a limit set at run time for one key of a name, or, with
 // prefix, for every key of the name that starts with key ("" for every
 // key of the name).
@@ -1185,7 +1627,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1639,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1652,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Override) GetName() string {
@@ -1285,7 +1727,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1739,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1752,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -1331,7 +1773,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1785,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1798,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteOverrideRequest) GetName() string {
@@ -1389,7 +1831,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1843,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1856,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteOverrideResponse) GetDeleted() bool {
@@ -1433,7 +1875,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1887,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1900,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListOverridesRequest) GetName() string {
@@ -1478,7 +1920,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1932,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1945,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1532,7 +1974,7 @@ type KeyRequest struct {
 
 func (x *KeyRequest) Reset() {
 	*x = KeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1986,7 @@ func (x *KeyRequest) String() string {
 func (*KeyRequest) ProtoMessage() {}
 
 func (x *KeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1999,7 @@ func (x *KeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRequest.ProtoReflect.Descriptor instead.
 func (*KeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KeyRequest) GetRequest() *RateLimitRequest {
@@ -1587,7 +2029,7 @@ type KeyInspection struct {
 
 func (x *KeyInspection) Reset() {
 	*x = KeyInspection{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +2041,7 @@ func (x *KeyInspection) String() string {
 func (*KeyInspection) ProtoMessage() {}
 
 func (x *KeyInspection) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +2054,7 @@ func (x *KeyInspection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInspection.ProtoReflect.Descriptor instead.
 func (*KeyInspection) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KeyInspection) GetName() string {
@@ -1674,7 +2116,7 @@ type TopKeysRequest struct {
 
 func (x *TopKeysRequest) Reset() {
 	*x = TopKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +2128,7 @@ func (x *TopKeysRequest) String() string {
 func (*TopKeysRequest) ProtoMessage() {}
 
 func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +2141,7 @@ func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
 func (*TopKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TopKeysRequest) GetBy() TopBy {
@@ -1726,7 +2168,7 @@ type TopKeysResponse struct {
 
 func (x *TopKeysResponse) Reset() {
 	*x = TopKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2180,7 @@ func (x *TopKeysResponse) String() string {
 func (*TopKeysResponse) ProtoMessage() {}
 
 func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2193,7 @@ func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
 func (*TopKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TopKeysResponse) GetNode() string {
@@ -1788,7 +2230,7 @@ type TopKey struct {
 
 func (x *TopKey) Reset() {
 	*x = TopKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +2242,7 @@ func (x *TopKey) String() string {
 func (*TopKey) ProtoMessage() {}
 
 func (x *TopKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +2255,7 @@ func (x *TopKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopKey.ProtoReflect.Descriptor instead.
 func (*TopKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TopKey) GetName() string {
@@ -1866,7 +2308,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2320,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2333,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusResponse struct {
@@ -1946,7 +2388,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2400,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2413,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2174,7 +2616,7 @@ type MemberEvent struct {
 
 func (x *MemberEvent) Reset() {
 	*x = MemberEvent{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2628,7 @@ func (x *MemberEvent) String() string {
 func (*MemberEvent) ProtoMessage() {}
 
 func (x *MemberEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2641,7 @@ func (x *MemberEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberEvent.ProtoReflect.Descriptor instead.
 func (*MemberEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MemberEvent) GetUnixMs() int64 {
@@ -2256,7 +2698,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2710,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2723,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Member) GetName() string {
@@ -2402,7 +2844,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2856,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2869,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForwardRequest) GetRequests() []*RateLimitRequest {
@@ -2488,7 +2930,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2942,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2955,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForwardResponse) GetResponses() []*RateLimitResponse {
@@ -2558,7 +3000,7 @@ type LeaseGrant struct {
 
 func (x *LeaseGrant) Reset() {
 	*x = LeaseGrant{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +3012,7 @@ func (x *LeaseGrant) String() string {
 func (*LeaseGrant) ProtoMessage() {}
 
 func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +3025,7 @@ func (x *LeaseGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseGrant.ProtoReflect.Descriptor instead.
 func (*LeaseGrant) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LeaseGrant) GetIndex() uint32 {
@@ -2630,7 +3072,7 @@ type RegionLink struct {
 
 func (x *RegionLink) Reset() {
 	*x = RegionLink{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +3084,7 @@ func (x *RegionLink) String() string {
 func (*RegionLink) ProtoMessage() {}
 
 func (x *RegionLink) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +3097,7 @@ func (x *RegionLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionLink.ProtoReflect.Descriptor instead.
 func (*RegionLink) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegionLink) GetRegion() string {
@@ -2718,7 +3160,7 @@ type ReturnRequest struct {
 
 func (x *ReturnRequest) Reset() {
 	*x = ReturnRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +3172,7 @@ func (x *ReturnRequest) String() string {
 func (*ReturnRequest) ProtoMessage() {}
 
 func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +3185,7 @@ func (x *ReturnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReturnRequest) GetFrom() string {
@@ -2780,7 +3222,7 @@ type LeaseReturn struct {
 
 func (x *LeaseReturn) Reset() {
 	*x = LeaseReturn{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2792,7 +3234,7 @@ func (x *LeaseReturn) String() string {
 func (*LeaseReturn) ProtoMessage() {}
 
 func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2805,7 +3247,7 @@ func (x *LeaseReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseReturn.ProtoReflect.Descriptor instead.
 func (*LeaseReturn) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LeaseReturn) GetRequest() *RateLimitRequest {
@@ -2838,7 +3280,7 @@ type RegionGrantRequest struct {
 
 func (x *RegionGrantRequest) Reset() {
 	*x = RegionGrantRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +3292,7 @@ func (x *RegionGrantRequest) String() string {
 func (*RegionGrantRequest) ProtoMessage() {}
 
 func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +3305,7 @@ func (x *RegionGrantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantRequest.ProtoReflect.Descriptor instead.
 func (*RegionGrantRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegionGrantRequest) GetFrom() string {
@@ -2924,7 +3366,7 @@ type RegionAsk struct {
 
 func (x *RegionAsk) Reset() {
 	*x = RegionAsk{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3378,7 @@ func (x *RegionAsk) String() string {
 func (*RegionAsk) ProtoMessage() {}
 
 func (x *RegionAsk) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3391,7 @@ func (x *RegionAsk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionAsk.ProtoReflect.Descriptor instead.
 func (*RegionAsk) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RegionAsk) GetRequest() *RateLimitRequest {
@@ -2989,7 +3431,7 @@ type RegionGrantResponse struct {
 
 func (x *RegionGrantResponse) Reset() {
 	*x = RegionGrantResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3001,7 +3443,7 @@ func (x *RegionGrantResponse) String() string {
 func (*RegionGrantResponse) ProtoMessage() {}
 
 func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3014,7 +3456,7 @@ func (x *RegionGrantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionGrantResponse.ProtoReflect.Descriptor instead.
 func (*RegionGrantResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegionGrantResponse) GetRegion() string {
@@ -3049,7 +3491,7 @@ type ReturnResponse struct {
 
 func (x *ReturnResponse) Reset() {
 	*x = ReturnResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3503,7 @@ func (x *ReturnResponse) String() string {
 func (*ReturnResponse) ProtoMessage() {}
 
 func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3516,7 @@ func (x *ReturnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnResponse.ProtoReflect.Descriptor instead.
 func (*ReturnResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReturnResponse) GetTaken() []int64 {
@@ -3103,7 +3545,7 @@ type DecidedRequest struct {
 
 func (x *DecidedRequest) Reset() {
 	*x = DecidedRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3557,7 @@ func (x *DecidedRequest) String() string {
 func (*DecidedRequest) ProtoMessage() {}
 
 func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3570,7 @@ func (x *DecidedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedRequest.ProtoReflect.Descriptor instead.
 func (*DecidedRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DecidedRequest) GetFrom() string {
@@ -3186,7 +3628,7 @@ type DecidedResponse struct {
 
 func (x *DecidedResponse) Reset() {
 	*x = DecidedResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3640,7 @@ func (x *DecidedResponse) String() string {
 func (*DecidedResponse) ProtoMessage() {}
 
 func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3653,7 @@ func (x *DecidedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecidedResponse.ProtoReflect.Descriptor instead.
 func (*DecidedResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DecidedResponse) GetHashes() []uint64 {
@@ -3262,7 +3704,7 @@ type ForwardEnvelope struct {
 
 func (x *ForwardEnvelope) Reset() {
 	*x = ForwardEnvelope{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3274,7 +3716,7 @@ func (x *ForwardEnvelope) String() string {
 func (*ForwardEnvelope) ProtoMessage() {}
 
 func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3287,7 +3729,7 @@ func (x *ForwardEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardEnvelope.ProtoReflect.Descriptor instead.
 func (*ForwardEnvelope) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForwardEnvelope) GetId() uint64 {
@@ -3340,7 +3782,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3794,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3807,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ForwardReply) GetId() uint64 {
@@ -3409,7 +3851,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3421,7 +3863,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3434,7 +3876,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Counter) GetName() string {
@@ -3477,7 +3919,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3931,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3944,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -3544,7 +3986,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3998,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +4011,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReplicateResponse) GetInstalled() int64 {
@@ -3603,7 +4045,7 @@ type CounterKey struct {
 
 func (x *CounterKey) Reset() {
 	*x = CounterKey{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3615,7 +4057,7 @@ func (x *CounterKey) String() string {
 func (*CounterKey) ProtoMessage() {}
 
 func (x *CounterKey) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3628,7 +4070,7 @@ func (x *CounterKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CounterKey.ProtoReflect.Descriptor instead.
 func (*CounterKey) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CounterKey) GetName() string {
@@ -3664,7 +4106,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3676,7 +4118,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3689,7 +4131,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PullRequest) GetFrom() string {
@@ -3753,7 +4195,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3765,7 +4207,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3778,7 +4220,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PullResponse) GetCounters() []*Counter {
@@ -3815,7 +4257,7 @@ type PullHolder struct {
 
 func (x *PullHolder) Reset() {
 	*x = PullHolder{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3827,7 +4269,7 @@ func (x *PullHolder) String() string {
 func (*PullHolder) ProtoMessage() {}
 
 func (x *PullHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3840,7 +4282,7 @@ func (x *PullHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHolder.ProtoReflect.Descriptor instead.
 func (*PullHolder) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PullHolder) GetIndex() uint32 {
@@ -3868,7 +4310,34 @@ var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"\x0f\n" +
+	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\"c\n" +
+	"\x0eAcquireRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x15\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\"|\n" +
+	"\fRenewRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x15\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x03R\x05ttlMs\x12\x19\n" +
+	"\blease_id\x18\x05 \x01(\tR\aleaseId\"Q\n" +
+	"\x0eReleaseRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\"\xce\x01\n" +
+	"\rLeaseResponse\x12\x12\n" +
+	"\x04held\x18\x01 \x01(\bR\x04held\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\"\n" +
+	"\rexpires_in_ms\x18\x03 \x01(\x03R\vexpiresInMs\x12\x18\n" +
+	"\aholders\x18\x04 \x01(\x03R\aholders\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x03R\x05limit\x12$\n" +
+	"\x0eretry_after_ms\x18\x06 \x01(\x03R\fretryAfterMs\x12\x14\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"]\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12\x18\n" +
+	"\aholders\x18\x02 \x01(\x03R\aholders\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"\x0f\n" +
 	"\rOwnersRequest\"\xd2\x01\n" +
 	"\x0eOwnersResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
@@ -3884,7 +4353,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\"G\n" +
 	"\fCheckRequest\x127\n" +
-	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xf0\x05\n" +
+	"\brequests\x18\x01 \x03(\v2\x1b.sluice.v1.RateLimitRequestR\brequests\"\xba\x06\n" +
 	"\x10RateLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x17\n" +
@@ -3909,7 +4378,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\treset_key\x18\x13 \x01(\bR\bresetKey\x12$\n" +
 	"\x0ereserve_ttl_ms\x18\x14 \x01(\x03R\freserveTtlMs\x12%\n" +
 	"\x0ereservation_id\x18\x15 \x01(\tR\rreservationId\x12\x16\n" +
-	"\x06actual\x18\x16 \x01(\x03R\x06actual\x12(\n" +
+	"\x06actual\x18\x16 \x01(\x03R\x06actual\x12-\n" +
+	"\blease_op\x18\x17 \x01(\x0e2\x12.sluice.v1.LeaseOpR\aleaseOp\x12\x19\n" +
+	"\blease_id\x18\x18 \x01(\x03R\aleaseId\x12(\n" +
 	"\x06limits\x18\x10 \x03(\v2\x10.sluice.v1.LimitR\x06limitsB\a\n" +
 	"\x05_hits\"\xf1\x03\n" +
 	"\x05Limit\x12\x14\n" +
@@ -3931,7 +4402,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vcalendar_tz\x18\x0e \x01(\tR\n" +
 	"calendarTz\"K\n" +
 	"\rCheckResponse\x12:\n" +
-	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\x82\x03\n" +
+	"\tresponses\x18\x01 \x03(\v2\x1c.sluice.v1.RateLimitResponseR\tresponses\"\xaf\x03\n" +
 	"\x11RateLimitResponse\x12)\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x11.sluice.v1.StatusR\x06status\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -3943,11 +4414,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereservation_id\x18\b \x01(\tH\x00R\rreservationId\x88\x01\x01\x12\x1f\n" +
 	"\breturned\x18\t \x01(\x03H\x01R\breturned\x88\x01\x01\x12\x1d\n" +
 	"\acharged\x18\n" +
-	" \x01(\x03H\x02R\acharged\x88\x01\x01B\x11\n" +
+	" \x01(\x03H\x02R\acharged\x88\x01\x01\x12\x1e\n" +
+	"\blease_id\x18\v \x01(\x03H\x03R\aleaseId\x88\x01\x01B\x11\n" +
 	"\x0f_reservation_idB\v\n" +
 	"\t_returnedB\n" +
 	"\n" +
-	"\b_charged\"\xf4\x01\n" +
+	"\b_chargedB\v\n" +
+	"\t_lease_id\"\xf4\x01\n" +
 	"\bOverride\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
@@ -4165,7 +4638,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"PullHolder\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
-	"\arelease\x18\x03 \x01(\bR\arelease*\xc7\x01\n" +
+	"\arelease\x18\x03 \x01(\bR\arelease*\\\n" +
+	"\aLeaseOp\x12\x11\n" +
+	"\rLEASE_OP_NONE\x10\x00\x12\x14\n" +
+	"\x10LEASE_OP_ACQUIRE\x10\x01\x12\x12\n" +
+	"\x0eLEASE_OP_RENEW\x10\x02\x12\x14\n" +
+	"\x10LEASE_OP_RELEASE\x10\x03*\xc7\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x01\x12\x19\n" +
@@ -4189,10 +4667,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eCALENDAR_MONTH\x10\x03*0\n" +
 	"\x05TopBy\x12\x13\n" +
 	"\x0fTOP_BY_ADMITTED\x10\x00\x12\x12\n" +
-	"\x0eTOP_BY_REFUSED\x10\x012\x88\x01\n" +
+	"\x0eTOP_BY_REFUSED\x10\x012\xc6\x02\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse2\xaf\x04\n" +
+	"\x06Owners\x12\x18.sluice.v1.OwnersRequest\x1a\x19.sluice.v1.OwnersResponse\x12>\n" +
+	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x18.sluice.v1.LeaseResponse\x12:\n" +
+	"\x05Renew\x12\x17.sluice.v1.RenewRequest\x1a\x18.sluice.v1.LeaseResponse\x12@\n" +
+	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse2\xaf\x04\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.sluice.v1.StatusRequest\x1a\x19.sluice.v1.StatusResponse\x12@\n" +
 	"\aTopKeys\x12\x19.sluice.v1.TopKeysRequest\x1a\x1a.sluice.v1.TopKeysResponse\x12=\n" +
@@ -4224,136 +4705,149 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_sluice_proto_rawDescData
 }
 
-var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_sluice_v1_sluice_proto_goTypes = []any{
-	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
-	(Status)(0),                    // 1: sluice.v1.Status
-	(Mode)(0),                      // 2: sluice.v1.Mode
-	(Calendar)(0),                  // 3: sluice.v1.Calendar
-	(TopBy)(0),                     // 4: sluice.v1.TopBy
-	(ReplicateRequest_Kind)(0),     // 5: sluice.v1.ReplicateRequest.Kind
-	(*OwnersRequest)(nil),          // 6: sluice.v1.OwnersRequest
-	(*OwnersResponse)(nil),         // 7: sluice.v1.OwnersResponse
-	(*OwnerMember)(nil),            // 8: sluice.v1.OwnerMember
-	(*CheckRequest)(nil),           // 9: sluice.v1.CheckRequest
-	(*RateLimitRequest)(nil),       // 10: sluice.v1.RateLimitRequest
-	(*Limit)(nil),                  // 11: sluice.v1.Limit
-	(*CheckResponse)(nil),          // 12: sluice.v1.CheckResponse
-	(*RateLimitResponse)(nil),      // 13: sluice.v1.RateLimitResponse
-	(*Override)(nil),               // 14: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 15: sluice.v1.SetOverrideRequest
-	(*DeleteOverrideRequest)(nil),  // 16: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 17: sluice.v1.DeleteOverrideResponse
-	(*ListOverridesRequest)(nil),   // 18: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 19: sluice.v1.ListOverridesResponse
-	(*KeyRequest)(nil),             // 20: sluice.v1.KeyRequest
-	(*KeyInspection)(nil),          // 21: sluice.v1.KeyInspection
-	(*TopKeysRequest)(nil),         // 22: sluice.v1.TopKeysRequest
-	(*TopKeysResponse)(nil),        // 23: sluice.v1.TopKeysResponse
-	(*TopKey)(nil),                 // 24: sluice.v1.TopKey
-	(*StatusRequest)(nil),          // 25: sluice.v1.StatusRequest
-	(*StatusResponse)(nil),         // 26: sluice.v1.StatusResponse
-	(*MemberEvent)(nil),            // 27: sluice.v1.MemberEvent
-	(*Member)(nil),                 // 28: sluice.v1.Member
-	(*ForwardRequest)(nil),         // 29: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 30: sluice.v1.ForwardResponse
-	(*LeaseGrant)(nil),             // 31: sluice.v1.LeaseGrant
-	(*RegionLink)(nil),             // 32: sluice.v1.RegionLink
-	(*ReturnRequest)(nil),          // 33: sluice.v1.ReturnRequest
-	(*LeaseReturn)(nil),            // 34: sluice.v1.LeaseReturn
-	(*RegionGrantRequest)(nil),     // 35: sluice.v1.RegionGrantRequest
-	(*RegionAsk)(nil),              // 36: sluice.v1.RegionAsk
-	(*RegionGrantResponse)(nil),    // 37: sluice.v1.RegionGrantResponse
-	(*ReturnResponse)(nil),         // 38: sluice.v1.ReturnResponse
-	(*DecidedRequest)(nil),         // 39: sluice.v1.DecidedRequest
-	(*DecidedResponse)(nil),        // 40: sluice.v1.DecidedResponse
-	(*ForwardEnvelope)(nil),        // 41: sluice.v1.ForwardEnvelope
-	(*ForwardReply)(nil),           // 42: sluice.v1.ForwardReply
-	(*Counter)(nil),                // 43: sluice.v1.Counter
-	(*ReplicateRequest)(nil),       // 44: sluice.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),      // 45: sluice.v1.ReplicateResponse
-	(*CounterKey)(nil),             // 46: sluice.v1.CounterKey
-	(*PullRequest)(nil),            // 47: sluice.v1.PullRequest
-	(*PullResponse)(nil),           // 48: sluice.v1.PullResponse
-	(*PullHolder)(nil),             // 49: sluice.v1.PullHolder
+	(LeaseOp)(0),                   // 0: sluice.v1.LeaseOp
+	(Algorithm)(0),                 // 1: sluice.v1.Algorithm
+	(Status)(0),                    // 2: sluice.v1.Status
+	(Mode)(0),                      // 3: sluice.v1.Mode
+	(Calendar)(0),                  // 4: sluice.v1.Calendar
+	(TopBy)(0),                     // 5: sluice.v1.TopBy
+	(ReplicateRequest_Kind)(0),     // 6: sluice.v1.ReplicateRequest.Kind
+	(*AcquireRequest)(nil),         // 7: sluice.v1.AcquireRequest
+	(*RenewRequest)(nil),           // 8: sluice.v1.RenewRequest
+	(*ReleaseRequest)(nil),         // 9: sluice.v1.ReleaseRequest
+	(*LeaseResponse)(nil),          // 10: sluice.v1.LeaseResponse
+	(*ReleaseResponse)(nil),        // 11: sluice.v1.ReleaseResponse
+	(*OwnersRequest)(nil),          // 12: sluice.v1.OwnersRequest
+	(*OwnersResponse)(nil),         // 13: sluice.v1.OwnersResponse
+	(*OwnerMember)(nil),            // 14: sluice.v1.OwnerMember
+	(*CheckRequest)(nil),           // 15: sluice.v1.CheckRequest
+	(*RateLimitRequest)(nil),       // 16: sluice.v1.RateLimitRequest
+	(*Limit)(nil),                  // 17: sluice.v1.Limit
+	(*CheckResponse)(nil),          // 18: sluice.v1.CheckResponse
+	(*RateLimitResponse)(nil),      // 19: sluice.v1.RateLimitResponse
+	(*Override)(nil),               // 20: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 21: sluice.v1.SetOverrideRequest
+	(*DeleteOverrideRequest)(nil),  // 22: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 23: sluice.v1.DeleteOverrideResponse
+	(*ListOverridesRequest)(nil),   // 24: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 25: sluice.v1.ListOverridesResponse
+	(*KeyRequest)(nil),             // 26: sluice.v1.KeyRequest
+	(*KeyInspection)(nil),          // 27: sluice.v1.KeyInspection
+	(*TopKeysRequest)(nil),         // 28: sluice.v1.TopKeysRequest
+	(*TopKeysResponse)(nil),        // 29: sluice.v1.TopKeysResponse
+	(*TopKey)(nil),                 // 30: sluice.v1.TopKey
+	(*StatusRequest)(nil),          // 31: sluice.v1.StatusRequest
+	(*StatusResponse)(nil),         // 32: sluice.v1.StatusResponse
+	(*MemberEvent)(nil),            // 33: sluice.v1.MemberEvent
+	(*Member)(nil),                 // 34: sluice.v1.Member
+	(*ForwardRequest)(nil),         // 35: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 36: sluice.v1.ForwardResponse
+	(*LeaseGrant)(nil),             // 37: sluice.v1.LeaseGrant
+	(*RegionLink)(nil),             // 38: sluice.v1.RegionLink
+	(*ReturnRequest)(nil),          // 39: sluice.v1.ReturnRequest
+	(*LeaseReturn)(nil),            // 40: sluice.v1.LeaseReturn
+	(*RegionGrantRequest)(nil),     // 41: sluice.v1.RegionGrantRequest
+	(*RegionAsk)(nil),              // 42: sluice.v1.RegionAsk
+	(*RegionGrantResponse)(nil),    // 43: sluice.v1.RegionGrantResponse
+	(*ReturnResponse)(nil),         // 44: sluice.v1.ReturnResponse
+	(*DecidedRequest)(nil),         // 45: sluice.v1.DecidedRequest
+	(*DecidedResponse)(nil),        // 46: sluice.v1.DecidedResponse
+	(*ForwardEnvelope)(nil),        // 47: sluice.v1.ForwardEnvelope
+	(*ForwardReply)(nil),           // 48: sluice.v1.ForwardReply
+	(*Counter)(nil),                // 49: sluice.v1.Counter
+	(*ReplicateRequest)(nil),       // 50: sluice.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),      // 51: sluice.v1.ReplicateResponse
+	(*CounterKey)(nil),             // 52: sluice.v1.CounterKey
+	(*PullRequest)(nil),            // 53: sluice.v1.PullRequest
+	(*PullResponse)(nil),           // 54: sluice.v1.PullResponse
+	(*PullHolder)(nil),             // 55: sluice.v1.PullHolder
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
-	8,  // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
-	10, // 1: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	0,  // 2: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
-	2,  // 3: sluice.v1.RateLimitRequest.mode:type_name -> sluice.v1.Mode
-	3,  // 4: sluice.v1.RateLimitRequest.calendar:type_name -> sluice.v1.Calendar
-	11, // 5: sluice.v1.RateLimitRequest.limits:type_name -> sluice.v1.Limit
-	0,  // 6: sluice.v1.Limit.algorithm:type_name -> sluice.v1.Algorithm
-	2,  // 7: sluice.v1.Limit.mode:type_name -> sluice.v1.Mode
-	3,  // 8: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
-	13, // 9: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	1,  // 10: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
-	11, // 11: sluice.v1.Override.limits:type_name -> sluice.v1.Limit
-	14, // 12: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	14, // 13: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	10, // 14: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
-	13, // 15: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
-	4,  // 16: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
-	24, // 17: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
-	28, // 18: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	27, // 19: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	32, // 20: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
-	10, // 21: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	13, // 22: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	31, // 23: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	34, // 24: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	10, // 25: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	36, // 26: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
-	10, // 27: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
-	31, // 28: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
-	29, // 29: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	30, // 30: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	5,  // 31: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	43, // 32: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	46, // 33: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	43, // 34: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	49, // 35: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	9,  // 36: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	6,  // 37: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	25, // 38: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	22, // 39: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
-	20, // 40: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
-	20, // 41: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
-	20, // 42: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
-	15, // 43: sluice.v1.Admin.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	16, // 44: sluice.v1.Admin.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	18, // 45: sluice.v1.Admin.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	29, // 46: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	44, // 47: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	47, // 48: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	41, // 49: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	33, // 50: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	35, // 51: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	39, // 52: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	12, // 53: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 54: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	26, // 55: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	23, // 56: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
-	21, // 57: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
-	21, // 58: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
-	21, // 59: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
-	14, // 60: sluice.v1.Admin.SetOverride:output_type -> sluice.v1.Override
-	17, // 61: sluice.v1.Admin.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	19, // 62: sluice.v1.Admin.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	30, // 63: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	45, // 64: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	48, // 65: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	42, // 66: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	38, // 67: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	37, // 68: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	40, // 69: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	53, // [53:70] is the sub-list for method output_type
-	36, // [36:53] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	14, // 0: sluice.v1.OwnersResponse.members:type_name -> sluice.v1.OwnerMember
+	16, // 1: sluice.v1.CheckRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	1,  // 2: sluice.v1.RateLimitRequest.algorithm:type_name -> sluice.v1.Algorithm
+	3,  // 3: sluice.v1.RateLimitRequest.mode:type_name -> sluice.v1.Mode
+	4,  // 4: sluice.v1.RateLimitRequest.calendar:type_name -> sluice.v1.Calendar
+	0,  // 5: sluice.v1.RateLimitRequest.lease_op:type_name -> sluice.v1.LeaseOp
+	17, // 6: sluice.v1.RateLimitRequest.limits:type_name -> sluice.v1.Limit
+	1,  // 7: sluice.v1.Limit.algorithm:type_name -> sluice.v1.Algorithm
+	3,  // 8: sluice.v1.Limit.mode:type_name -> sluice.v1.Mode
+	4,  // 9: sluice.v1.Limit.calendar:type_name -> sluice.v1.Calendar
+	19, // 10: sluice.v1.CheckResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	2,  // 11: sluice.v1.RateLimitResponse.status:type_name -> sluice.v1.Status
+	17, // 12: sluice.v1.Override.limits:type_name -> sluice.v1.Limit
+	20, // 13: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	20, // 14: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	16, // 15: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
+	19, // 16: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
+	5,  // 17: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
+	30, // 18: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
+	34, // 19: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	33, // 20: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
+	38, // 21: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	16, // 22: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	19, // 23: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	37, // 24: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	40, // 25: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	16, // 26: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	42, // 27: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	16, // 28: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	37, // 29: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	35, // 30: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	36, // 31: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	6,  // 32: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	49, // 33: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	52, // 34: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	49, // 35: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	55, // 36: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	15, // 37: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	12, // 38: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	7,  // 39: sluice.v1.RateLimiter.Acquire:input_type -> sluice.v1.AcquireRequest
+	8,  // 40: sluice.v1.RateLimiter.Renew:input_type -> sluice.v1.RenewRequest
+	9,  // 41: sluice.v1.RateLimiter.Release:input_type -> sluice.v1.ReleaseRequest
+	31, // 42: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	28, // 43: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
+	26, // 44: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
+	26, // 45: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
+	26, // 46: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
+	21, // 47: sluice.v1.Admin.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	22, // 48: sluice.v1.Admin.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	24, // 49: sluice.v1.Admin.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	35, // 50: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	50, // 51: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	53, // 52: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	47, // 53: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	39, // 54: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	41, // 55: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	45, // 56: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	18, // 57: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	13, // 58: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	10, // 59: sluice.v1.RateLimiter.Acquire:output_type -> sluice.v1.LeaseResponse
+	10, // 60: sluice.v1.RateLimiter.Renew:output_type -> sluice.v1.LeaseResponse
+	11, // 61: sluice.v1.RateLimiter.Release:output_type -> sluice.v1.ReleaseResponse
+	32, // 62: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	29, // 63: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	27, // 64: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
+	27, // 65: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
+	27, // 66: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
+	20, // 67: sluice.v1.Admin.SetOverride:output_type -> sluice.v1.Override
+	23, // 68: sluice.v1.Admin.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	25, // 69: sluice.v1.Admin.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	36, // 70: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	51, // 71: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	54, // 72: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	48, // 73: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	44, // 74: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	43, // 75: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	46, // 76: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	57, // [57:77] is the sub-list for method output_type
+	37, // [37:57] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -4361,15 +4855,15 @@ func file_sluice_v1_sluice_proto_init() {
 	if File_sluice_v1_sluice_proto != nil {
 		return
 	}
-	file_sluice_v1_sluice_proto_msgTypes[4].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[7].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[9].OneofWrappers = []any{}
+	file_sluice_v1_sluice_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   44,
+			NumEnums:      7,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -23,8 +23,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RateLimiter_Check_FullMethodName  = "/sluice.v1.RateLimiter/Check"
-	RateLimiter_Owners_FullMethodName = "/sluice.v1.RateLimiter/Owners"
+	RateLimiter_Check_FullMethodName   = "/sluice.v1.RateLimiter/Check"
+	RateLimiter_Owners_FullMethodName  = "/sluice.v1.RateLimiter/Owners"
+	RateLimiter_Acquire_FullMethodName = "/sluice.v1.RateLimiter/Acquire"
+	RateLimiter_Renew_FullMethodName   = "/sluice.v1.RateLimiter/Renew"
+	RateLimiter_Release_FullMethodName = "/sluice.v1.RateLimiter/Release"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -42,6 +45,19 @@ type RateLimiterClient interface {
 	// any key: a client whose table is stale costs a forward, never a wrong
 	// answer.
 	Owners(ctx context.Context, in *OwnersRequest, opts ...grpc.CallOption) (*OwnersResponse, error)
+	// Acquire takes a lease of a concurrency limit: at most limit holders of
+	// (name, key) at once, cluster-wide (docs/algorithms.md, "Concurrency
+	// limits"). acquired is false, with retry_after_ms, when limit leases
+	// are held. A lease ends with Release, or when ttl_ms passes without a
+	// Renew. Invalid fields are INVALID_ARGUMENT; a key that could not be
+	// decided is UNAVAILABLE.
+	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+	// Renew extends a live lease by ttl_ms from now; held is false when the
+	// lease is not live (released, or expired: its slot may be another
+	// holder's), and the holder must acquire again.
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+	// Release ends a lease; released is false when it was not live.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -72,6 +88,36 @@ func (c *rateLimiterClient) Owners(ctx context.Context, in *OwnersRequest, opts 
 	return out, nil
 }
 
+func (c *rateLimiterClient) Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -87,6 +133,19 @@ type RateLimiterServer interface {
 	// any key: a client whose table is stale costs a forward, never a wrong
 	// answer.
 	Owners(context.Context, *OwnersRequest) (*OwnersResponse, error)
+	// Acquire takes a lease of a concurrency limit: at most limit holders of
+	// (name, key) at once, cluster-wide (docs/algorithms.md, "Concurrency
+	// limits"). acquired is false, with retry_after_ms, when limit leases
+	// are held. A lease ends with Release, or when ttl_ms passes without a
+	// Renew. Invalid fields are INVALID_ARGUMENT; a key that could not be
+	// decided is UNAVAILABLE.
+	Acquire(context.Context, *AcquireRequest) (*LeaseResponse, error)
+	// Renew extends a live lease by ttl_ms from now; held is false when the
+	// lease is not live (released, or expired: its slot may be another
+	// holder's), and the holder must acquire again.
+	Renew(context.Context, *RenewRequest) (*LeaseResponse, error)
+	// Release ends a lease; released is false when it was not live.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -102,6 +161,15 @@ func (UnimplementedRateLimiterServer) Check(context.Context, *CheckRequest) (*Ch
 }
 func (UnimplementedRateLimiterServer) Owners(context.Context, *OwnersRequest) (*OwnersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Owners not implemented")
+}
+func (UnimplementedRateLimiterServer) Acquire(context.Context, *AcquireRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedRateLimiterServer) Renew(context.Context, *RenewRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
+}
+func (UnimplementedRateLimiterServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -160,6 +228,60 @@ func _RateLimiter_Owners_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Acquire(ctx, req.(*AcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Renew(ctx, req.(*RenewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +296,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Owners",
 			Handler:    _RateLimiter_Owners_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _RateLimiter_Acquire_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _RateLimiter_Renew_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RateLimiter_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
