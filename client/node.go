@@ -55,6 +55,23 @@ func (n *Node) Check(ctx context.Context, req *sluicev1.CheckRequest) (*sluicev1
 	return n.rl.Check(ctx, req)
 }
 
+// Acquire, Renew and Release are the concurrency limit calls
+// (RateLimiter/Acquire, Renew, Release) on this node; Client.Acquire
+// wraps them in a Lease.
+func (n *Node) Acquire(ctx context.Context, req *sluicev1.AcquireRequest) (*sluicev1.LeaseResponse, error) {
+	return n.rl.Acquire(ctx, req)
+}
+
+// Renew: see Acquire.
+func (n *Node) Renew(ctx context.Context, req *sluicev1.RenewRequest) (*sluicev1.LeaseResponse, error) {
+	return n.rl.Renew(ctx, req)
+}
+
+// Release: see Acquire.
+func (n *Node) Release(ctx context.Context, req *sluicev1.ReleaseRequest) (*sluicev1.ReleaseResponse, error) {
+	return n.rl.Release(ctx, req)
+}
+
 // Owners asks the node for its owner table (see WithOwnerRouting).
 func (n *Node) Owners(ctx context.Context) (*sluicev1.OwnersResponse, error) {
 	return n.rl.Owners(ctx, &sluicev1.OwnersRequest{})

@@ -39,6 +39,7 @@ func (s *Server) httpHandler() http.Handler {
 		check, forwardAuth = t.wrapHTTP("POST /v1/check", check), t.wrapHTTP("/v1/forward-auth", forwardAuth)
 	}
 	mux.HandleFunc("POST /v1/check", check)
+	s.holdRoutes(mux)
 	mux.HandleFunc("GET /v1/forward-auth", forwardAuth)
 	mux.HandleFunc("POST /v1/forward-auth", forwardAuth)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

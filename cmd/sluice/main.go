@@ -23,6 +23,8 @@ const usage = `sluice: a peer-to-peer rate limiter cluster
 Usage:
   sluice serve   [flags]   run a node (sluice serve -h for flags)
   sluice check   [flags]   send one check; exit 0 allowed, 1 over limit, 2 error
+  sluice acquire [flags]   take a lease of a concurrency limit; exit 0 acquired, 1 refused, 2 error
+  sluice release [flags]   end a lease; exit 0 released, 1 not held, 2 error
   sluice status  [flags]   show the cluster as one node sees it
   sluice keys top [flags]  the keys with the most admitted (or refused) hits, cluster-wide
   sluice keys inspect|drain|reset [flags]  what a key's check would see, and where it lives; drain its quota, or reset it
@@ -55,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, args[1:], stderr)
 	case "check":
 		return checkCommand(ctx, args[1:], stdout, stderr)
+	case "acquire", "release":
+		return leaseCommand(ctx, args[0], args[1:], stdout, stderr)
 	case "health":
 		return health(ctx, args[1:], stdout, stderr)
 	case "wait":
