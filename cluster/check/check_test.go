@@ -262,3 +262,27 @@ func FuzzValidateReservation(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateOp: Validate accepts an operation on a concurrency limit
+// exactly within its bounds.
+func FuzzValidateOp(f *testing.F) {
+	f.Add(uint8(1), int64(0), int64(3), int64(30_000), int64(0))
+	f.Add(uint8(2), int64(7), int64(3), int64(30_000), int64(0))
+	f.Add(uint8(3), int64(7), int64(0), int64(0), int64(0))
+	f.Add(uint8(4), int64(7), int64(3), int64(1), int64(1))
+	f.Fuzz(func(t *testing.T, op uint8, id, limit, ttl, hits int64) {
+		r := Request{Name: "jobs", Key: "t", Hits: hits, Op: LeaseOp(op), LeaseID: id, Limit: bucket.Limit{Limit: limit, WindowMS: ttl}}
+		err := r.Validate()
+		o := LeaseOp(op)
+		want := hits >= 0 && o <= OpRelease &&
+			(o != OpNone || id == 0) &&
+			(o == OpNone || hits == 0) &&
+			(o != OpAcquire || id == 0) &&
+			(o == OpNone || o == OpAcquire || id > 0) &&
+			(o == OpNone || o == OpRelease || (limit >= 1 && limit <= bucket.MaxHolders && ttl >= 1 && ttl <= bucket.MaxHoldTTLMS)) &&
+			(r.Limit == (bucket.Limit{}) || r.Limit.Validate() == nil || (limit == 0 && ttl == 0))
+		if (err == nil) != want {
+			t.Fatalf("%+v: %v, want accepted %v", r, err, want)
+		}
+	})
+}
