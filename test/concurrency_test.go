@@ -126,6 +126,36 @@ func TestConcurrencyLimitOnThreeNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The client's lease renews itself: for three of its TTLs, another
+	// acquire of the limit of one is refused, and it is not lost.
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	const ttl = 1500 * time.Millisecond
+	renewed, err := gc.Acquire(rctx, "jobs", "renewed", 1, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(ttl / 5)
+	for start := time.Now(); time.Since(start) < 3*ttl; <-tick.C {
+		if _, err := gc.Acquire(rctx, "jobs", "renewed", 1, ttl); !errors.Is(err, client.ErrNotAcquired) {
+			t.Fatalf("%v after the lease was taken, another acquire: %v (want ErrNotAcquired: the lease renews itself)", time.Since(start), err)
+		}
+		select {
+		case <-renewed.Lost():
+			t.Fatal("the lease was lost while it renewed itself")
+		default:
+		}
+	}
+	tick.Stop()
+	if err := renewed.Release(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := gc.Acquire(rctx, "jobs", "renewed", 1, ttl); err != nil {
+		t.Fatalf("after the release: %v", err)
+	} else {
+		l.Release(rctx)
+	}
+
 	// The owner of "export" dies with its 3 leases replicated.
 	owner := ""
 	for _, p := range ps {

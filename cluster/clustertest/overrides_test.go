@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/overrides"
 )
 
@@ -106,6 +108,72 @@ func TestOverridesReachEveryNode(t *testing.T) {
 		waitOverride(t, c, "tenant:vip", vip) // the key's own override stays
 		if got := admitted(t, c, "n4", "tenant:x", 100, 5); got != 5 {
 			t.Fatalf("after the deletion: %d of 5 admitted, want all", got)
+		}
+	})
+}
+
+// staticRules is a rules file of one rule.
+type staticRules map[string][]bucket.Limit
+
+func (r staticRules) Lookup(name string) ([]bucket.Limit, bool) { ls, ok := r[name]; return ls, ok }
+func (r staticRules) Hash() string                              { return "static" }
+
+// The precedence of docs/operations.md: a key's override, then its
+// longest prefix's, then the check's own limit, then the rule; deleting
+// the override gives the key back to the rule.
+func TestOverridePrecedence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule := []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: 4, WindowMS: Window.Milliseconds()}}
+		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.Rules = staticRules{LimitName: rule} }}, "n1", "n2", "n3")
+		byRule := func(key string) check.Request { return check.Request{Name: LimitName, Key: key, Hits: 1} }
+		count := func(r check.Request, n int) int {
+			got := 0
+			for range n {
+				o := checkVia(t, c, "n2", r)
+				if o.Err != "" {
+					t.Fatalf("%+v: %s", r, o.Err)
+				}
+				if o.Allowed() {
+					got++
+				}
+			}
+			return got
+		}
+		if got := count(byRule("a"), 6); got != 4 {
+			t.Fatalf("by the rule: %d of 6, want 4", got)
+		}
+		lim := func(n int64) []bucket.Limit {
+			return []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: n, WindowMS: Window.Milliseconds()}}
+		}
+		set := func(key string, prefix bool, n int64) {
+			if _, err := c.Member("n1").Node.SetOverride(overrides.Override{Target: overrides.Target{Name: LimitName, Key: key, Prefix: prefix}, Limits: lim(n)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		set("p:", true, 2)
+		set("p:k", false, 3)
+		waitOverride(t, c, "p:x", lim(2))
+		waitOverride(t, c, "p:k", lim(3))
+		for _, tc := range []struct {
+			r    check.Request
+			want int
+		}{
+			{byRule("p:x"), 2},        // the prefix's override over the rule
+			{Request("p:y", 5, 1), 2}, // and over the check's own limit
+			{byRule("p:k"), 3},        // the key's own over the prefix's
+			{Request("q", 5, 1), 5},   // no override: the check's own limit over the rule
+			{byRule("r"), 4},          // nothing else: the rule
+		} {
+			if got := count(tc.r, 7); got != tc.want {
+				t.Fatalf("%s (limit %d): %d of 7 admitted, want %d", tc.r.Key, tc.r.Limit.Limit, got, tc.want)
+			}
+		}
+		if ok, err := c.Member("n3").Node.DeleteOverride(overrides.Target{Name: LimitName, Key: "p:", Prefix: true}, "test"); !ok || err != nil {
+			t.Fatalf("delete: %v %v", ok, err)
+		}
+		waitOverride(t, c, "p:z", nil)
+		if got := count(byRule("p:z"), 6); got != 4 {
+			t.Fatalf("after the deletion: %d of 6, want the rule's 4", got)
 		}
 	})
 }
