@@ -472,19 +472,22 @@ func TestFenceMarkOrdersFencesNotTimes(t *testing.T) {
 // with the lower count used to win (last writer wins): the owner that had
 // admitted the limit then admitted again (test/faults: 21 for a promise of
 // 20).
+// installPaths are the ways a copy of another node's record is installed.
+var installPaths = []struct {
+	name    string
+	install func(c *Cache, h uint64, rec Record) bool
+}{
+	{"Install", (*Cache).Install},
+	{"Merge", (*Cache).Merge},
+	{"InstallUnlessFencedSince", func(c *Cache, h uint64, rec Record) bool {
+		return c.InstallUnlessFencedSince(h, rec, base)
+	}},
+}
+
 func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
 	t.Parallel()
 	fw := bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 10, WindowMS: 3_600_000}
-	for _, tc := range []struct {
-		name    string
-		install func(c *Cache, h uint64, rec Record) bool
-	}{
-		{"Install", (*Cache).Install},
-		{"Merge", (*Cache).Merge},
-		{"InstallUnlessFencedSince", func(c *Cache, h uint64, rec Record) bool {
-			return c.InstallUnlessFencedSince(h, rec, base)
-		}},
-	} {
+	for _, tc := range installPaths {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
@@ -534,16 +537,7 @@ func TestInstallKeepsLargerFixedWindowCount(t *testing.T) {
 func TestResetOutranksCopiesOfTheForgottenCount(t *testing.T) {
 	t.Parallel()
 	fw := bucket.Limit{Algorithm: bucket.FixedWindow, Limit: 10, WindowMS: 3_600_000}
-	for _, tc := range []struct {
-		name    string
-		install func(c *Cache, h uint64, rec Record) bool
-	}{
-		{"Install", (*Cache).Install},
-		{"Merge", (*Cache).Merge},
-		{"InstallUnlessFencedSince", func(c *Cache, h uint64, rec Record) bool {
-			return c.InstallUnlessFencedSince(h, rec, base)
-		}},
-	} {
+	for _, tc := range installPaths {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			owner, dir := newTestCache(t, Config{Shards: 1, Size: 8})

@@ -48,8 +48,7 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	if err := a.parse(args); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	a.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := a.visited()
 	if !set["name"] || !set["key"] {
 		return errors.New("--name and --key are required")
 	}
@@ -57,13 +56,11 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
-	c, _, err := a.dial()
+	c, cctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
-	defer cancel()
+	defer done()
 	call := c.InspectKey
 	switch cmd {
 	case "drain":
@@ -138,6 +135,24 @@ func (a *adminCmd) parse(args []string) error {
 		return fmt.Errorf("unexpected argument %q", a.fs.Arg(0))
 	}
 	return nil
+}
+
+// visited returns the names of the flags the command line set.
+func (a *adminCmd) visited() map[string]bool {
+	set := map[string]bool{}
+	a.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// connect dials --addr and returns ctx bounded by --timeout; done closes
+// the connection and ends the context.
+func (a *adminCmd) connect(ctx context.Context) (c *client.Node, cctx context.Context, done func(), err error) {
+	c, _, err = a.dial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
+	return c, cctx, func() { cancel(); c.Close() }, nil
 }
 
 // dial connects to --addr for Admin calls, with the TLS or gossip-key

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -48,8 +47,7 @@ func overridesSet(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := a.parse(args); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	a.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := a.visited()
 	if !set["name"] || !set["key"] {
 		return errors.New("--name and --key are required (--key \"\" --prefix for every key of the name)")
 	}
@@ -68,13 +66,11 @@ func overridesSet(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if len(o.Limits) == 0 {
 		return errors.New("--limit (or --also) is required: an override gives its limits")
 	}
-	c, _, err := a.dial()
+	c, cctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
-	defer cancel()
+	defer done()
 	stored, err := c.SetOverride(cctx, &sluicev1.SetOverrideRequest{Override: o})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *a.addr, err)
@@ -92,13 +88,11 @@ func overridesList(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := a.parse(args); err != nil {
 		return err
 	}
-	c, _, err := a.dial()
+	c, cctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
-	defer cancel()
+	defer done()
 	resp, err := c.ListOverrides(cctx, &sluicev1.ListOverridesRequest{Name: *name})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *a.addr, err)
@@ -135,18 +129,15 @@ func overridesDelete(ctx context.Context, args []string, stdout, stderr io.Write
 	if err := a.parse(args); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	a.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := a.visited()
 	if !set["name"] || !set["key"] {
 		return errors.New("--name and --key are required")
 	}
-	c, _, err := a.dial()
+	c, cctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	cctx, cancel := context.WithTimeout(ctx, *a.timeout)
-	defer cancel()
+	defer done()
 	resp, err := c.DeleteOverride(cctx, &sluicev1.DeleteOverrideRequest{Name: *name, Key: *key, Prefix: *prefix})
 	if err != nil {
 		return fmt.Errorf("%s: %w", *a.addr, err)
