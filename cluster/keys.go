@@ -29,6 +29,9 @@ type KeyState struct {
 	Versions []uint64
 	// Drained is the hits DrainKey consumed.
 	Drained int64
+	// Limits are the limits in force for the key (an override, the
+	// request's own, or the rule), as this node resolves them.
+	Limits []bucket.Limit
 }
 
 // maxDrainRounds bounds DrainKey's rounds: each consumes what the peek
@@ -133,6 +136,7 @@ func (n *Node) locate(ctx context.Context, r check.Request, ks *KeyState) {
 	if !ok || len(reps) == 0 {
 		return
 	}
+	ks.Limits = lims.all()
 	k := writeback.Key{Name: r.Name, Key: r.Key}
 	keys := make([]bucket.Counter, 1+len(lims.more))
 	for i := range keys {

@@ -40,6 +40,11 @@ func TestInspectAndDrainAKeyOnThreeNodes(t *testing.T) {
 		Replicas []string `json:"replicas"`
 		Versions []string `json:"versions"`
 		Drained  string   `json:"drained"`
+		Limits   []struct {
+			Algorithm string `json:"algorithm"`
+			Limit     string `json:"limit"`
+			WindowMS  string `json:"window_ms"`
+		} `json:"limits"`
 	}
 	keys := func(node int, cmd string) inspection {
 		t.Helper()
@@ -59,6 +64,9 @@ func TestInspectAndDrainAKeyOnThreeNodes(t *testing.T) {
 		if ins.Peek.Status != "STATUS_UNDER_LIMIT" || ins.Peek.Remaining != "7" || len(ins.Replicas) != 1 || ins.Owner == "" ||
 			len(ins.Versions) != 1 || ins.Versions[0] == "0" || ins.Versions[0] == "" {
 			t.Fatalf("inspect after 3 hits of 10: %+v, want 7 remaining, an owner, one replica and a record version", ins)
+		}
+		if len(ins.Limits) != 1 || ins.Limits[0].Algorithm != "ALGORITHM_TOKEN_BUCKET" || ins.Limits[0].Limit != "10" || ins.Limits[0].WindowMS != "3600000" {
+			t.Fatalf("inspect: limits %+v, want the token bucket of 10 an hour", ins.Limits)
 		}
 	}
 

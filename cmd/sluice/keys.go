@@ -94,6 +94,13 @@ func keysOne(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	}
 	fmt.Fprintf(stdout, "a check:  %s, %d of %d remaining, full again in %s (decided by %s)\n", word, p.GetRemaining(), p.GetLimit(),
 		ms(p.GetResetAfterMs()), p.GetOwner())
+	for i, l := range ins.Limits {
+		word := "limit:   "
+		if len(ins.Limits) > 1 {
+			word = fmt.Sprintf("limit %d: ", i+1)
+		}
+		fmt.Fprintf(stdout, "%s %d per %s, %s\n", word, l.Limit, time.Duration(l.WindowMs)*time.Millisecond, algorithmName(l.Algorithm))
+	}
 	fmt.Fprintf(stdout, "owner:    %s\nreplicas: %v\n", ins.Owner, ins.Replicas)
 	if len(ins.Versions) == 0 {
 		fmt.Fprintln(stdout, "versions: unknown (the owner did not answer)")

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/hitters"
@@ -633,9 +634,17 @@ func overrideToProto(o overrides.Override) *sluicev1.Override {
 	return m
 }
 
+func limitsToProto(ls []bucket.Limit) []*sluicev1.Limit {
+	var out []*sluicev1.Limit
+	for _, l := range ls {
+		out = append(out, peer.LimitToProto(l))
+	}
+	return out
+}
+
 func inspection(r check.Request, ks cluster.KeyState) *sluicev1.KeyInspection {
 	return &sluicev1.KeyInspection{Name: r.Name, Key: r.Key, Peek: peer.ResponseToProto(ks.Peek), Owner: ks.Owner,
-		Replicas: ks.Replicas, Versions: ks.Versions, Drained: ks.Drained}
+		Replicas: ks.Replicas, Versions: ks.Versions, Drained: ks.Drained, Limits: limitsToProto(ks.Limits)}
 }
 
 var (

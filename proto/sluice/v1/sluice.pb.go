@@ -2021,8 +2021,12 @@ type KeyInspection struct {
 	// versions[i]: the version of the owner's record of the key's i-th
 	// limit (0: no record: never counted, or expired); empty when the owner
 	// did not answer.
-	Versions      []uint64 `protobuf:"varint,6,rep,packed,name=versions,proto3" json:"versions,omitempty"`
-	Drained       int64    `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"` // DrainKey: the hits the drain consumed
+	Versions []uint64 `protobuf:"varint,6,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	Drained  int64    `protobuf:"varint,7,opt,name=drained,proto3" json:"drained,omitempty"` // DrainKey: the hits the drain consumed
+	// limits: the limits in force for the key, as the asked node resolves
+	// them (an override, the request's own, or the rule of name): their
+	// algorithm, limit and window.
+	Limits        []*Limit `protobuf:"bytes,8,rep,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2104,6 +2108,13 @@ func (x *KeyInspection) GetDrained() int64 {
 		return x.Drained
 	}
 	return 0
+}
+
+func (x *KeyInspection) GetLimits() []*Limit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
 }
 
 type TopKeysRequest struct {
@@ -4446,7 +4457,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x03max\x18\x02 \x01(\x05R\x03max\"C\n" +
 	"\n" +
 	"KeyRequest\x125\n" +
-	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"\xcf\x01\n" +
+	"\arequest\x18\x01 \x01(\v2\x1b.sluice.v1.RateLimitRequestR\arequest\"\xf9\x01\n" +
 	"\rKeyInspection\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x120\n" +
@@ -4454,7 +4465,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x1a\n" +
 	"\breplicas\x18\x05 \x03(\tR\breplicas\x12\x1a\n" +
 	"\bversions\x18\x06 \x03(\x04R\bversions\x12\x18\n" +
-	"\adrained\x18\a \x01(\x03R\adrained\"H\n" +
+	"\adrained\x18\a \x01(\x03R\adrained\x12(\n" +
+	"\x06limits\x18\b \x03(\v2\x10.sluice.v1.LimitR\x06limits\"H\n" +
 	"\x0eTopKeysRequest\x12 \n" +
 	"\x02by\x18\x01 \x01(\x0e2\x10.sluice.v1.TopByR\x02by\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\"L\n" +
@@ -4783,71 +4795,72 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	20, // 14: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
 	16, // 15: sluice.v1.KeyRequest.request:type_name -> sluice.v1.RateLimitRequest
 	19, // 16: sluice.v1.KeyInspection.peek:type_name -> sluice.v1.RateLimitResponse
-	5,  // 17: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
-	30, // 18: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
-	34, // 19: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
-	33, // 20: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
-	38, // 21: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
-	16, // 22: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
-	19, // 23: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
-	37, // 24: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
-	40, // 25: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
-	16, // 26: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
-	42, // 27: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
-	16, // 28: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
-	37, // 29: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
-	35, // 30: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
-	36, // 31: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
-	6,  // 32: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
-	49, // 33: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
-	52, // 34: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
-	49, // 35: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
-	55, // 36: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
-	15, // 37: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	12, // 38: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
-	7,  // 39: sluice.v1.RateLimiter.Acquire:input_type -> sluice.v1.AcquireRequest
-	8,  // 40: sluice.v1.RateLimiter.Renew:input_type -> sluice.v1.RenewRequest
-	9,  // 41: sluice.v1.RateLimiter.Release:input_type -> sluice.v1.ReleaseRequest
-	31, // 42: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
-	28, // 43: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
-	26, // 44: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
-	26, // 45: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
-	26, // 46: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
-	21, // 47: sluice.v1.Admin.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	22, // 48: sluice.v1.Admin.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	24, // 49: sluice.v1.Admin.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	35, // 50: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
-	50, // 51: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
-	53, // 52: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
-	47, // 53: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
-	39, // 54: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
-	41, // 55: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
-	45, // 56: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
-	18, // 57: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	13, // 58: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
-	10, // 59: sluice.v1.RateLimiter.Acquire:output_type -> sluice.v1.LeaseResponse
-	10, // 60: sluice.v1.RateLimiter.Renew:output_type -> sluice.v1.LeaseResponse
-	11, // 61: sluice.v1.RateLimiter.Release:output_type -> sluice.v1.ReleaseResponse
-	32, // 62: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
-	29, // 63: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
-	27, // 64: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
-	27, // 65: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
-	27, // 66: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
-	20, // 67: sluice.v1.Admin.SetOverride:output_type -> sluice.v1.Override
-	23, // 68: sluice.v1.Admin.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	25, // 69: sluice.v1.Admin.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	36, // 70: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
-	51, // 71: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
-	54, // 72: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
-	48, // 73: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
-	44, // 74: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
-	43, // 75: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
-	46, // 76: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
-	57, // [57:77] is the sub-list for method output_type
-	37, // [37:57] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	17, // 17: sluice.v1.KeyInspection.limits:type_name -> sluice.v1.Limit
+	5,  // 18: sluice.v1.TopKeysRequest.by:type_name -> sluice.v1.TopBy
+	30, // 19: sluice.v1.TopKeysResponse.keys:type_name -> sluice.v1.TopKey
+	34, // 20: sluice.v1.StatusResponse.members:type_name -> sluice.v1.Member
+	33, // 21: sluice.v1.StatusResponse.events:type_name -> sluice.v1.MemberEvent
+	38, // 22: sluice.v1.StatusResponse.region_links:type_name -> sluice.v1.RegionLink
+	16, // 23: sluice.v1.ForwardRequest.requests:type_name -> sluice.v1.RateLimitRequest
+	19, // 24: sluice.v1.ForwardResponse.responses:type_name -> sluice.v1.RateLimitResponse
+	37, // 25: sluice.v1.ForwardResponse.leases:type_name -> sluice.v1.LeaseGrant
+	40, // 26: sluice.v1.ReturnRequest.returns:type_name -> sluice.v1.LeaseReturn
+	16, // 27: sluice.v1.LeaseReturn.request:type_name -> sluice.v1.RateLimitRequest
+	42, // 28: sluice.v1.RegionGrantRequest.asks:type_name -> sluice.v1.RegionAsk
+	16, // 29: sluice.v1.RegionAsk.request:type_name -> sluice.v1.RateLimitRequest
+	37, // 30: sluice.v1.RegionGrantResponse.grants:type_name -> sluice.v1.LeaseGrant
+	35, // 31: sluice.v1.ForwardEnvelope.request:type_name -> sluice.v1.ForwardRequest
+	36, // 32: sluice.v1.ForwardReply.response:type_name -> sluice.v1.ForwardResponse
+	6,  // 33: sluice.v1.ReplicateRequest.kind:type_name -> sluice.v1.ReplicateRequest.Kind
+	49, // 34: sluice.v1.ReplicateRequest.counters:type_name -> sluice.v1.Counter
+	52, // 35: sluice.v1.PullRequest.keys:type_name -> sluice.v1.CounterKey
+	49, // 36: sluice.v1.PullResponse.counters:type_name -> sluice.v1.Counter
+	55, // 37: sluice.v1.PullResponse.holders:type_name -> sluice.v1.PullHolder
+	15, // 38: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	12, // 39: sluice.v1.RateLimiter.Owners:input_type -> sluice.v1.OwnersRequest
+	7,  // 40: sluice.v1.RateLimiter.Acquire:input_type -> sluice.v1.AcquireRequest
+	8,  // 41: sluice.v1.RateLimiter.Renew:input_type -> sluice.v1.RenewRequest
+	9,  // 42: sluice.v1.RateLimiter.Release:input_type -> sluice.v1.ReleaseRequest
+	31, // 43: sluice.v1.Admin.Status:input_type -> sluice.v1.StatusRequest
+	28, // 44: sluice.v1.Admin.TopKeys:input_type -> sluice.v1.TopKeysRequest
+	26, // 45: sluice.v1.Admin.InspectKey:input_type -> sluice.v1.KeyRequest
+	26, // 46: sluice.v1.Admin.DrainKey:input_type -> sluice.v1.KeyRequest
+	26, // 47: sluice.v1.Admin.ResetKey:input_type -> sluice.v1.KeyRequest
+	21, // 48: sluice.v1.Admin.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	22, // 49: sluice.v1.Admin.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	24, // 50: sluice.v1.Admin.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	35, // 51: sluice.v1.Peer.Forward:input_type -> sluice.v1.ForwardRequest
+	50, // 52: sluice.v1.Peer.Replicate:input_type -> sluice.v1.ReplicateRequest
+	53, // 53: sluice.v1.Peer.Pull:input_type -> sluice.v1.PullRequest
+	47, // 54: sluice.v1.Peer.Forwards:input_type -> sluice.v1.ForwardEnvelope
+	39, // 55: sluice.v1.Peer.Return:input_type -> sluice.v1.ReturnRequest
+	41, // 56: sluice.v1.Peer.RegionGrant:input_type -> sluice.v1.RegionGrantRequest
+	45, // 57: sluice.v1.Peer.Decided:input_type -> sluice.v1.DecidedRequest
+	18, // 58: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	13, // 59: sluice.v1.RateLimiter.Owners:output_type -> sluice.v1.OwnersResponse
+	10, // 60: sluice.v1.RateLimiter.Acquire:output_type -> sluice.v1.LeaseResponse
+	10, // 61: sluice.v1.RateLimiter.Renew:output_type -> sluice.v1.LeaseResponse
+	11, // 62: sluice.v1.RateLimiter.Release:output_type -> sluice.v1.ReleaseResponse
+	32, // 63: sluice.v1.Admin.Status:output_type -> sluice.v1.StatusResponse
+	29, // 64: sluice.v1.Admin.TopKeys:output_type -> sluice.v1.TopKeysResponse
+	27, // 65: sluice.v1.Admin.InspectKey:output_type -> sluice.v1.KeyInspection
+	27, // 66: sluice.v1.Admin.DrainKey:output_type -> sluice.v1.KeyInspection
+	27, // 67: sluice.v1.Admin.ResetKey:output_type -> sluice.v1.KeyInspection
+	20, // 68: sluice.v1.Admin.SetOverride:output_type -> sluice.v1.Override
+	23, // 69: sluice.v1.Admin.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	25, // 70: sluice.v1.Admin.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	36, // 71: sluice.v1.Peer.Forward:output_type -> sluice.v1.ForwardResponse
+	51, // 72: sluice.v1.Peer.Replicate:output_type -> sluice.v1.ReplicateResponse
+	54, // 73: sluice.v1.Peer.Pull:output_type -> sluice.v1.PullResponse
+	48, // 74: sluice.v1.Peer.Forwards:output_type -> sluice.v1.ForwardReply
+	44, // 75: sluice.v1.Peer.Return:output_type -> sluice.v1.ReturnResponse
+	43, // 76: sluice.v1.Peer.RegionGrant:output_type -> sluice.v1.RegionGrantResponse
+	46, // 77: sluice.v1.Peer.Decided:output_type -> sluice.v1.DecidedResponse
+	58, // [58:78] is the sub-list for method output_type
+	38, // [38:58] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
