@@ -104,3 +104,38 @@ func TestConcurrencyLimitAcrossTheCluster(t *testing.T) {
 		}
 	})
 }
+
+// Twenty acquirers at once through three nodes on a limit of five: exactly
+// five hold a lease.
+func TestConcurrentAcquiresHoldExactlyTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+		c := r.C
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		const limit, callers = 5, 20
+		got := make(chan int64, callers)
+		for i := range callers {
+			via := []string{"n1", "n2", "n3"}[i%3]
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
+				defer cancel()
+				o := c.Member(via).Node.Hold(ctx, holdReq("crowd", check.OpAcquire, limit, time.Minute, 0))
+				if o.Err != "" {
+					t.Errorf("via %s: %s", via, o.Err)
+				}
+				got <- o.LeaseID
+			}()
+		}
+		held := map[int64]bool{}
+		for range callers {
+			if id := <-got; id != 0 {
+				held[id] = true
+			}
+		}
+		if len(held) != limit {
+			t.Fatalf("%d distinct leases held of a limit of %d", len(held), limit)
+		}
+	})
+}
