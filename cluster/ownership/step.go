@@ -260,22 +260,18 @@ func Step(f Facts, e Event) Effects {
 	}
 	switch e.Kind {
 	case Check, Forwarded, StandIn, Failover:
-		if eff, ok := giveUp(f, e); ok {
-			return eff
+		if e.After != Carried {
+			if eff, ok := giveUp(f, e); ok {
+				return eff
+			}
 		}
 		if e.Kind == Check && f.Owns && !f.InRing {
 			return Effects{Next: f.State(), Joining: true}
 		}
-		var eff Effects
 		if f.Released {
-			eff = checkReleased(f, e)
-		} else {
-			eff = check(f, e)
+			return checkReleased(f, e)
 		}
-		// An owner's own checks, and checks sent to it as the owner,
-		// take in what a stand-in decided for it first.
-		eff.PullStandIn = eff.Decide && f.Owns && (e.Kind == Check || e.Kind == Forwarded)
-		return eff
+		return check(f, e)
 	case Serve:
 		return Effects{Next: StandingIn, Reclaim: f.Released, Decide: true}
 	case Pull:
@@ -341,7 +337,7 @@ func giveUp(f Facts, e Event) (Effects, bool) {
 		// count; the replica, which holds the count, decides instead.
 		return Effects{Next: f.State(), Abandon: true}, true
 	case e.After == Crossed && e.Crossings > MaxCrossings:
-		return Effects{Next: f.State(), Abandon: true, NoteGivenUp: f.Owns && (e.Kind == Check || e.Kind == Forwarded)}, true
+		return Effects{Next: f.State(), Abandon: true, NoteGivenUp: f.Owns && owning(e)}, true
 	}
 	return Effects{}, false
 }
@@ -359,7 +355,9 @@ func check(f Facts, e Event) Effects {
 		// Never forwarded again: the sender asks the owner this node sees.
 		return Effects{Next: f.State(), Redirect: f.OwnerAddr}
 	}
-	eff := Effects{Next: Owned, Settle: f.Unsettled, Decide: true}
+	// An owner's own checks, and checks sent to it as the owner, take in
+	// what a stand-in decided for it first (PullStandIn).
+	eff := Effects{Next: Owned, Settle: f.Unsettled, Decide: true, PullStandIn: f.Owns && owning(e)}
 	if e.Kind == Failover {
 		eff.Next = StandingIn
 	}
@@ -395,7 +393,7 @@ func checkReleased(f Facts, e Event) Effects {
 		if to != "" {
 			return Effects{Next: ReleasedTo, Redirect: to}
 		}
-		return Effects{Next: Owned, Reclaim: true, Decide: true}
+		return Effects{Next: Owned, Reclaim: true, Decide: true, PullStandIn: f.Owns && owning(e)}
 	}
 	if !f.Owns {
 		// A stand-in: a redirect would leave the sender to its own policy,
@@ -417,9 +415,13 @@ func checkReleased(f Facts, e Event) Effects {
 	}
 	// This node owns the key in its view but had handed it on (the views
 	// differed): it takes it back from where it went.
-	eff := Effects{Next: Owned, Reclaim: true, Decide: true}
+	eff := Effects{Next: Owned, Reclaim: true, Decide: true, PullStandIn: owning(e)}
 	if f.ReleasedTo != "" && f.ReleasedTo != f.SelfAddr {
 		eff.PullFrom = f.ReleasedTo
 	}
 	return eff
 }
+
+// owning reports whether e is a check this node gets as the key's owner:
+// a client's, or one another node forwarded to it as the owner.
+func owning(e Event) bool { return e.Kind == Check || e.Kind == Forwarded }
