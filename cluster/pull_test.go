@@ -1,9 +1,10 @@
 package cluster
 
-// Tests of pulls: not while draining or leaving, right after the table
-// changes, merged copies, pruned releases. (A new owner taking a key's
-// counter from its old holder, and batched pulls after a join:
-// cluster/clustertest's pull_test.go and pullbatch_test.go.)
+// Tests of pulls: not while draining, right after the table changes,
+// merged copies, pruned releases. (A new owner taking a key's counter from
+// its old holder, a leaving node that does not take a pulled key back, and
+// batched pulls after a join: cluster/clustertest's pull_test.go and
+// pullbatch_test.go.)
 
 import (
 	"context"
@@ -104,42 +105,6 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no node took over n0's keys within 10 s")
-	}
-}
-
-// A node that has announced its leave keeps deciding only the keys nobody
-// has pulled from it. A key the new owner pulled is redirected there; the
-// leaving node must not pull it back because it still owns the key in its
-// own (frozen) view. (It did: the two nodes then decided the key from the
-// same count, and a rolling restart lost a hit in about one run in 50.)
-func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
-	t.Parallel()
-	nodes, _ := memCluster(t, 3, func(c *Config) { c.LeavePropagation = 5 * time.Second })
-	key := keysOwnedBy(nodes[0], "n0", 1)[0]
-	h := ring.Hash("api", key)
-	admit(t, nodes[0], key, 5, 100)
-	go nodes[0].Leave(context.Background())
-	var next *Node
-	WaitFor(t, 10*time.Second, "another node takes n0's key", func() bool {
-		for _, n := range nodes[1:] {
-			if o, _ := n.Ring().Owner(h); o.Name == n.Name() {
-				next = n
-				return true
-			}
-		}
-		return false
-	})
-	if o := check1(next, req("api", key, 1, 100)); o.Owner != next.Name() || o.Remaining != 100-6 {
-		t.Fatalf("%s after the pull: %+v, want remaining 94", next.Name(), o)
-	}
-	// A sender that has not heard of the leave yet forwards the key to n0.
-	out, moved := make([]check.Outcome, 1), make([]string, 1)
-	nodes[0].CheckForwarded(context.Background(), "n2", []check.Request{req("api", key, 1, 100)}, out, moved)
-	if moved[0] != memAddr(int(next.Name()[1]-'0')) {
-		t.Fatalf("the leaving node answered %+v moved to %q, want moved_to %s", out[0], moved[0], next.Name())
-	}
-	if o := check1(next, req("api", key, 1, 100)); o.Owner != next.Name() || o.Remaining != 100-7 {
-		t.Fatalf("%s: %+v, want remaining 93 (the key still there, every hit counted once)", next.Name(), o)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
@@ -146,5 +147,52 @@ func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
 			t.Fatalf("n1 installed n3's stale copy (%d hits) over its own (3)", old.State.Count)
 		}
 		wantTakenBack(t, c, "n1", key)
+	})
+}
+
+// A node that has announced its leave keeps deciding only the keys nobody
+// has pulled from it. A key the new owner pulled is redirected there; the
+// leaving node must not pull it back because it still owns the key in its
+// own (frozen) view. (It did: the two nodes then decided the key from the
+// same count, and a rolling restart lost a hit in about one run in 50.)
+func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.LeavePropagation = 5 * time.Second }}, "n1", "n2", "n3")
+		key := ownedBy(c, "n1", "n1", "leave", 1)[0]
+		h := ring.Hash(LimitName, key)
+		if got := admitted(t, c, "n1", key, 100, 5); got != 5 {
+			t.Fatalf("%d of 5 admitted before the leave", got)
+		}
+		left := make(chan error, 1)
+		go func() { left <- c.Member("n1").Node.Leave(context.Background()) }()
+		next := ""
+		for start := time.Now(); next == ""; {
+			for _, name := range []string{"n2", "n3"} {
+				if o, _ := c.Member(name).Node.Ring().Owner(h); o.Name == name {
+					next = name
+				}
+			}
+			if next == "" {
+				if time.Since(start) > 10*time.Second {
+					t.Fatal("no node took n1's key within 10 s of the bubble's time")
+				}
+				time.Sleep(10 * time.Millisecond) // the bubble's time: until a table change
+			}
+		}
+		if o, err := c.Check(next, key, 100, 1); err != nil || o.Owner != next || o.Remaining != 100-6 {
+			t.Fatalf("%s after the pull: %+v, %v; want remaining 94", next, o, err)
+		}
+		// A sender that has not heard of the leave yet forwards the key to n1.
+		out, moved := make([]check.Outcome, 1), make([]string, 1)
+		c.Member("n1").Node.CheckForwarded(context.Background(), "n2", []check.Request{Request(key, 100, 1)}, out, moved)
+		if moved[0] != c.Member(next).PeerAddr {
+			t.Fatalf("the leaving node answered %+v moved to %q, want moved_to %s", out[0], moved[0], next)
+		}
+		if o, err := c.Check(next, key, 100, 1); err != nil || o.Owner != next || o.Remaining != 100-7 {
+			t.Fatalf("%s: %+v, %v; want remaining 93 (the key still there, every hit counted once)", next, o, err)
+		}
+		if err := <-left; err != nil {
+			t.Fatal(err)
+		}
 	})
 }
