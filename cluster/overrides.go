@@ -172,6 +172,7 @@ func (n *Node) SetOverride(o overrides.Override) (overrides.Override, error) {
 	now := n.now().UnixNano()
 	o.Deleted = false
 	o.Origin, o.SetAt = n.name, now
+	o.SetBy = overrides.TruncateUTF8(o.SetBy, overrides.MaxNoteLen)
 	o, err := n.ovr.table.Stamp(o, now)
 	if err != nil {
 		return o, err
@@ -188,7 +189,8 @@ func (n *Node) DeleteOverride(t overrides.Target, setBy string) (bool, error) {
 		return false, nil
 	}
 	now := n.now().UnixNano()
-	o, err := n.ovr.table.Stamp(overrides.Override{Target: t, Deleted: true, Origin: n.name, SetBy: setBy, SetAt: now}, now)
+	o, err := n.ovr.table.Stamp(overrides.Override{Target: t, Deleted: true, Origin: n.name,
+		SetBy: overrides.TruncateUTF8(setBy, overrides.MaxNoteLen), SetAt: now}, now)
 	if err != nil {
 		return false, err
 	}

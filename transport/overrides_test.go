@@ -69,7 +69,9 @@ func FuzzSetOverride(f *testing.F) {
 		g := adminServer{s: srv}
 		o := &sluicev1.Override{Name: name, Key: key, Prefix: prefix, Note: note,
 			Limits: []*sluicev1.Limit{{Limit: limit, WindowMs: window, Algorithm: sluicev1.Algorithm(alg)}}}
+		// As the source will stamp it: the caller, the first version.
 		want := fromWire(o)
+		want.SetBy, want.Version = callerOf(context.Background()), 1
 		valid := want.Validate() == nil
 		got, err := g.SetOverride(context.Background(), &sluicev1.SetOverrideRequest{Override: o})
 		list, _ := g.ListOverrides(context.Background(), &sluicev1.ListOverridesRequest{})

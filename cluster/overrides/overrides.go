@@ -173,10 +173,6 @@ func (t *Table) Apply(o Override) (bool, error) {
 // it, in one hold of the lock, so that two changes of one target on one
 // node never share a version. It returns o as applied.
 func (t *Table) Stamp(o Override, now int64) (Override, error) {
-	o.Version = 1 // validated below with its real version
-	if err := o.Validate(); err != nil {
-		return o, fmt.Errorf("override of %v: %w", o.Target, err)
-	}
 	o.Limits = slices.Clone(o.Limits)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -184,8 +180,26 @@ func (t *Table) Stamp(o Override, now int64) (Override, error) {
 	if held, ok := t.recs[o.Target]; ok && held.Version >= o.Version {
 		o.Version = held.Version + 1
 	}
+	// Validated with the version it will travel with: its digits count
+	// toward MaxEncodedLen, and a record over it would be refused by
+	// every peer.
+	if err := o.Validate(); err != nil {
+		return o, fmt.Errorf("override of %v: %w", o.Target, err)
+	}
 	_, err := t.apply(o)
 	return o, err
+}
+
+// TruncateUTF8 cuts s to at most n bytes, at a character boundary (a
+// caller's name as SetBy, which may be a long certificate subject).
+func TruncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // apply is Apply with o valid and t.mu held.

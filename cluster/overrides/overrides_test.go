@@ -255,3 +255,45 @@ func TestStampOrdersChanges(t *testing.T) {
 		t.Fatalf("the table holds version %d, want the last, %d", held.Version, top)
 	}
 }
+
+// A record Stamp accepts is one every peer decodes: its size is checked
+// with the version it travels with (a node's clock, 19 digits), not a
+// placeholder. Before, an override within the bound with version 1 but
+// over it with its real version was stored, gossiped, and refused by
+// every peer.
+func TestStampedRecordsDecodeAtPeers(t *testing.T) {
+	t.Parallel()
+	const now = 1_795_900_000_000_000_000
+	o := rec("api", "k", false, l5, 1, "n1")
+	o.Key += strings.Repeat("k", MaxEncodedLen-len(encodeOne(o)))
+	if n := len(encodeOne(o)); n != MaxEncodedLen {
+		t.Fatalf("the test's record encodes to %d bytes", n)
+	}
+	if _, err := NewTable().Apply(o); err != nil {
+		t.Fatalf("at the bound with version 1: %v", err)
+	}
+	if _, err := NewTable().Stamp(o, now); err == nil || !strings.Contains(err.Error(), "encodes to") {
+		t.Fatalf("stamped with version %d: %v, want refused for its size", now, err)
+	}
+	o.Key = o.Key[:len(o.Key)-20]
+	got, err := NewTable().Stamp(o, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(EncodeOne(got)); err != nil {
+		t.Fatalf("a stamped record a peer refuses: %v", err)
+	}
+}
+
+func TestTruncateUTF8(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		s    string
+		n    int
+		want string
+	}{{"abc", 5, "abc"}, {"abcdef", 3, "abc"}, {"aé", 2, "a"}, {"éé", 3, "é"}} {
+		if got := TruncateUTF8(c.s, c.n); got != c.want {
+			t.Errorf("TruncateUTF8(%q, %d) = %q, want %q", c.s, c.n, got, c.want)
+		}
+	}
+}
