@@ -228,12 +228,8 @@ func (c *Cache) DecideTo(out *bucket.Decision, hash uint64, k Key, lim *bucket.L
 // flushed and replicated like a decision's.
 func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, now int64) (int64, error) {
 	s := c.shardFor(hash)
-	sl, err := c.find(s, hash, k, now, false)
-	if err == nil && sl != nil && len(s.fences) > 0 && s.isFenced(k, now) {
-		err = ErrFenced
-	}
-	if err != nil || sl == nil {
-		s.mu.Unlock()
+	sl, err := c.unfenced(s, hash, k, now, false)
+	if sl == nil {
 		return 0, err
 	}
 	var st bucket.State
@@ -247,6 +243,22 @@ func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, n
 	return back, nil
 }
 
+// unfenced is find for a change of k other than a decision: it returns
+// k's slot with the shard locked, or nil with the lock released and the
+// error (ErrFenced for a fenced key; nil when k is not held and not
+// created).
+func (c *Cache) unfenced(s *shard, hash uint64, k Key, now int64, create bool) (*slot, error) {
+	sl, err := c.find(s, hash, k, now, create)
+	if err == nil && sl != nil && len(s.fences) > 0 && s.isFenced(k, now) {
+		err = ErrFenced
+	}
+	if err != nil || sl == nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	return sl, nil
+}
+
 // Update applies fn to k's state at now, under the lock that serializes
 // the key's decisions: fn changes the state in place (a key not held, or
 // held fresh, starts from the zero State). A change is flushed and
@@ -254,12 +266,8 @@ func (c *Cache) Refund(hash uint64, k Key, lim *bucket.Limit, hits, grantedAt, n
 // called. (Concurrency limits: bucket.Acquire, Renew and Release.)
 func (c *Cache) Update(hash uint64, k Key, now int64, fn func(*bucket.State)) error {
 	s := c.shardFor(hash)
-	sl, err := c.find(s, hash, k, now, true)
-	if err == nil && len(s.fences) > 0 && s.isFenced(k, now) {
-		err = ErrFenced
-	}
-	if err != nil {
-		s.mu.Unlock()
+	sl, err := c.unfenced(s, hash, k, now, true)
+	if sl == nil {
 		return err
 	}
 	var st bucket.State
@@ -280,12 +288,8 @@ func (c *Cache) Update(hash uint64, k Key, now int64, fn func(*bucket.State)) er
 // left as it is, and Reset reports false; a fenced key is ErrFenced.
 func (c *Cache) Reset(hash uint64, k Key, now int64) (bool, error) {
 	s := c.shardFor(hash)
-	sl, err := c.find(s, hash, k, now, false)
-	if err == nil && sl != nil && len(s.fences) > 0 && s.isFenced(k, now) {
-		err = ErrFenced
-	}
-	if err != nil || sl == nil {
-		s.mu.Unlock()
+	sl, err := c.unfenced(s, hash, k, now, false)
+	if sl == nil {
 		return false, err
 	}
 	var st bucket.State
