@@ -163,7 +163,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 	}
 	r := reqs[rt.i]
 	out[rt.i] = check.Outcome{}
-	k := writeback.Key{Name: r.Name, Key: r.Key}
+	k := recordKey(&r)
 	o := &out[rt.i]
 	// The policy decides from what this node holds, whatever its records
 	// say (ownership.Serve): a key it had released is taken back, once the
@@ -176,7 +176,7 @@ func (n *Node) unavailable(ctx context.Context, reqs []check.Request, out []chec
 		if eff.Reclaim {
 			n.carry(rt.hash, k, rt.lims, eff, change{mark: math.MaxUint64}, now) // whatever released it
 		}
-		err = n.decideCache(&o.Decision, rt.hash, k, rt.lims, r.Hits, now)
+		err = n.carryOut(rt.hash, k, &r, rt.lims, now, o)
 		if !errors.Is(err, writeback.ErrFenced) || ev.After == ownership.Fenced {
 			break
 		}

@@ -305,10 +305,7 @@ func (n *Node) decide(ctx context.Context, h uint64, r *check.Request, lims limi
 // decideGated is decide with n.gate read-locked: the phase in the facts is
 // then the one the decision is made in (drain waits for the gate).
 func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims limits, ev ownership.Event, now int64, o *check.Outcome) (redirect string) {
-	k := writeback.Key{Name: r.Name, Key: r.Key}
-	if r.Op != check.OpNone {
-		k = writeback.HoldersKey(k) // the key's concurrency limit: its own record
-	}
+	k := recordKey(r)
 	f := n.facts(n.ring.Table(), h, k, lims, now)
 	for {
 		eff := ownership.Step(f, ev)
@@ -368,20 +365,7 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			ev.After = ownership.Cancelled
 			continue
 		}
-		var err error
-		switch {
-		case r.Op != check.OpNone:
-			err = n.holdCache(h, k, lims.one, r, now, o)
-		case r.ReservationID != "":
-			err = n.settleCache(h, k, lims, r, now, o)
-		case r.Reset:
-			err = n.resetCache(h, k, lims, now)
-			if err == nil {
-				err = n.decideCache(&o.Decision, h, k, lims, 0, now)
-			}
-		default:
-			err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
-		}
+		err := n.carryOut(h, k, r, lims, now, o)
 		if errors.Is(err, writeback.ErrFenced) && !f.Released {
 			// This node had released the key: the step for a released key
 			// says where to point, or to take it back.
@@ -394,9 +378,6 @@ func (n *Node) decideGated(ctx context.Context, h uint64, r *check.Request, lims
 			o.Decision = bucket.Decision{}
 			o.Err = err.Error()
 			return ""
-		}
-		if r.ReserveTTLMS > 0 && o.Decision.Allowed() {
-			o.Reservation = n.reserve.mint(r.Name, r.Key, lims.one, r.Hits, r.ReserveTTLMS, now)
 		}
 		n.noteDecided(h, r, &o.Decision, f.Owns, now)
 		return ""
@@ -417,6 +398,43 @@ func abandonedBecause(ctx context.Context, after ownership.Result) string {
 		}
 	}
 	return abandoned + "given up"
+}
+
+// recordKey is the cache key r is decided on: its key's holders record
+// for an operation on a concurrency limit, else its key's counter (and
+// its limits' sub-keys).
+func recordKey(r *check.Request) writeback.Key {
+	k := writeback.Key{Name: r.Name, Key: r.Key}
+	if r.Op != check.OpNone {
+		k = writeback.HoldersKey(k)
+	}
+	return k
+}
+
+// carryOut decides r on its record k (recordKey) in the cache, as the
+// request asks: a lease operation, a settle, a reset, or a check of
+// r.Hits; an admitted check that reserves gets its reservation. Every
+// path that decides from the cache (the owner, a stand-in, the
+// owner-unavailable policy) comes here.
+func (n *Node) carryOut(h uint64, k writeback.Key, r *check.Request, lims limits, now int64, o *check.Outcome) error {
+	var err error
+	switch {
+	case r.Op != check.OpNone:
+		err = n.holdCache(h, k, lims.one, r, now, o)
+	case r.ReservationID != "":
+		err = n.settleCache(h, k, lims, r, now, o)
+	case r.Reset:
+		err = n.resetCache(h, k, lims, now)
+		if err == nil {
+			err = n.decideCache(&o.Decision, h, k, lims, 0, now)
+		}
+	default:
+		err = n.decideCache(&o.Decision, h, k, lims, r.Hits, now)
+	}
+	if err == nil && r.ReserveTTLMS > 0 && o.Decision.Allowed() {
+		o.Reservation = n.reserve.mint(r.Name, r.Key, lims.one, r.Hits, r.ReserveTTLMS, now)
+	}
+	return err
 }
 
 // decideCache applies hits to k's limits in the cache, with this node's

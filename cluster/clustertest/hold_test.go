@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
 )
 
@@ -136,6 +137,33 @@ func TestConcurrentAcquiresHoldExactlyTheLimit(t *testing.T) {
 		}
 		if len(held) != limit {
 			t.Fatalf("%d distinct leases held of a limit of %d", len(held), limit)
+		}
+	})
+}
+
+// With the owner unreachable and no replica, the serve policy decides a
+// lease operation on this node's own holders record, as it decides a
+// check from its own counter: an acquire gets a lease, its release ends
+// it, and the key's counter is not touched. (The policy used to decide
+// every item as a check of its hits: an acquire was refused, a release
+// found nothing held.)
+func TestServePolicyDecidesLeaseOperations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{Configure: func(cfg *cluster.Config) {
+			cfg.OwnerUnavailable = cluster.OwnerUnavailableServe
+			cfg.Ring.ReplicationFactor = 1 // no replica to fail over to
+		}}, "n1", "n2")
+		key := ownedBy(c, "n1", "n2", "served", 1)[0]
+		c.Peers.Cut(c.Member("n1").PeerAddr, c.Member("n2").PeerAddr, cluster.Refuse)
+		o := hold(t, c, "n1", holdReq(key, check.OpAcquire, 2, time.Minute, 0))
+		if o.LeaseID == 0 || o.Owner != "n1" || o.Remaining != 1 {
+			t.Fatalf("acquire under the serve policy: %+v", o)
+		}
+		if r := hold(t, c, "n1", holdReq(key, check.OpRelease, 2, time.Minute, o.LeaseID)); r.LeaseID != o.LeaseID {
+			t.Fatalf("release under the serve policy: %+v", r)
+		}
+		if got, err := c.Check("n1", key, 10, 0); err != nil || got.Remaining != 10 {
+			t.Fatalf("the key's counter after the lease operations: %+v, %v", got, err)
 		}
 	})
 }
