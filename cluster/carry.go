@@ -65,13 +65,18 @@ func (n *Node) carry(h uint64, k writeback.Key, lims limits, eff ownership.Effec
 			n.book.Carried(k, eff, now)
 		}
 	case eff.Adopt:
-		r.installed = n.cache.Install(h, c.rec)
+		var held bool
+		r.installed, held = n.cache.InstallHanded(h, c.rec, eff.HeldSettles)
 		// A push that installed nothing told this node nothing newer
 		// than it holds: a leaving node's stale replica copy, say. The
 		// key stays as it was: unsettled, it is still pulled on first
 		// touch; released, a check takes it back from where it went. Its
-		// sender still points the key's checks here (HandedFrom).
-		eff.MarkSettled = eff.MarkSettled && r.installed
+		// sender still points the key's checks here (HandedFrom). But a
+		// push of the very record this node holds (the copy the sender
+		// replicated here, the usual case when a key's replica becomes
+		// its owner) tells it that it holds the sender's last count: the
+		// key is settled as by an install (HeldSettles).
+		eff.MarkSettled = eff.MarkSettled && (r.installed || held)
 		if eff.MarkSettled || eff.HandedFrom != "" {
 			n.book.Carried(k, eff, now)
 		}

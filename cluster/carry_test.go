@@ -14,7 +14,7 @@ import (
 // record of them. Only the executor (carry.go) makes them.
 var recordWrites = map[string]string{
 	"Fence": "cache", "FenceIfDeciding": "cache", "Unfence": "cache", "UnfenceUnlessFencedAfter": "cache",
-	"Install": "cache", "InstallUnlessFencedSince": "cache", "InstallUnlessFencedAfter": "cache", "Merge": "cache",
+	"Install": "cache", "InstallHanded": "cache", "InstallUnlessFencedSince": "cache", "InstallUnlessFencedAfter": "cache", "Merge": "cache",
 	"Carried": "book",
 }
 

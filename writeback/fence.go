@@ -132,7 +132,20 @@ func (c *Cache) UnfenceUnlessFencedAfter(hash uint64, k Key, mark uint64) bool {
 // (TestInstallOfAStaleRecordKeepsTheFence). An installed record counts as
 // a change (TakeChanged).
 func (c *Cache) Install(hash uint64, rec Record) bool {
-	return c.install(hash, rec, math.MaxInt64, math.MaxUint64)
+	installed, _ := c.install(hash, rec, math.MaxInt64, math.MaxUint64, false)
+	return installed
+}
+
+// InstallHanded is Install for a record its sender hands over as the
+// key's current one (a handoff), and also reports whether the key already
+// held that very record (its state and version): a replica copy of it the
+// sender made before. Such a handoff installs nothing, yet tells the
+// receiver as much as one that did: what it holds is the sender's last
+// count. With endRelease (the key was released to the sender, who hands
+// it back, or not released) held ends a release as an install does;
+// without it a key released here is never held.
+func (c *Cache) InstallHanded(hash uint64, rec Record, endRelease bool) (installed, held bool) {
+	return c.install(hash, rec, math.MaxInt64, math.MaxUint64, endRelease)
 }
 
 // InstallUnlessFencedSince is Install, except that when the key was fenced
@@ -141,14 +154,16 @@ func (c *Cache) Install(hash uint64, rec Record) bool {
 // fence set meanwhile: the node the key was released to took this cache's
 // state, and it decides the key now.
 func (c *Cache) InstallUnlessFencedSince(hash uint64, rec Record, since int64) bool {
-	return c.install(hash, rec, since, math.MaxUint64)
+	installed, _ := c.install(hash, rec, since, math.MaxUint64, false)
+	return installed
 }
 
 // InstallUnlessFencedAfter is Install, except that when the key was fenced
 // after mark (FenceMark) it changes nothing and reports false: as
 // InstallUnlessFencedSince, with the fence's order in place of its time.
 func (c *Cache) InstallUnlessFencedAfter(hash uint64, rec Record, mark uint64) bool {
-	return c.install(hash, rec, math.MaxInt64, mark)
+	installed, _ := c.install(hash, rec, math.MaxInt64, mark, false)
+	return installed
 }
 
 // Range calls fn with the record of every live key in memory (including
@@ -230,8 +245,9 @@ func (c *Cache) Merge(hash uint64, rec Record) bool {
 	return c.mergeCopy(hash, rec)
 }
 
-// install is InstallUnlessFencedSince. (Merge keeps copies apart: mergeCopy.)
-func (c *Cache) install(hash uint64, rec Record, since int64, mark uint64) bool {
+// install is InstallUnlessFencedSince and InstallUnlessFencedAfter, and
+// InstallHanded's held. (Merge keeps copies apart: mergeCopy.)
+func (c *Cache) install(hash uint64, rec Record, since int64, mark uint64, endRelease bool) (installed, held bool) {
 	s := c.shardFor(hash)
 	// now 0: a stored record counts as absent only when it is the zero state,
 	// and an evicted entry is kept for its write unless it is.
@@ -241,21 +257,28 @@ func (c *Cache) install(hash uint64, rec Record, since int64, mark uint64) bool 
 		if !errors.Is(err, ErrClosed) {
 			c.log.Error("writeback: store read failed; counter not installed", "name", rec.Key.Name, "key", rec.Key.Key, "err", err)
 		}
-		return false
+		return false, false
 	}
-	if r, ok := s.fences[rec.Key]; ok && (r.at >= since || r.seq > mark) {
-		return false
+	r, fenced := s.fences[rec.Key]
+	if fenced && (r.at >= since || r.seq > mark) {
+		return false, false
 	}
 	if !s.installIn(e, rec) {
 		// Nothing newer than the state this cache released: the node it
 		// went to decides the key, and may have since (a leaving node
 		// pushes its stale replica copies too). The release stands; the
-		// cluster takes the key back by pulling it from there.
-		return false
+		// cluster takes the key back by pulling it from there. Unless
+		// this is the very record held, handed back by the node it was
+		// released to (InstallHanded).
+		if e.version != rec.Version || e.state() != rec.State || (fenced && !endRelease) {
+			return false, false
+		}
+		delete(s.fences, rec.Key)
+		return false, true
 	}
 	delete(s.fences, rec.Key)
 	s.markChanged(hash, e)
-	return true
+	return true, false
 }
 
 // installed returns the state and version a key holding (held, version)

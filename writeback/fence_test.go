@@ -111,3 +111,39 @@ func TestInstallOfAStaleRecordKeepsTheFence(t *testing.T) {
 		t.Fatalf("after the newer record: remaining %d, want 4 (5 + 1 of 10)", d.Remaining)
 	}
 }
+
+// A handoff of the very record held (the sender's replica copy of it)
+// installs nothing and reports it held: the receiver holds the sender's
+// last count. A release stands unless the record comes back from the node
+// it was released to (endRelease); an older record is never held.
+func TestInstallHandedReportsTheRecordHeld(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8})
+	k := Key{Name: "n", Key: "k"}
+	h := hashKey(k)
+	decide(t, c, k, lim10, 1, base)
+	old, _, _ := c.Get(h, k, base)
+	decide(t, c, k, lim10, 2, base+1)
+	cur, _, _ := c.Get(h, k, base+1)
+	if installed, held := c.InstallHanded(h, old, true); installed || held {
+		t.Fatalf("an older record: installed %v, held %v; want neither", installed, held)
+	}
+	if installed, held := c.InstallHanded(h, cur, false); installed || !held {
+		t.Fatalf("the record held, no release: installed %v, held %v; want held", installed, held)
+	}
+	rec, _, err := c.Fence(h, k, base+2, time.Minute)
+	if err != nil || rec != cur {
+		t.Fatalf("fence: %+v %v, want %+v", rec, err, cur)
+	}
+	if installed, held := c.InstallHanded(h, cur, false); installed || held || !c.Fenced(h, k, base+3) {
+		t.Fatalf("the record held, released elsewhere: installed %v, held %v, fenced %v; want neither, the release standing",
+			installed, held, c.Fenced(h, k, base+3))
+	}
+	if installed, held := c.InstallHanded(h, cur, true); installed || !held || c.Fenced(h, k, base+3) {
+		t.Fatalf("the record held, handed back by the node it was released to: installed %v, held %v, fenced %v; want held, the release ended",
+			installed, held, c.Fenced(h, k, base+3))
+	}
+	if d := decide(t, c, k, lim10, 1, base+4); d.Remaining != 6 {
+		t.Fatalf("after the handoff: remaining %d, want 6 (3 + 1 of 10)", d.Remaining)
+	}
+}

@@ -1,7 +1,9 @@
 package clustertest
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -284,6 +286,64 @@ func TestEveryNodeAgreesOnOwnersAndMembers(t *testing.T) {
 			if sum < 1-1e-9 || sum > 1+1e-9 {
 				t.Fatalf("%s's shares add up to %v", name, sum)
 			}
+		}
+	})
+}
+
+// A leaving owner hands each key on to its next owner, which often held it
+// already, as the key's replica, with the same record. Such a handoff
+// installs nothing new, yet it still tells the receiver that it holds the
+// key's current count: the receiver decides the key from then on with no
+// pull. (It took a push that installed nothing for a stale one, left the
+// key unsettled and pulled it at its first check.)
+func TestHandoffToTheReplicaSettlesTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2", "n3")
+		r := NewRunner(c)
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		const limit = 10
+		// n3's keys whose replica is n1, and which n1 owns without n3.
+		tbl := c.Member("n1").Node.Ring().Table()
+		without, err := ring.BuildTable(c.Member("n1").Node.Ring().Config(), slices.DeleteFunc(tbl.Members(), func(m ring.Member) bool { return m.Name == "n3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, k := range ownedBy(c, "n1", "n3", "handed:", 200) {
+			h := ring.Hash(LimitName, k)
+			row := tbl.Replicas(h, nil)
+			if next, _ := without.Owner(h); len(row) > 1 && row[1].Name == "n1" && next.Name == "n1" {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) < 5 {
+			t.Fatalf("%d of n3's keys have n1 as replica and next owner, want 5", len(keys))
+		}
+		keys = keys[:5]
+		for _, k := range keys {
+			if got := admitted(t, c, "n2", k, limit, 4); got != 4 {
+				t.Fatalf("key %s: %d of 4 admitted", k, got)
+			}
+		}
+		if err := c.Member("n3").Node.ReplicateNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Leave("n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		before := c.Peers.Pulls(c.Member("n1").PeerAddr)
+		for _, k := range keys {
+			if got := admitted(t, c, "n1", k, limit, limit); got != limit-4 {
+				t.Fatalf("key %s: %d admitted after the handoff, want %d", k, got, limit-4)
+			}
+		}
+		if pulls := c.Peers.Pulls(c.Member("n1").PeerAddr) - before; pulls != 0 {
+			t.Errorf("n1 made %d pulls to decide %d keys handed to it, want none", pulls, len(keys))
 		}
 	})
 }

@@ -233,9 +233,14 @@ type Effects struct {
 	SendCopy bool
 	// Adopt: install the record, ending a release when it is newer than
 	// what is held (a stale copy changes nothing); MarkSettled: once it
-	// installed, no move
-	// pulls it any more.
+	// installed, no move pulls it any more.
 	Adopt, MarkSettled bool
+	// HeldSettles: with Adopt, a record the node already holds exactly
+	// (the copy its sender replicated here before) settles the key as an
+	// install would, and ends a release of the key to the sender. The
+	// sender decided the key last: it is not released here, or it was
+	// released to the sender, who hands it back.
+	HeldSettles bool
 	// Merge: install the copy as a replica's (newer version, or the merge).
 	Merge bool
 	// Stale: refuse the record (counted stale).
@@ -287,7 +292,8 @@ func Step(f Facts, e Event) Effects {
 		if f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}
 		}
-		return Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: e.From}
+		return Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: e.From,
+			HeldSettles: !f.Released || (f.ReleasedTo != "" && f.ReleasedTo == e.From)}
 	case Replicate:
 		if f.Owns && !f.Unsettled && !f.Phase.Drains() {
 			return Effects{Next: f.State(), Stale: true}

@@ -96,8 +96,9 @@ func TestStepFollowsTheTransitionsTable(t *testing.T) {
 		{"draining, pull with release: the record only", draining(owned), Event{Kind: Pull, From: other, Release: true}, Effects{Next: Owned}},
 
 		// Pushes and replication received.
-		{"unowned, push received: adopted, settled, handed from the pusher", unowned, Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other}},
+		{"unowned, push received: adopted, settled, handed from the pusher, settled by the record held too", unowned, Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other, HeldSettles: true}},
 		{"released, push received: adopted (the release ends)", releasedOwned, Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other}},
+		{"released to the pusher, push received: adopted, settled by the record held too", with(releasedOwned, func(f *Facts) { f.ReleasedTo = other }), Event{Kind: Push, From: other}, Effects{Next: Owned, Adopt: true, MarkSettled: true, HandedFrom: other, HeldSettles: true}},
 		{"draining, push received: refused", draining(unowned), Event{Kind: Push}, Effects{Next: Unowned, Stale: true}},
 		{"replica, replicate received: merged", replica, Event{Kind: Replicate}, Effects{Next: Replica, Merge: true}},
 		{"owned, replicate received: refused", owned, Event{Kind: Replicate}, Effects{Next: Owned, Stale: true}},
