@@ -182,6 +182,11 @@ type Config struct {
 	// Now is the clock of every decision. Default: the wall clock, read
 	// cheaply (wallClock).
 	Now func() time.Time
+	// BootID names this process to the others, who take a new one under
+	// the same name as a restart (its unreplicated copies lost). Default:
+	// random. A simulation sets it so that a seed fixes what the nodes
+	// gossip.
+	BootID uint64
 }
 
 // DefaultClusterName is the cluster name when none is given.

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -233,7 +234,7 @@ func New(cfg Config, peers Peers) (*Node, error) {
 		meter:     rateMeter{wake: make(chan struct{}, 1)},
 		deadWake:  make(chan struct{}, 1),
 		restarts:  make(chan string, 16),
-		boot:      rand.Uint64() | 1, // never 0
+		boot:      cmp.Or(cfg.BootID, rand.Uint64()) | 1, // never 0
 		handoffs:  make(chan handoffJob, 16),
 		replRound: make(chan struct{}, 1),
 		fatal:     make(chan error, 1),

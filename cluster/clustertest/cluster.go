@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -55,9 +56,14 @@ type Options struct {
 	Configure func(*cluster.Config)
 	// Log receives the nodes' logs; nil discards them.
 	Log *slog.Logger
-	// Seed fixes the order in which peer calls reach their receivers
-	// (cluster.MemNetwork.SeedDelivery): each call is held for up to
-	// DeliverySpread, a time the seed and the call fix.
+
+	// Seed fixes the order in which peer calls, memberlist's packets and
+	// its stream messages reach their receivers
+	// (cluster.MemNetwork.SeedDelivery, GossipNetwork.SeedDelivery): each
+	// is held for up to DeliverySpread, a time the seed and what is sent
+	// fix. It also fixes each node's boot id and the moment within
+	// DeliverySpread at which it starts, so that no two nodes' memberlist
+	// timers tick at the same moment (see config).
 	Seed uint64
 }
 
@@ -102,6 +108,7 @@ type Cluster struct {
 	dir      string // the members' override files
 	Gossip   *GossipNetwork
 	Peers    *cluster.MemNetwork
+	boots    int // processes configured so far: each gets a boot id of its own
 	members  map[string]*Member
 	order    []string // names in the order of their first Add
 	groups   map[string]int
@@ -119,6 +126,7 @@ func New(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
 		failed: map[string]int64{}, dir: t.TempDir()}
 	c.Peers.SeedDelivery(opts.Seed, DeliverySpread)
+	c.Gossip.SeedDelivery(opts.Seed, DeliverySpread)
 	t.Cleanup(c.Close)
 	return c
 }
@@ -227,6 +235,10 @@ func (c *Cluster) Restart(name string) error {
 // start starts m's node with cfg (c.config(m)). It may run on a goroutine
 // of its own (AddMany): it touches m and the networks only.
 func (c *Cluster) start(m *Member, cfg cluster.Config) error {
+	// Each process starts at a moment of its own, which its memberlist
+	// timers keep: timers of two nodes that fire together would run their
+	// goroutines in no fixed order.
+	time.Sleep(c.Gossip.Hold(time.Now(), []byte(m.Name), binary.LittleEndian.AppendUint64(nil, cfg.BootID)))
 	n, err := cluster.New(cfg, countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c})
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
@@ -248,6 +260,12 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	ml.Name = m.Name
 	ml.Transport = c.Gossip.Transport(m.GossipAddr)
 	ml.LogOutput = io.Discard
+	// A probe interval that is not a multiple of the gossip interval:
+	// with 400 ms and 100 ms, every fourth gossip round would start at
+	// the moment of a probe, and both draw from math/rand's one source
+	// in whatever order their goroutines run.
+	ml.GossipInterval += 37 * time.Microsecond
+	ml.ProbeInterval += 113 * time.Microsecond
 	cfg.Config = ml
 	// Fewer partitions and points than the defaults: a rebuild of the
 	// default ring (7919 partitions) costs milliseconds, and a run
@@ -259,6 +277,8 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	cfg.Store = m.Store
 	cfg.OverridesFile = m.OverridesFile
 	cfg.JoinRetry = 100 * time.Millisecond
+	c.boots++
+	cfg.BootID = c.opts.Seed<<24 ^ uint64(c.boots)<<1 // the low bit is set by the node
 	cfg.Log = c.opts.Log
 	cfg.Resolve = func(host string) ([]string, error) {
 		return nil, fmt.Errorf("clustertest: no resolver (%s)", host)
@@ -500,6 +520,21 @@ func (c *Cluster) settled() string {
 		have := n.Ring().Table().Members() // sorted by name
 		if !slices.EqualFunc(have, w, func(m ring.Member, s string) bool { return m.Name == s }) {
 			return fmt.Sprintf("%s's ring %s", name, ringDiff(have, w))
+		}
+	}
+	// Every ring is as it should be. A member that crashed or left may
+	// still be news on its way, though: known alive, not yet ready, it is
+	// in no ring until its ready flag arrives, and a leave then hands keys
+	// to it. Settled means no member sees one that is not up in its group
+	// as alive or suspect.
+	for _, name := range up {
+		for _, ms := range c.members[name].Node.Status().Members {
+			if ms.State != cluster.StateAlive && ms.State != cluster.StateSuspect {
+				continue
+			}
+			if o := c.members[ms.Name]; o == nil || o.State != Up || c.groups[o.Name] != c.groups[name] {
+				return fmt.Sprintf("%s sees %s %s", name, ms.Name, ms.State)
+			}
 		}
 	}
 	return ""

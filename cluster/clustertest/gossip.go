@@ -2,12 +2,16 @@ package clustertest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -26,6 +30,84 @@ type GossipNetwork struct {
 	cut   map[[2]string]bool          // (from, to) host:port: dropped
 	deaf  map[string]bool             // host:port: everything sent there dropped
 	next  int
+
+	// Seeded delivery (SeedDelivery): each packet and each stream read
+	// and write is held for a time of [0, spread) fixed by seed and by
+	// what is sent.
+	seed   uint64
+	spread time.Duration
+	// deliveries, when recording (RecordDeliveries), is every packet in
+	// the order it reached its receiver.
+	recording  bool
+	deliveries []string
+}
+
+// SeedDelivery makes the times at which memberlist's packets and stream
+// messages arrive a function of seed, as cluster.MemNetwork.SeedDelivery
+// does for peer calls: each packet is held for a time in [0, spread) that
+// hashes seed with the sender, the receiver, the packet's bytes and the
+// clock; a stream's writes are held before and its reads after, by a time
+// that hashes seed with the stream and the operation's number. In a
+// testing/synctest bubble, packets sent at the same moment then arrive one
+// after another in an order the seed fixes, and the two ends of a
+// push-pull merge each other's state at different moments, not in the
+// order their goroutines happened to run. spread 0 turns it off.
+func (g *GossipNetwork) SeedDelivery(seed uint64, spread time.Duration) {
+	g.mu.Lock()
+	g.seed, g.spread = seed, spread
+	g.mu.Unlock()
+}
+
+// RecordDeliveries starts recording every packet as it reaches its
+// receiver's queue (Deliveries).
+func (g *GossipNetwork) RecordDeliveries() {
+	g.mu.Lock()
+	g.recording = true
+	g.mu.Unlock()
+}
+
+// Deliveries returns the packets recorded since RecordDeliveries, in the
+// order they reached their receivers: the clock (Unix ns), sender,
+// receiver, length and a digest of the bytes.
+func (g *GossipNetwork) Deliveries() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.deliveries)
+}
+
+// Hold returns how long seeded delivery holds what is named by parts
+// (strings or byte slices), sent at now: a time in [0, spread) that
+// hashes the seed, the clock and parts, or 0 when delivery is not seeded.
+func (g *GossipNetwork) Hold(now time.Time, parts ...[]byte) time.Duration {
+	g.mu.Lock()
+	seed, spread := g.seed, g.spread
+	g.mu.Unlock()
+	if spread <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	var w [8]byte
+	for _, v := range []uint64{seed, uint64(now.UnixNano())} {
+		binary.LittleEndian.PutUint64(w[:], v)
+		h.Write(w[:])
+	}
+	for _, p := range parts {
+		binary.LittleEndian.PutUint64(w[:], uint64(len(p)))
+		h.Write(w[:])
+		h.Write(p)
+	}
+	return time.Duration(h.Sum64() % uint64(spread))
+}
+
+// delivered records a packet from → to as it reaches its receiver.
+func (g *GossipNetwork) delivered(from, to string, b []byte) {
+	g.mu.Lock()
+	if g.recording {
+		h := fnv.New64a()
+		h.Write(b)
+		g.deliveries = append(g.deliveries, fmt.Sprintf("%d %s→%s %d %016x", time.Now().UnixNano(), from, to, len(b), h.Sum64()))
+	}
+	g.mu.Unlock()
 }
 
 // packetQueue is how many packets a transport holds before it drops; far
@@ -149,9 +231,17 @@ func (t *GossipTransport) WriteToAddress(b []byte, a memberlist.Address) (time.T
 		return now, nil
 	}
 	p := &memberlist.Packet{Buf: bytes.Clone(b), From: gossipAddr(t.addr), Timestamp: now}
-	select {
-	case dest.packets <- p:
-	default:
+	put := func() {
+		t.g.delivered(t.addr, a.Addr, p.Buf)
+		select {
+		case dest.packets <- p:
+		default:
+		}
+	}
+	if d := t.g.Hold(now, []byte(t.addr), []byte(a.Addr), p.Buf); d > 0 {
+		time.AfterFunc(d, put)
+	} else {
+		put()
 	}
 	return now, nil
 }
@@ -172,9 +262,10 @@ func (t *GossipTransport) DialAddressTimeout(a memberlist.Address, _ time.Durati
 		return nil, fmt.Errorf("%w: %s → %s", errGossipUnreachable, t.addr, a.Addr)
 	}
 	mine, theirs := net.Pipe()
+	id := fmt.Sprintf("%s>%s@%d", t.addr, a.Addr, time.Now().UnixNano())
 	select {
-	case dest.streams <- &gossipConn{Conn: theirs, remote: gossipAddr(t.addr)}:
-		return &gossipConn{Conn: mine, remote: gossipAddr(a.Addr)}, nil
+	case dest.streams <- &gossipConn{Conn: theirs, remote: gossipAddr(t.addr), g: t.g, id: id + "<"}:
+		return &gossipConn{Conn: mine, remote: gossipAddr(a.Addr), g: t.g, id: id + ">"}, nil
 	default:
 		mine.Close()
 		theirs.Close()
@@ -243,10 +334,40 @@ type gossipAddr string
 func (a gossipAddr) Network() string { return "mem" }
 func (a gossipAddr) String() string  { return string(a) }
 
-// gossipConn is a pipe end that names its peer.
+// gossipConn is a pipe end that names its peer. Under seeded delivery
+// each write waits before it starts and each read that brought bytes waits
+// after them, for a time the seed, the stream (id) and the operation's
+// number fix: a pipe hands bytes over at once, and the two ends of a
+// push-pull would otherwise merge what they got at the same moment.
 type gossipConn struct {
 	net.Conn
 	remote net.Addr
+	g      *GossipNetwork
+	id     string       // sender>receiver@clock, and which end
+	ops    atomic.Int64 // reads and writes so far
+}
+
+// wait holds the next operation on c.
+func (c *gossipConn) wait() {
+	op := c.ops.Add(1)
+	if d := c.g.Hold(time.Now(), []byte(c.id), []byte(strconv.FormatInt(op, 10))); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// Write sends b once its hold has passed.
+func (c *gossipConn) Write(b []byte) (int, error) {
+	c.wait()
+	return c.Conn.Write(b)
+}
+
+// Read returns what arrived once its hold has passed.
+func (c *gossipConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.wait()
+	}
+	return n, err
 }
 
 func (c *gossipConn) RemoteAddr() net.Addr { return c.remote }

@@ -1,8 +1,13 @@
 package clustertest
 
 import (
+	"fmt"
+	"io"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -111,4 +116,88 @@ func TestClusterCrashedNodeIsDeclaredDead(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Seeded gossip: packets sent at the same moment to one transport arrive
+// one after another within the spread, in an order the seed fixes whatever
+// order the senders ran in (another seed may give another); the two ends
+// of a stream read what the other wrote at different moments.
+func TestSeededGossipOrdersSimultaneousPackets(t *testing.T) {
+	t.Parallel()
+	const senders, seeds = 5, 20
+	order := func(seed uint64) string {
+		var got []string
+		synctest.Test(t, func(t *testing.T) {
+			g := NewGossipNetwork()
+			g.SeedDelivery(seed, time.Millisecond)
+			r := g.Transport(g.NewAddr())
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range senders {
+				s := g.Transport(g.NewAddr())
+				wg.Go(func() {
+					if _, err := s.WriteTo([]byte(fmt.Sprint("from ", i)), r.Addr()); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			var last time.Time
+			for range senders {
+				p := <-r.PacketCh()
+				if d := time.Since(start); d < 0 || d >= time.Millisecond || (!last.IsZero() && !time.Now().After(last)) {
+					t.Errorf("packet %q at +%v: want each within the spread, one after another", p.Buf, d)
+				}
+				last = time.Now()
+				got = append(got, string(p.Buf))
+			}
+
+			// A stream: each end's read of the other's write comes at a
+			// moment of its own.
+			s := g.Transport(g.NewAddr())
+			dialed, err := s.DialTimeout(r.Addr(), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			accepted := <-r.StreamCh()
+			readAt := make(chan time.Time, 1)
+			go func() {
+				b := make([]byte, 4)
+				if _, err := io.ReadFull(accepted, b); err != nil {
+					t.Error(err)
+				}
+				readAt <- time.Now()
+				if _, err := accepted.Write([]byte("pong")); err != nil {
+					t.Error(err)
+				}
+			}()
+			if _, err := dialed.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(dialed, b); err != nil {
+				t.Fatal(err)
+			}
+			if there, here := <-readAt, time.Now(); !here.After(there) {
+				t.Errorf("the dialer read the answer at %v, the listener the question at %v: want the answer later", here, there)
+			}
+			dialed.Close()
+			accepted.Close()
+		})
+		return strings.Join(got, ", ")
+	}
+	orders := map[string]bool{}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		want := order(seed)
+		for range 3 {
+			if got := order(seed); got != want {
+				t.Fatalf("seed %d: arrivals %s, then %s", seed, want, got)
+			}
+		}
+		orders[want] = true
+	}
+	if len(orders) < 2 {
+		t.Fatalf("%d seeds gave one order of arrival: %v", seeds, orders)
+	}
+	t.Logf("%d seeds, %d orders of %d simultaneous packets", seeds, len(orders), senders)
 }

@@ -1,8 +1,13 @@
+// memberlist draws from math/rand's global source, which only this
+// setting lets a run seed (rand.Seed): see runModel.
+//go:debug randseednop=0
+
 package clustertest
 
 import (
 	"flag"
 	"fmt"
+	rand1 "math/rand"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -16,6 +21,7 @@ import (
 var (
 	modelSeed = flag.Uint64("seed", 0, "TestModel: run only this seed (printed by a failure), verbosely")
 	modelRuns = flag.Int("runs", 1000, "TestModel: how many seeds to run (1..runs)")
+	replays   = flag.Int("replays", 1, "TestModel with -seed: run the seed this many times and count the different runs")
 )
 
 // modelLimit is the limit of every check of the model runs: small, so that
@@ -34,7 +40,11 @@ var modelKeys = []string{"a", "b", "c"}
 // rerun one seed with -seed.
 func TestModel(t *testing.T) {
 	if *modelSeed != 0 {
-		runModel(t, *modelSeed, true)
+		if *replays > 1 {
+			rerunModel(t, *modelSeed, *replays)
+			return
+		}
+		runModel(t, *modelSeed, true, nil)
 		return
 	}
 	runs := *modelRuns
@@ -45,21 +55,35 @@ func TestModel(t *testing.T) {
 	for seed := uint64(1); seed <= uint64(runs); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
-			runModel(t, seed, false)
+			runModel(t, seed, false, nil)
 		})
 	}
 	t.Cleanup(func() { t.Logf("%d runs in %v", runs, time.Since(start).Round(time.Millisecond)) })
 }
 
 // runModel generates the run of seed, runs it in a bubble and checks it.
-func runModel(t *testing.T, seed uint64, verbose bool) {
+// A run alone (verbose, or traced: -seed) seeds math/rand's global source, from which
+// memberlist draws its probe and gossip targets, with the seed; runs in
+// parallel share that source and leave it as it is. trace, when not nil,
+// gets every peer call and memberlist packet of the run, in the order they
+// arrived.
+func runModel(t *testing.T, seed uint64, verbose bool, trace *[]string) {
 	steps := genModel(seed)
 	text := scenarioText(steps)
 	if verbose {
 		t.Logf("seed %d:\n%s", seed, text)
 	}
+	if verbose || trace != nil {
+		//lint:ignore SA1019 memberlist draws from the global source; seeding it is the point
+		rand1.Seed(int64(seed))
+	}
 	synctest.Test(t, func(t *testing.T) {
 		c := New(t, Options{Seed: seed})
+		if trace != nil {
+			c.Peers.RecordDeliveries()
+			c.Gossip.RecordDeliveries()
+			t.Cleanup(func() { *trace = append(c.Peers.Deliveries(), c.Gossip.Deliveries()...) })
+		}
 		r := NewRunner(c)
 		r.Limit = modelLimit
 		if err := r.Run(steps); err != nil {
@@ -72,6 +96,33 @@ func runModel(t *testing.T, seed uint64, verbose bool) {
 			t.Logf("run:\n%s", text)
 		}
 	})
+}
+
+// rerunModel runs seed n times, one after another, and reports how many
+// different runs it saw, each a sequence of peer calls and memberlist
+// packets with the moments they arrived, and where the first two differ.
+func rerunModel(t *testing.T, seed uint64, n int) {
+	runs := map[string]int{}
+	var first []string
+	for i := range n {
+		var trace []string
+		t.Run(fmt.Sprint(i+1), func(t *testing.T) { runModel(t, seed, i == 0, &trace) })
+		runs[strings.Join(trace, "\n")]++
+		if first == nil {
+			first = trace
+		} else if !slices.Equal(first, trace) {
+			at := 0
+			for at < len(first) && at < len(trace) && first[at] == trace[at] {
+				at++
+			}
+			t.Logf("run %d differs from run 1 at event %d of %d", i+1, at+1, len(first))
+		}
+	}
+	most := 0
+	for _, k := range runs {
+		most = max(most, k)
+	}
+	t.Logf("seed %d, %d runs: %d different, the most common one %d times", seed, n, len(runs), most)
 }
 
 // scenarioText writes steps as a scenario, one per line.
