@@ -502,8 +502,6 @@ func (n *Node) drain(ctx context.Context, before *ring.Table) error {
 type pushing struct {
 	mu   sync.Mutex
 	keys map[uint64]chan struct{}
-	// waits counts the checks that waited (tests).
-	waits atomic.Uint64
 }
 
 func (p *pushing) add(h uint64, done chan struct{}) {
@@ -530,17 +528,12 @@ func (p *pushing) remove(hs []uint64, done chan struct{}) {
 // wait returns once no push of a key with hash h is out, or with ctx's
 // error when ctx ends first. A push is bounded by HandoffTimeout.
 func (p *pushing) wait(ctx context.Context, h uint64) error {
-	counted := false
 	for {
 		p.mu.Lock()
 		done := p.keys[h]
 		p.mu.Unlock()
 		if done == nil {
 			return nil
-		}
-		if !counted {
-			p.waits.Add(1)
-			counted = true
 		}
 		select {
 		case <-done:

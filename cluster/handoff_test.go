@@ -2,7 +2,8 @@ package cluster
 
 // Tests of handoffs: a graceful leave or a join hands every counter on, an
 // incomplete handoff is reported, 100k keys move; and the helpers the
-// handoff, pull and replica tests share.
+// handoff, pull and replica tests share. (A reclaim waiting for the push
+// of the key it takes back: cluster/clustertest's handoff_test.go.)
 
 import (
 	"context"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -331,119 +331,5 @@ func TestReleasedKeyIsNotHandedOff(t *testing.T) {
 	}
 	if !cn.book.Unsettled(h, writeback.Key{Name: "api", Key: key}, now) {
 		t.Errorf("%s took the key as settled: it would decide from a stale record without pulling", c.Name)
-	}
-}
-
-// holdPushes holds every handoff push and replication copy until release
-// is closed (or its context ends); every other call goes through.
-type holdPushes struct {
-	Peers
-	once    sync.Once
-	entered chan struct{} // closed when the first push arrives
-	release chan struct{}
-}
-
-func (h *holdPushes) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
-	if handoff {
-		h.once.Do(func() { close(h.entered) })
-	}
-	select {
-	case <-h.release:
-	case <-ctx.Done():
-		return 0, 0, ctx.Err()
-	}
-	return h.Peers.Replicate(ctx, addr, handoff, cs)
-}
-
-// A join moves a key from n1 to n2; n1 releases it and pushes its record
-// to n2. A stand-in check at n1 while that push is still out takes the key
-// back only once the push has landed: before, it pulled the key from n2,
-// which had nothing yet, and decided from its own count; the push then
-// landed with the count from before that decision, n2 adopted it, and the
-// stand-in's admitted hit was no longer counted.
-func TestReclaimWaitsForThePush(t *testing.T) {
-	t.Parallel()
-	net := NewMemNetwork()
-	hold := &holdPushes{Peers: net.Peers(memAddr(1)), entered: make(chan struct{}), release: make(chan struct{})}
-	var nodes []*Node
-	start := func(i int) {
-		cfg := NodeConfig(t, fmt.Sprintf("n%d", i), memAddr(i))
-		cfg.Now = FixedClock(t0)
-		cfg.HotKeyThreshold = 0 // no leases: every check is decided where the test sends it
-		var peers Peers = net.Peers(memAddr(i))
-		if i == 1 {
-			peers = hold
-		}
-		seed := ""
-		if i > 0 {
-			seed = nodes[0].GossipAddr()
-		}
-		n := StartNode(t, cfg, peers, seed)
-		net.Register(memAddr(i), n)
-		nodes = append(nodes, n)
-	}
-	start(0)
-	start(1)
-	WaitRings(t, nodes)
-	// n2, the key's new owner, must hold no copy of it when the stand-in
-	// pulls it there: n1's replication copies are held with its pushes.
-	const limit, before = 10, 3
-	keys := keysOwnedBy(nodes[1], "n1", 40)
-	for _, k := range keys {
-		if got := admit(t, nodes[1], k, before, limit); got != before {
-			t.Fatalf("key %s: admitted %d of %d", k, got, before)
-		}
-	}
-	start(2)
-	WaitRings(t, nodes)
-	select {
-	case <-hold.entered: // n1 released the moved keys and pushes them
-	case <-time.After(10 * time.Second):
-		t.Fatal("n1 pushed nothing to n2 within 10 s of the join")
-	}
-	n1, n2 := nodes[1], nodes[2]
-	var key string
-	for _, k := range keys {
-		if o, _ := n2.Ring().Owner(ring.Hash("api", k)); o.Name == "n2" {
-			key = k
-			break
-		}
-	}
-	if key == "" {
-		t.Fatal("no key moved from n1 to n2")
-	}
-	r := req("api", key, 1, limit)
-	out, moved := make([]check.Outcome, 1), make([]string, 1)
-	done := make(chan struct{})
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		n1.CheckStandIn(ctx, "sender", []check.Request{r}, nil, out, moved)
-		close(done)
-	}()
-	decided := false
-	WaitFor(t, 10*time.Second, "the stand-in to wait for the push, or to decide", func() bool {
-		select {
-		case <-done:
-			decided = true
-			return true
-		default:
-			return n1.pushing.waits.Load() > 0
-		}
-	})
-	close(hold.release)
-	<-done
-	if decided {
-		t.Errorf("the stand-in at n1 decided while n1's push of the key to n2 was still out")
-	}
-	if !out[0].Allowed() || moved[0] != "" {
-		t.Fatalf("stand-in at n1: %+v, moved to %q; want allowed", out[0], moved[0])
-	}
-	WaitFor(t, 10*time.Second, "n1's push to land", func() bool { return n1.Status().HandedOff > 0 })
-	// The owner takes the key back from n1 and counts the stand-in's hit:
-	// before+1 counted, and this check's hit.
-	o := check1(n2, r)
-	if want := int64(limit - before - 2); !o.Allowed() || o.Remaining != want {
-		t.Fatalf("check at n2, the owner: %+v; want allowed with remaining %d (%d hits before the join, the stand-in's and this one)", o, want, before)
 	}
 }

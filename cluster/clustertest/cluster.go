@@ -56,7 +56,10 @@ type Options struct {
 	Configure func(*cluster.Config)
 	// Log receives the nodes' logs; nil discards them.
 	Log *slog.Logger
-
+	// Peers, when set, wraps the peer network as the member named name
+	// calls it, each time the member starts: a test's fault on that
+	// node's calls (some held, or failed).
+	Peers func(name string, p cluster.Peers) cluster.Peers
 	// Seed fixes the order in which peer calls, memberlist's packets and
 	// its stream messages reach their receivers
 	// (cluster.MemNetwork.SeedDelivery, GossipNetwork.SeedDelivery): each
@@ -239,7 +242,11 @@ func (c *Cluster) start(m *Member, cfg cluster.Config) error {
 	// timers keep: timers of two nodes that fire together would run their
 	// goroutines in no fixed order.
 	time.Sleep(c.Gossip.Hold(time.Now(), []byte(m.Name), binary.LittleEndian.AppendUint64(nil, cfg.BootID)))
-	n, err := cluster.New(cfg, countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c})
+	var peers cluster.Peers = countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c}
+	if c.opts.Peers != nil {
+		peers = c.opts.Peers(m.Name, peers)
+	}
+	n, err := cluster.New(cfg, peers)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
 	}
