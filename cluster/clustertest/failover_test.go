@@ -3,11 +3,13 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice/cluster"
+	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
@@ -162,4 +164,53 @@ func TestOwnerUnavailable(t *testing.T) {
 			})
 		}
 	}
+}
+
+// abandoningPeers answers the first forward as an owner that gave up on
+// it at the forward's deadline and got its answer back in time: undecided,
+// with the abandoned error.
+type abandoningPeers struct {
+	cluster.Peers
+	done atomic.Bool
+}
+
+func (p *abandoningPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
+	if p.done.CompareAndSwap(false, true) {
+		for i := range out {
+			out[i] = check.Outcome{Owner: "owner", Err: "check abandoned: " + context.DeadlineExceeded.Error()}
+			movedTo[i] = ""
+		}
+		return nil
+	}
+	return p.Peers.Forward(ctx, addr, reqs, out, movedTo)
+}
+
+// An owner that abandoned a forwarded check (its settle outlasted the
+// forward's deadline) decided nothing; when its answer still reaches the
+// sender, the check fails over to the key's replica as after a timed-out
+// forward, and the caller gets a decision, not the owner's abandonment
+// (seen once on real hosts in a 2+3 partition: a check answered "check
+// abandoned: context deadline exceeded").
+func TestAbandonedForwardFailsOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		abandon := &abandoningPeers{}
+		c := formed(t, Options{Peers: func(name string, p cluster.Peers) cluster.Peers {
+			if name != "n0" {
+				return p
+			}
+			abandon.Peers = p
+			return abandon
+		}}, "n0", "n1", "n2")
+		key := ownedBy(c, "n0", "n1", "abandoned:", 1)[0]
+		o, err := c.Check("n0", key, 10, 1)
+		if err != nil || !o.Allowed() {
+			t.Fatalf("answer %+v, %v; want a decision from the replica", o, err)
+		}
+		if !abandon.done.Load() {
+			t.Fatal("the check was never forwarded to its owner")
+		}
+		if st := c.Member("n0").Node.Status(); st.Failovers == 0 {
+			t.Errorf("no failover counted: %+v", st)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -193,6 +194,109 @@ func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
 		}
 		if err := <-left; err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// holdPull lets the first releasing pull to one address reach it (the key
+// is released there) and holds its answer until release is closed.
+type holdPull struct {
+	cluster.Peers
+	to       string
+	once     sync.Once
+	answered chan struct{} // closed when the held pull has its answer
+	release  chan struct{}
+}
+
+func (h *holdPull) Pull(ctx context.Context, addr string, keys []bucket.Counter, release bool, ttl time.Duration, ans []keymove.PullAnswer) error {
+	err := h.Peers.Pull(ctx, addr, keys, release, ttl, ans)
+	if addr != h.to || !release {
+		return err
+	}
+	held := false
+	h.once.Do(func() { held = true; close(h.answered) })
+	if held {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return err
+}
+
+// Two nodes that each took the other for the node a key was released to
+// pull it back from each other at the same moment: n0 (a stand-in for the
+// key, which it had released to n1) pulls it from n1, releasing it there,
+// and n1 (its owner, now refused by its cache) pulls it from n0 before
+// n0's pull is back. Only one of them may then decide the key: n1 took
+// n0's state and decides it; n0 must not lift the release n1's pull set
+// while its own was out. Before, n0 lifted it, and both decided from the
+// same count (seen under load in TestScaleOutThenInUnderLoad: a leaving
+// node and the key's new owner, 21 admitted for a limit of 20).
+func TestCrossedPullsLeaveOneDecider(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := &holdPull{to: "peer-n1", answered: make(chan struct{}), release: make(chan struct{})}
+		c := formed(t, Options{
+			// No leases: each check is decided where the test sends it.
+			Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 },
+			Peers: func(name string, p cluster.Peers) cluster.Peers {
+				if name != "n0" {
+					return p
+				}
+				hold.Peers = p
+				return hold
+			},
+		}, "n0", "n1")
+		if c.Member("n1").PeerAddr != hold.to {
+			t.Fatalf("n1 is at %s, the hold waits for %s", c.Member("n1").PeerAddr, hold.to)
+		}
+		n0 := c.Member("n0").Node
+		const limit = 5
+		key := ownedBy(c, "n1", "n1", "crossed:", 1)[0]
+		if got := admitted(t, c, "n1", key, limit, limit-1); got != limit-1 {
+			t.Fatalf("admitted %d of %d", got, limit-1)
+		}
+		// n0 had released the key to n1 (n1 pulled it from there).
+		pullFrom(t, c, "n0", "n1", "n1", key)
+		if !n0.Cache().Fenced(ring.Hash(LimitName, key), writeback.Key{Name: LimitName, Key: key}, time.Now().UnixNano()) {
+			t.Fatal("n0 did not release the key")
+		}
+
+		// n0 stands in for the key: it pulls it back from n1, and that
+		// pull's answer is held.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		standIn := make([]check.Outcome, 1)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			n0.CheckStandIn(ctx, "n1", []check.Request{Request(key, limit, 1)}, nil, standIn, make([]string, 1))
+		}()
+		select {
+		case <-hold.answered:
+		case <-done:
+			t.Fatalf("the stand-in check ended without pulling the key from n1: %+v", standIn[0])
+		case <-ctx.Done():
+			t.Fatal("n0 never pulled the key from n1")
+		}
+		// n1 checks the key: its cache refuses (released to n0), so it
+		// pulls it back from n0 and decides.
+		owner, err := c.Check("n1", key, limit, 1)
+		if err != nil {
+			t.Fatalf("n1's check: %v", err)
+		}
+		close(hold.release)
+		<-done
+		admitted := 0
+		for _, o := range []check.Outcome{owner, standIn[0]} {
+			if o.Err == "" && o.Allowed() {
+				admitted++
+			}
+		}
+		t.Logf("n1 (owner): allowed %v; n0 (stand-in): allowed %v, err %q", owner.Allowed(), standIn[0].Allowed(), standIn[0].Err)
+		if admitted != 1 {
+			t.Fatalf("%d of the two crossing checks admitted with 1 of %d left; want 1 (both decided from the same count)", admitted, limit)
 		}
 	})
 }
