@@ -1,8 +1,9 @@
 package clustertest
 
 // Tests of handoffs: a node that released a key by a handoff takes it back
-// only once the push has landed. (A handoff to the key's replica, and a
-// graceful leave with several limits per key: membership_test.go.)
+// only once the push has landed; a key released to another node is not
+// handed off. (A handoff to the key's replica, and a graceful leave with
+// several limits per key: membership_test.go.)
 
 import (
 	"context"
@@ -120,5 +121,57 @@ func TestReclaimWaitsForThePush(t *testing.T) {
 		if want := int64(limit - before - 2); err != nil || !o.Allowed() || o.Remaining != want {
 			t.Fatalf("check at n2, the owner: %+v, %v; want allowed with remaining %d (%d hits before the join, the stand-in's and this one)", o, err, want, before)
 		}
+	})
+}
+
+// A key its owner had released to another node (X pulled it, and decided
+// since) is not handed off when a join then moves it to a third node C:
+// the owner's record is stale, and C would take it as settled and never
+// pull, losing X's decisions (seen under load in TestScaleOutThenInUnderLoad:
+// two nodes joining one after the other, the first one's view lagging,
+// 21-27 admitted for a limit of 20). C pulls on first touch instead, and
+// the owner's answer names X.
+func TestReleasedKeyIsNotHandedOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n0", "n1", "n2")
+		keys := ownedBy(c, "n0", "n0", "released:", 40)
+		for _, k := range keys {
+			if got := admitted(t, c, "n0", k, 10, 3); got != 3 {
+				t.Fatalf("key %s: %d of 3 admitted", k, got)
+			}
+			// n1 pulls the key with release and decides 2 more hits.
+			pulled := pullFrom(t, c, "n0", "n1", "n1", k)
+			if pulled.State.Count != 3 {
+				t.Fatalf("key %s: pulled %+v", k, pulled)
+			}
+			decideTwoFromPulled(t, c, "n1", pulled)
+		}
+		n0 := c.Member("n0").Node
+		before := n0.Status().HandedOff
+		if err := c.Add("n3"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		var moved []string
+		for _, k := range keys {
+			if o, _ := c.Member("n3").Node.Ring().Owner(ring.Hash(LimitName, k)); o.Name == "n3" {
+				moved = append(moved, k)
+			}
+		}
+		if len(moved) == 0 {
+			t.Fatalf("the join moved none of n0's %d keys to n3", len(keys))
+		}
+		if got := n0.Status().HandedOff - before; got != 0 {
+			t.Errorf("n0 handed off %d counters of keys it had released to n1", got)
+		}
+		for _, k := range moved {
+			o, err := c.Check("n3", k, 10, 1)
+			if err != nil || o.Owner != "n3" || o.Remaining != 10-5-1 {
+				t.Fatalf("key %s at n3: %+v, %v; want decided by n3 with n1's 5 hits counted (remaining 4)", k, o, err)
+			}
+		}
+		t.Logf("%d of %d released keys moved to n3, none handed off, each decided with the hits made where it was released", len(moved), len(keys))
 	})
 }
