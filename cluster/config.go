@@ -182,6 +182,11 @@ type Config struct {
 	// Now is the clock of every decision. Default: the wall clock, read
 	// cheaply (wallClock).
 	Now func() time.Time
+	// TableChanged, when set, is called by the node right after a new
+	// owner table has become current, before anything else follows from
+	// the change, with that table: a simulation's or test's look at the
+	// moment a change takes effect. It must return soon.
+	TableChanged func(*ring.Table)
 	// BootID names this process to the others, who take a new one under
 	// the same name as a restart (its unreplicated copies lost). Default:
 	// random. A simulation sets it so that a seed fixes what the nodes

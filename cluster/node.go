@@ -111,11 +111,10 @@ type Node struct {
 	debug bool
 	// book holds the ownership records: the moves that brought keys here
 	// and where released keys went (package ownership).
-	book      *ownership.Book
-	handoffs  chan handoffJob                   // ring changes that moved partitions away
-	pushing   pushing                           // keys released by a handoff whose push is still out
-	gate      sync.RWMutex                      // held shared by every local decision; drain takes it
-	published atomic.Pointer[func(*ring.Table)] // tests: called by rebuild once a new table is current
+	book     *ownership.Book
+	handoffs chan handoffJob // ring changes that moved partitions away
+	pushing  pushing         // keys released by a handoff whose push is still out
+	gate     sync.RWMutex    // held shared by every local decision; drain takes it
 
 	// leases are the quota leases this node holds for keys other nodes
 	// own; heat measures, for the keys it owns, how fast each other node
@@ -415,8 +414,8 @@ func (n *Node) rebuild() {
 	if n.regions != nil {
 		n.regions.book.Forget(moved)
 	}
-	if h := n.published.Load(); h != nil {
-		(*h)(cur)
+	if n.cfg.TableChanged != nil {
+		n.cfg.TableChanged(cur)
 	}
 	var gained []bool
 	var copyTo []string

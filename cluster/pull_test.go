@@ -1,10 +1,10 @@
 package cluster
 
-// Tests of pulls: not while draining, right after the table changes,
-// merged copies, pruned releases. (A new owner taking a key's counter from
-// its old holder, a leaving node that does not take a pulled key back, and
-// batched pulls after a join: cluster/clustertest's pull_test.go and
-// pullbatch_test.go.)
+// Tests of pulls: not while draining, merged copies, pruned releases. (A
+// new owner taking a key's counter from its old holder, a leaving node that
+// does not take a pulled key back, crossed pulls, a check right after the
+// table changes, and batched pulls after a join: cluster/clustertest's
+// pull_test.go and pullbatch_test.go.)
 
 import (
 	"context"
@@ -50,61 +50,6 @@ func TestDrainingNodePullsNothing(t *testing.T) {
 				t.Fatalf("%s released %s to a draining node", n.Name(), k)
 			}
 		}
-	}
-}
-
-// A check that reads a new table the moment it becomes current, before
-// anything else happens, must already see the move: a node that gained the
-// key pulls it before deciding. (The table used to become current before
-// the move was registered; a check in between decided the key from
-// nothing, and its clock-based version then beat the pulled record: in
-// about one rolling restart in four, a key lost its count.)
-func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
-	t.Parallel()
-	var clock atomic.Int64
-	clock.Store(t0.UnixNano())
-	nodes, _ := memCluster(t, 3, func(c *Config) {
-		c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-	})
-	hour := func(k string, hits int64) check.Request {
-		return check.Request{Name: "api", Key: k, Hits: hits, Limit: bucket.Limit{Limit: 100, WindowMS: 3_600_000}}
-	}
-	keys := keysOwnedBy(nodes[0], "n0", 40)
-	for _, k := range keys {
-		if o := check1(nodes[0], hour(k, 5)); !o.Allowed() {
-			t.Fatalf("%s: %+v", k, o)
-		}
-	}
-	// Past the move window of the joins that formed the cluster: only the
-	// change below can tell the others where n0's keys were.
-	clock.Add(int64(DefaultConfig().MoveWindow) + int64(time.Second))
-	type seen struct {
-		node, key string
-		out       check.Outcome
-	}
-	got := make(chan seen, 64)
-	for _, n := range nodes[1:] {
-		hook := func(tbl *ring.Table) {
-			if ownership.HasMember(tbl, "n0") {
-				return
-			}
-			for _, k := range keys {
-				if o, _ := tbl.Owner(ring.Hash("api", k)); o.Name == n.Name() {
-					got <- seen{n.Name(), k, check1(n, hour(k, 1))}
-					return
-				}
-			}
-		}
-		n.published.Store(&hook)
-	}
-	go nodes[0].Leave(context.Background())
-	select {
-	case s := <-got:
-		if s.out.Err != "" || s.out.Remaining != 100-6 {
-			t.Fatalf("%s decided %s at once after the change: %+v, want its 5 earlier hits counted (remaining 94)", s.node, s.key, s.out)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no node took over n0's keys within 10 s")
 	}
 }
 

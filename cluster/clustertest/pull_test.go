@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -297,6 +298,69 @@ func TestCrossedPullsLeaveOneDecider(t *testing.T) {
 		t.Logf("n1 (owner): allowed %v; n0 (stand-in): allowed %v, err %q", owner.Allowed(), standIn[0].Allowed(), standIn[0].Err)
 		if admitted != 1 {
 			t.Fatalf("%d of the two crossing checks admitted with 1 of %d left; want 1 (both decided from the same count)", admitted, limit)
+		}
+	})
+}
+
+// A check that reads a new table the moment it becomes current, before
+// anything else happens, must already see the move: a node that gained the
+// key pulls it before deciding. (The table used to become current before
+// the move was registered; a check in between decided the key from
+// nothing, and its clock-based version then beat the pulled record: in
+// about one rolling restart in four, a key lost its count.)
+func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type seen struct {
+			node, key string
+			out       check.Outcome
+		}
+		got := make(chan seen, 64)
+		var keys []string
+		var armed atomic.Bool
+		var c *Cluster
+		hour := func(k string, hits int64) check.Request {
+			return check.Request{Name: LimitName, Key: k, Hits: hits, Limit: bucket.Limit{Limit: 100, WindowMS: 3_600_000}}
+		}
+		c = formed(t, Options{Configure: func(cfg *cluster.Config) {
+			// No replicas: a node that gains a key holds no copy of it
+			// to decide from, only what a pull brings.
+			cfg.Ring.ReplicationFactor = 1
+			name := cfg.Config.Name
+			cfg.TableChanged = func(tbl *ring.Table) {
+				if name == "n0" || !armed.Load() || tbl.Has("n0") {
+					return
+				}
+				for _, k := range keys {
+					// The first table without n0 at any node, once.
+					if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == name && armed.CompareAndSwap(true, false) {
+						got <- seen{name, k, checkVia(t, c, name, hour(k, 1))}
+						return
+					}
+				}
+			}
+		}}, "n0", "n1", "n2")
+		keys = ownedBy(c, "n0", "n0", "moved:", 40)
+		for _, k := range keys {
+			if o := checkVia(t, c, "n0", hour(k, 5)); !o.Allowed() {
+				t.Fatalf("%s: %+v", k, o)
+			}
+		}
+		// Past the move window of the joins that formed the cluster: only
+		// the change below can tell the others where n0's keys were.
+		if err := NewRunner(c).pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		armed.Store(true)
+		if err := c.Leave("n0"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case s := <-got:
+			if s.out.Err != "" || s.out.Remaining != 100-6 {
+				t.Fatalf("%s decided %s at once after the change: %+v, want its 5 earlier hits counted (remaining 94)", s.node, s.key, s.out)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no node took over n0's keys within 10 s of the bubble's time")
 		}
 	})
 }
