@@ -194,13 +194,7 @@ func (p *abandoningPeers) Forward(ctx context.Context, addr string, reqs []check
 func TestAbandonedForwardFailsOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		abandon := &abandoningPeers{}
-		c := formed(t, Options{Peers: func(name string, p cluster.Peers) cluster.Peers {
-			if name != "n0" {
-				return p
-			}
-			abandon.Peers = p
-			return abandon
-		}}, "n0", "n1", "n2")
+		c := formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { abandon.Peers = p; return abandon })}, "n0", "n1", "n2")
 		key := ownedBy(c, "n0", "n1", "abandoned:", 1)[0]
 		o, err := c.Check("n0", key, 10, 1)
 		if err != nil || !o.Allowed() {

@@ -55,13 +55,7 @@ func TestReclaimWaitsForThePush(t *testing.T) {
 			// n2, the key's new owner, must hold no copy of it when the
 			// stand-in pulls it there: n1's replica copies are held with
 			// its pushes.
-			Peers: func(name string, p cluster.Peers) cluster.Peers {
-				if name != "n1" {
-					return p
-				}
-				hold.Peers = p
-				return hold
-			},
+			Peers: peersOf("n1", func(p cluster.Peers) cluster.Peers { hold.Peers = p; return hold }),
 		}, "n0", "n1")
 		const limit, before = 10, 3
 		keys := ownedBy(c, "n1", "n1", "reclaim:", 40)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/sluicehq/sluice/cluster"
 	"github.com/sluicehq/sluice/cluster/check"
 
 	"github.com/sluicehq/sluice/ring"
@@ -21,6 +22,18 @@ func formed(t *testing.T, opts Options, names ...string) *Cluster {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// peersOf returns an Options.Peers that hands the peer calls of the
+// member named member to wrap (a test's fault on that node's calls), and
+// every other member's through as they are.
+func peersOf(member string, wrap func(cluster.Peers) cluster.Peers) func(string, cluster.Peers) cluster.Peers {
+	return func(name string, p cluster.Peers) cluster.Peers {
+		if name != member {
+			return p
+		}
+		return wrap(p)
+	}
 }
 
 // ownedBy returns the first n keys prefix0, prefix1, … that owner owns in

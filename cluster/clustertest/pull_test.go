@@ -241,13 +241,7 @@ func TestCrossedPullsLeaveOneDecider(t *testing.T) {
 		c := formed(t, Options{
 			// No leases: each check is decided where the test sends it.
 			Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 },
-			Peers: func(name string, p cluster.Peers) cluster.Peers {
-				if name != "n0" {
-					return p
-				}
-				hold.Peers = p
-				return hold
-			},
+			Peers:     peersOf("n0", func(p cluster.Peers) cluster.Peers { hold.Peers = p; return hold }),
 		}, "n0", "n1")
 		if c.Member("n1").PeerAddr != hold.to {
 			t.Fatalf("n1 is at %s, the hold waits for %s", c.Member("n1").PeerAddr, hold.to)

@@ -48,13 +48,7 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 					cfg.ReplicationInterval = 500 * time.Millisecond
 				}
 			},
-			Peers: func(name string, p cluster.Peers) cluster.Peers {
-				if name != "n0" {
-					return p
-				}
-				g.Peers = p
-				return g
-			},
+			Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { g.Peers = p; return g }),
 		}, "n0", "n1", "n2")
 		n0 := c.Member("n0").Node
 		key := ownedBy(c, "n0", "n0", "replicated:", 1)[0]
