@@ -75,9 +75,10 @@ func (g *GossipNetwork) Deliveries() []string {
 	return slices.Clone(g.deliveries)
 }
 
-// Hold returns how long seeded delivery holds what is named by parts
-// (strings or byte slices), sent at now: a time in [0, spread) that
-// hashes the seed, the clock and parts, or 0 when delivery is not seeded.
+// Hold returns how long seeded delivery holds what parts name (sender,
+// receiver, bytes: whatever tells one send from another), sent at now: a
+// time in [0, spread) that hashes the seed, the clock and parts, or 0 when
+// delivery is not seeded.
 func (g *GossipNetwork) Hold(now time.Time, parts ...[]byte) time.Duration {
 	g.mu.Lock()
 	seed, spread := g.seed, g.spread
