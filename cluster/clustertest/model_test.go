@@ -62,11 +62,11 @@ func TestModel(t *testing.T) {
 }
 
 // runModel generates the run of seed, runs it in a bubble and checks it.
-// A run alone (verbose, or traced: -seed) seeds math/rand's global source, from which
-// memberlist draws its probe and gossip targets, with the seed; runs in
-// parallel share that source and leave it as it is. trace, when not nil,
-// gets every peer call and memberlist packet of the run, in the order they
-// arrived.
+// A run alone (verbose, or traced: -seed) seeds math/rand's global
+// source, from which memberlist draws its probe and gossip targets, with
+// the seed; runs in parallel share that source and leave it as it is.
+// trace, when not nil, gets every peer call and memberlist packet of the
+// run, in the order they arrived.
 func runModel(t *testing.T, seed uint64, verbose bool, trace *[]string) {
 	steps := genModel(seed)
 	text := scenarioText(steps)
