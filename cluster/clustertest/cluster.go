@@ -68,6 +68,13 @@ type Options struct {
 	// DeliverySpread at which it starts, so that no two nodes' memberlist
 	// timers tick at the same moment (see config).
 	Seed uint64
+	// InstantGossip delivers memberlist's packets and stream messages at
+	// once, as they are sent, instead of at seeded moments: the seed then
+	// no longer fixes their order. For runs of hundreds of members, which
+	// send tens of thousands of packets a simulated second: seeded
+	// delivery makes each its own moment of the bubble's clock, and the
+	// 50-member scale run took twice as long with it.
+	InstantGossip bool
 }
 
 // DeliverySpread is the longest a peer call is held by seeded delivery
@@ -129,7 +136,9 @@ func New(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{t: t, opts: opts, Gossip: NewGossipNetwork(), Peers: cluster.NewMemNetwork(), members: map[string]*Member{},
 		failed: map[string]int64{}, dir: t.TempDir()}
 	c.Peers.SeedDelivery(opts.Seed, DeliverySpread)
-	c.Gossip.SeedDelivery(opts.Seed, DeliverySpread)
+	if !opts.InstantGossip {
+		c.Gossip.SeedDelivery(opts.Seed, DeliverySpread)
+	}
 	t.Cleanup(c.Close)
 	return c
 }

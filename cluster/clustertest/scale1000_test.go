@@ -208,7 +208,7 @@ func newScaleRun(t *testing.T, n int, cfg ring.Config) *scaleRun {
 		// partitions (127) than a thousand members.
 		nc.Ring = cfg
 		nc.Join = seeds(nc.Config.Name, nc.Join)
-	}})
+	}, InstantGossip: true})
 	s := &scaleRun{t: t, c: c, r: NewRunner(c), cfg: cfg, rnd: rand.New(rand.NewPCG(scaleSeed, uint64(n))),
 		attempted: map[string]int64{}, predict: predict}
 	k := min(max(3*n, 300), 3000)
