@@ -182,10 +182,11 @@ type Config struct {
 	// Now is the clock of every decision. Default: the wall clock, read
 	// cheaply (wallClock).
 	Now func() time.Time
-	// TableChanged, when set, is called by the node right after a new
-	// owner table has become current, before anything else follows from
-	// the change, with that table: a simulation's or test's look at the
-	// moment a change takes effect. It must return soon.
+	// TableChanged, when set, is called by the node with a new owner
+	// table right after it has become current (its moves registered, the
+	// moved keys' leases revoked), before the handoffs and copies that
+	// follow from it: a simulation's or test's look at the moment a change
+	// takes effect. It must return soon.
 	TableChanged func(*ring.Table)
 	// BootID names this process to the others, who take a new one under
 	// the same name as a restart (its unreplicated copies lost). Default:
