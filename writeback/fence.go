@@ -143,7 +143,10 @@ func (c *Cache) Install(hash uint64, rec Record) bool {
 // receiver as much as one that did: what it holds is the sender's last
 // count. With endRelease (the key was released to the sender, who hands
 // it back, or not released) held ends a release as an install does;
-// without it a key released here is never held.
+// without it a key released here is never held. A held record counts as a
+// change, as an installed one does (TakeChanged): the sender replicated it
+// to its own replica set, and this node, the key's owner now, sends it to
+// its own.
 func (c *Cache) InstallHanded(hash uint64, rec Record, endRelease bool) (installed, held bool) {
 	return c.install(hash, rec, math.MaxInt64, math.MaxUint64, endRelease)
 }
@@ -273,7 +276,12 @@ func (c *Cache) install(hash uint64, rec Record, since int64, mark uint64, endRe
 		if e.version != rec.Version || e.state() != rec.State || (fenced && !endRelease) {
 			return false, false
 		}
+		// Held: the receiver owns the key now, and its replica set need
+		// not be the sender's, which is where the sender replicated the
+		// record. So it goes to the next round (TakeChanged) as an
+		// installed record does; replicas that have it keep it.
 		delete(s.fences, rec.Key)
+		s.markChanged(hash, e)
 		return false, true
 	}
 	delete(s.fences, rec.Key)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // TestExpiredReleasesAreDropped: a release is dropped when its key is
@@ -145,5 +147,34 @@ func TestInstallHandedReportsTheRecordHeld(t *testing.T) {
 	}
 	if d := decide(t, c, k, lim10, 1, base+4); d.Remaining != 6 {
 		t.Fatalf("after the handoff: remaining %d, want 6 (3 + 1 of 10)", d.Remaining)
+	}
+}
+
+// A replica copy is not sent on (Merge reports no change), but a handoff
+// of the record held is: its sender replicated it to its own replica set,
+// and the receiver, the key's owner now, must send it to its own
+// (clustertest's TestHandedKeyReachesTheNewReplica).
+func TestHeldHandoffGoesToTheNextRound(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 8, TrackChanges: true})
+	k := Key{Name: "n", Key: "k"}
+	h := hashKey(k)
+	rec := Record{Key: k, State: bucket.State{Algorithm: bucket.SlidingWindow, Start: base, Count: 4, Expires: base + 120e9}, Version: 7}
+	taken := func() []Record {
+		var got []Record
+		c.TakeChanged(base, func(_ uint64, r Record) { got = append(got, r) })
+		return got
+	}
+	if !c.Merge(h, rec) {
+		t.Fatal("the replica copy was not merged")
+	}
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("a replica copy went to the next round: %+v", got)
+	}
+	if installed, held := c.InstallHanded(h, rec, true); installed || !held {
+		t.Fatalf("the handoff of the copy held: installed %v, held %v; want held", installed, held)
+	}
+	if got := taken(); len(got) != 1 || got[0] != rec {
+		t.Fatalf("after the handoff of the record held, the next round takes %+v, want %+v", got, rec)
 	}
 }

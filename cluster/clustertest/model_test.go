@@ -7,8 +7,10 @@ package clustertest
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	rand1 "math/rand"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -22,6 +24,7 @@ var (
 	modelSeed = flag.Uint64("seed", 0, "TestModel: run only this seed (printed by a failure), verbosely")
 	modelRuns = flag.Int("runs", 1000, "TestModel: how many seeds to run (1..runs)")
 	replays   = flag.Int("replays", 1, "TestModel with -seed: run the seed this many times and count the different runs")
+	modelLog  = flag.Bool("model-log", false, "TestModel with -seed: write the nodes' debug logs to stderr")
 )
 
 // modelLimit is the limit of every check of the model runs: small, so that
@@ -78,7 +81,11 @@ func runModel(t *testing.T, seed uint64, verbose bool, trace *[]string) {
 		rand1.Seed(int64(seed))
 	}
 	synctest.Test(t, func(t *testing.T) {
-		c := New(t, Options{Seed: seed})
+		o := Options{Seed: seed}
+		if verbose && *modelLog {
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+		c := New(t, o)
 		if trace != nil {
 			c.Peers.RecordDeliveries()
 			c.Gossip.RecordDeliveries()
@@ -94,6 +101,11 @@ func runModel(t *testing.T, seed uint64, verbose bool, trace *[]string) {
 		}
 		if t.Failed() {
 			t.Logf("run:\n%s", text)
+			if verbose {
+				for _, a := range r.Answers {
+					t.Logf("line %d via %s key %s: admitted %v by %s at %v", a.Line, a.Via, a.Key, a.Admitted, a.Owner, a.At.Format("15:04:05.000"))
+				}
+			}
 		}
 	})
 }

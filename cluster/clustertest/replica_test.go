@@ -2,6 +2,8 @@ package clustertest
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -85,6 +87,114 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 		}
 		if !holds() {
 			t.Fatal("the replica does not hold the count after ReplicateNow")
+		}
+	})
+}
+
+// gatedCopies holds the replica copies (not the handoffs) sent to the
+// node at addr while gate is open, and closes entered at the first.
+type gatedCopies struct {
+	cluster.Peers
+	addr    string
+	once    sync.Once
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedCopies) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
+	if !handoff && addr == g.addr {
+		g.once.Do(func() { close(g.entered) })
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		}
+	}
+	return g.Peers.Replicate(ctx, addr, handoff, cs)
+}
+
+// A key's replica that becomes its owner when the owner leaves sends the
+// key to its own new replica: at the table change, every key in memory of
+// the partitions it takes over goes to the next replication round. The
+// owner's last copy may reach it only after that (here it is held until
+// then), and the owner's handoff then brings that same record, which
+// changes nothing in the cache. The new owner must still send it to its
+// replica: it did not, and a crash of the new owner later lost the key's
+// whole count (model seed 47399).
+func TestHandedKeyReachesTheNewReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedCopies{entered: make(chan struct{}), gate: make(chan struct{})}
+		var left sync.Once
+		dropped := make(chan struct{})
+		c := formed(t, Options{
+			Peers: peersOf("n3", func(p cluster.Peers) cluster.Peers { g.Peers = p; return g }),
+			Configure: func(cfg *cluster.Config) {
+				if cfg.Config.Name == "n1" {
+					cfg.TableChanged = func(tbl *ring.Table) {
+						if !tbl.Has("n3") {
+							left.Do(func() { close(dropped) })
+						}
+					}
+				}
+			},
+		}, "n1", "n2", "n3")
+		r := NewRunner(c)
+		if err := r.pastMoveWindow(); err != nil {
+			t.Fatal(err)
+		}
+		g.addr = c.Member("n1").PeerAddr
+		// n3's keys whose replica is n1, and which n1 owns without n3.
+		tbl := c.Member("n1").Node.Ring().Table()
+		without, err := ring.BuildTable(c.Member("n1").Node.Ring().Config(), slices.DeleteFunc(tbl.Members(), func(m ring.Member) bool { return m.Name == "n3" }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, k := range ownedBy(c, "n1", "n3", "handed:", 200) {
+			h := ring.Hash(LimitName, k)
+			row := tbl.Replicas(h, nil)
+			if next, _ := without.Owner(h); len(row) > 1 && row[1].Name == "n1" && next.Name == "n1" {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) < 5 {
+			t.Fatalf("%d of n3's keys have n1 as replica and next owner, want 5", len(keys))
+		}
+		keys = keys[:5]
+		const limit, hits = 10, 4
+		for _, k := range keys {
+			if got := admitted(t, c, "n2", k, limit, hits); got != hits {
+				t.Fatalf("key %s: %d of %d admitted", k, got, hits)
+			}
+		}
+		<-g.entered // n3's round is sending the copies to n1, held
+		leave := make(chan error, 1)
+		go func() { leave <- c.Leave("n3") }()
+		<-dropped
+		// n1 has carried out the table change (its keys of the partitions
+		// it takes over marked for its next round) before the copies
+		// arrive.
+		synctest.Wait()
+		close(g.gate)
+		if err := <-leave; err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		n1, n2 := c.Member("n1").Node, c.Member("n2").Node
+		if err := n1.ReplicateNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			h := ring.Hash(LimitName, k)
+			if reps := n1.Ring().Replicas(h, nil); len(reps) != 2 || reps[0].Name != "n1" || reps[1].Name != "n2" {
+				t.Fatalf("key %s: replicas %v, want n1 then n2", k, reps)
+			}
+			rec, ok, err := n2.Cache().Get(h, writeback.Key{Name: LimitName, Key: k}, time.Now().UnixNano())
+			if err != nil || !ok || rec.State.Count != hits {
+				t.Errorf("key %s: its new replica n2 holds count %d (held %v, err %v), want %d", k, rec.State.Count, ok, err, hits)
+			}
 		}
 	})
 }
