@@ -45,14 +45,8 @@ func checkCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	actual := fs.Int64("actual", 0, "with --settle: the actual cost")
 	var sec clientFlags
 	sec.register(fs, false)
-	if err := parseWithEnv(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitAllowed
-		}
-		if msg := err.Error(); strings.HasPrefix(msg, "SLUICE_") || strings.HasPrefix(msg, "unexpected argument") {
-			fmt.Fprintf(stderr, "sluice check: %v\n", err) // the flag package printed the others
-		}
-		return exitError
+	if code, ok := parseCommand(fs, args, exitAllowed); !ok {
+		return code
 	}
 	fail := func(format string, a ...any) int { return checkFail(stderr, format, a...) }
 	if fs.NArg() > 0 {

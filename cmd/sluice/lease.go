@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/client"
@@ -40,14 +38,8 @@ func leaseCommand(ctx context.Context, cmd string, args []string, stdout, stderr
 		fmt.Fprintf(stderr, "sluice %s: "+format+"\n", append([]any{cmd}, a...)...)
 		return exitError
 	}
-	if err := parseWithEnv(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitAllowed
-		}
-		if msg := err.Error(); strings.HasPrefix(msg, "SLUICE_") {
-			return fail("%v", err)
-		}
-		return exitError
+	if code, ok := parseCommand(fs, args, exitAllowed); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		return fail("unexpected argument %q", fs.Arg(0))

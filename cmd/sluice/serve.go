@@ -139,6 +139,26 @@ func parseWithEnv(fs *flag.FlagSet, args []string) error {
 	return err
 }
 
+// parseCommand is parseWithEnv for a command that answers with an exit
+// code: it reports help's code (help) or exitError when parsing failed,
+// and ok when the command goes on. The flag package has printed its own
+// errors to the flag set's output; the others (an environment variable's
+// value, an argument after the flags) are printed here, after the
+// command's name (fs.Name()).
+func parseCommand(fs *flag.FlagSet, args []string, help int) (code int, ok bool) {
+	err := parseWithEnv(fs, args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		return help, false
+	}
+	if msg := err.Error(); strings.HasPrefix(msg, "SLUICE_") || strings.HasPrefix(msg, "unexpected argument") {
+		fmt.Fprintf(fs.Output(), "%s: %v\n", fs.Name(), err)
+	}
+	return exitError, false
+}
+
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
