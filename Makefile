@@ -180,5 +180,6 @@ sim-load:
 # docs/guarantees.md's bounds (go test runs 1000; docs/testing.md states
 # the time of 100,000). A failure prints its seed and the run.
 SIM_SEEDS ?= 100000
+SIM_FROM ?= 1
 sim-deep:
-	bash -o pipefail -c "go test -count=1 -v -timeout 0 -run '^TestModel$$' ./cluster/clustertest/ -runs $(SIM_SEEDS) 2>&1 | grep -v -E '^ *(=== (RUN|PAUSE|CONT)|--- PASS)'"
+	bash -o pipefail -c "go test -count=1 -v -timeout 0 -run '^TestModel$$' ./cluster/clustertest/ -runs $(SIM_SEEDS) -from $(SIM_FROM) 2>&1 | grep -v -E '^ *(=== (RUN|PAUSE|CONT)|--- PASS)'"

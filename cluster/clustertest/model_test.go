@@ -22,7 +22,8 @@ import (
 
 var (
 	modelSeed = flag.Uint64("seed", 0, "TestModel: run only this seed (printed by a failure), verbosely")
-	modelRuns = flag.Int("runs", 1000, "TestModel: how many seeds to run (1..runs)")
+	modelRuns = flag.Int("runs", 1000, "TestModel: how many seeds to run (from..from+runs-1)")
+	modelFrom = flag.Uint64("from", 1, "TestModel: the first seed to run")
 	replays   = flag.Int("replays", 1, "TestModel with -seed: run the seed this many times and count the different runs")
 	modelLog  = flag.Bool("model-log", false, "TestModel with -seed: write the nodes' debug logs to stderr")
 )
@@ -55,7 +56,8 @@ func TestModel(t *testing.T) {
 		runs = min(runs, 100)
 	}
 	start := time.Now()
-	for seed := uint64(1); seed <= uint64(runs); seed++ {
+	first := max(*modelFrom, 1)
+	for seed := first; seed < first+uint64(runs); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
 			runModel(t, seed, false, nil)
