@@ -129,7 +129,7 @@ func rerunModel(t *testing.T, seed uint64, n int) {
 			for at < len(first) && at < len(trace) && first[at] == trace[at] {
 				at++
 			}
-			t.Logf("run %d differs from run 1 at event %d of %d", i+1, at+1, len(first))
+			t.Logf("run %d differs from run 1 at event %d of %d: %s, against %s", i+1, at+1, len(first), eventAt(trace, at), eventAt(first, at))
 		}
 	}
 	most := 0
@@ -137,6 +137,14 @@ func rerunModel(t *testing.T, seed uint64, n int) {
 		most = max(most, k)
 	}
 	t.Logf("seed %d, %d runs: %d different, the most common one %d times", seed, n, len(runs), most)
+}
+
+// eventAt returns trace's event i, or "the end".
+func eventAt(trace []string, i int) string {
+	if i < len(trace) {
+		return trace[i]
+	}
+	return "the end"
 }
 
 // scenarioText writes steps as a scenario, one per line.
