@@ -74,8 +74,10 @@ func (n *Node) handoffLoop() {
 // runHandoff carries out one handoff job.
 func (n *Node) runHandoff(job handoffJob) {
 	if job.gained != nil {
-		marked := n.resendToNewReplicas(job.cur, job.gained, n.now().UnixNano())
-		n.log.Debug("new replicas: their keys go to the next replication round", "keys", marked)
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
+		marked, sent := n.resendToNewReplicas(ctx, job.cur, job.gained, n.now().UnixNano())
+		cancel()
+		n.log.Debug("new replicas: their keys go to the next replication round", "keys", marked, "stored_keys_sent", sent)
 	}
 	if job.lost {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.HandoffTimeout)
@@ -105,7 +107,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		n.pushing.remove(hashes, done)
 		close(done)
 	}()
-	n.cache.Range(now, func(r writeback.Record) bool {
+	n.rangeHeld(now, func(r writeback.Record, _ bool) bool {
 		h := keyHash(r.Key)
 		o, _ := old.Owner(h)
 		c, ok := cur.Owner(h)
@@ -549,7 +551,7 @@ func (p *pushing) wait(ctx context.Context, h uint64) error {
 // still pulls each on first touch.
 func (n *Node) sendCopiesTo(ctx context.Context, tbl *ring.Table, copyTo []string) {
 	batches := map[string][]bucket.Counter{}
-	n.cache.Range(n.now().UnixNano(), func(r writeback.Record) bool {
+	n.rangeHeld(n.now().UnixNano(), func(r writeback.Record, _ bool) bool {
 		if p := tbl.Partition(keyHash(r.Key)); p < len(copyTo) && copyTo[p] != "" && copyTo[p] != n.cfg.GRPCAddr {
 			batches[copyTo[p]] = append(batches[copyTo[p]], r.Counter())
 		}

@@ -1,6 +1,10 @@
 package cluster
 
 import (
+	"context"
+	"errors"
+
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/cluster/ownership"
 	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
@@ -15,24 +19,64 @@ import (
 // replication interval's. So when a table change gives a partition this
 // node owns a replica that was not in its row before, every key of that
 // partition in memory is marked changed, and the next round sends it to
-// all its replicas (those that had it keep the newer version). A member
+// all its replicas (those that had it keep the newer version); the keys
+// of that partition held only in the store (a node with more keys than
+// its cache holds) are sent at once. A member
 // that restarts so fast that nobody saw it leave the ring is known by its
 // boot id, which changes with every process (meta.boot): the keys of the
 // partitions it replicates for this node are marked the same way.
 
 // resendToNewReplicas marks changed every key in memory whose partition
-// (in tbl) is marked in gained, for the next replication round, and
-// returns how many it marked.
-func (n *Node) resendToNewReplicas(tbl *ring.Table, gained []bool, now int64) (marked int) {
-	n.cache.Range(now, func(r writeback.Record) bool {
+// (in tbl) is marked in gained, for the next replication round, and sends
+// the keys of those partitions that it holds only in its store (more keys
+// than its cache holds) to the partitions' replicas at once, as copies. It
+// returns how many it marked and how many it sent.
+func (n *Node) resendToNewReplicas(ctx context.Context, tbl *ring.Table, gained []bool, now int64) (marked, sent int) {
+	batches := map[string][]bucket.Counter{}
+	var reps []ring.Member
+	n.rangeHeld(now, func(r writeback.Record, stored bool) bool {
 		h := keyHash(r.Key)
-		if p := tbl.Partition(h); p < len(gained) && gained[p] {
+		if p := tbl.Partition(h); p >= len(gained) || !gained[p] {
+			return true
+		}
+		if !stored {
 			n.cache.MarkChanged(h, r.Key)
 			marked++
+			return true
+		}
+		reps = tbl.Replicas(h, reps[:0])
+		for _, m := range reps {
+			if m.Name != n.name {
+				batches[m.Addr] = append(batches[m.Addr], r.Counter())
+				sent++
+			}
 		}
 		return true
 	})
-	return marked
+	n.sendCopies(ctx, batches)
+	return marked, sent
+}
+
+// rangeHeld calls fn with the record of every key this node holds: those in
+// memory (Cache.Range, stored false), then those only in its store
+// (Cache.RangeStoredOnly, stored true), until fn returns false. A node
+// with more keys than its cache holds keeps the rest in its store, and
+// they move and reach new replicas as the others do. A failed read of the
+// store is logged: those keys then move only by the new owner's pull on
+// first touch.
+func (n *Node) rangeHeld(now int64, fn func(r writeback.Record, stored bool) bool) {
+	more := true
+	n.cache.Range(now, func(r writeback.Record) bool {
+		more = fn(r, false)
+		return more
+	})
+	if !more {
+		return
+	}
+	err := n.cache.RangeStoredOnly(now, keyHash, func(r writeback.Record) bool { return fn(r, true) })
+	if err != nil && !errors.Is(err, writeback.ErrClosed) {
+		n.log.Warn("reading the store for the keys not in memory failed; those keys move only when their new owner pulls them on first touch", "err", err)
+	}
 }
 
 // memberRestarted is the delegate's onRestart, on memberlist's goroutine:

@@ -62,6 +62,12 @@ type Cache struct {
 
 	fenceSeq atomic.Uint64 // fences set so far (FenceMark)
 
+	// left counts the slots that left memory (shard.retire), plus one for
+	// what the store held when the cache was made: while it differs
+	// from clean, its value when a RangeStoredOnly last found every stored
+	// key in memory, the store may hold keys memory does not.
+	left, clean atomic.Uint64
+
 	flushes, flushedRecords, flushErrors atomic.Uint64
 	expiredDeleted, expiryErrors         atomic.Uint64
 
@@ -99,7 +105,7 @@ func New(cfg Config, store Store) (*Cache, error) {
 	per := cfg.Size / cfg.Shards
 	for i := range c.shards {
 		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, fences: map[Key]fence{}, track: cfg.TrackChanges,
-			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1}
+			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1, left: &c.left}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
@@ -113,6 +119,7 @@ func New(cfg Config, store Store) (*Cache, error) {
 		}
 		c.shards[i] = s
 	}
+	c.left.Store(1) // the store may hold records, and memory holds none yet
 	return c, nil
 }
 

@@ -208,6 +208,48 @@ func (c *Cache) Range(now int64, fn func(Record) bool) {
 	}
 }
 
+// RangeStoredOnly calls fn with every record in the store that is live at
+// now and whose key is not in memory, until fn returns false: with Range,
+// every key this cache holds once, whether or not it fits in memory. hash
+// is the caller's hash of a key (the one it passes to the other calls). A
+// key that leaves memory between Range and this call may be seen by both;
+// one that comes into memory meanwhile, by neither — but its record is then
+// the store's, read by whoever brought it in.
+//
+// It reads the store only when a key may have left memory since a call
+// last found none there, or the cache was made: once a call has found
+// every stored key in memory, a cache whose keys all fit costs nothing.
+func (c *Cache) RangeStoredOnly(now int64, hash func(Key) uint64, fn func(Record) bool) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	left := c.left.Load()
+	if left == c.clean.Load() {
+		return nil
+	}
+	given, stopped := 0, false
+	err := c.store.ForEach(func(r Record) bool {
+		if r.State.Fresh(now) {
+			return true // over, for this call's now and every later one
+		}
+		h := hash(r.Key)
+		s := c.shardFor(h)
+		s.mu.Lock()
+		held := s.holds(cacheHash(h, r.Key.Limit), r.Key)
+		s.mu.Unlock()
+		if held {
+			return true
+		}
+		given++
+		stopped = !fn(r)
+		return !stopped
+	})
+	if err == nil && given == 0 && !stopped {
+		c.clean.Store(left) // a slot that left since has moved left on
+	}
+	return err
+}
+
 // RangeStored calls fn with every record in the store that is live at now,
 // until fn returns false. Call Flush first for the store to hold every
 // change made so far.

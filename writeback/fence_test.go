@@ -3,6 +3,7 @@ package writeback
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,4 +178,110 @@ func TestHeldHandoffGoesToTheNextRound(t *testing.T) {
 	if got := taken(); len(got) != 1 || got[0] != rec {
 		t.Fatalf("after the handoff of the record held, the next round takes %+v, want %+v", got, rec)
 	}
+}
+
+// RangeStoredOnly gives the live records of the store whose keys are not
+// in memory: with Range, every key once, whether or not it fits.
+func TestRangeStoredOnlyGivesTheKeysNotInMemory(t *testing.T) {
+	t.Parallel()
+	c, _ := newTestCache(t, Config{Shards: 1, Size: 4, Copies: 0})
+	var keys []Key
+	for i := range 12 {
+		k := Key{Name: "n", Key: fmt.Sprint("k", i)}
+		keys = append(keys, k)
+		decide(t, c, k, lim10, 1, base)
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[Key]int{}
+	c.Range(base, func(r Record) bool { seen[r.Key]++; return true })
+	inMemory := len(seen)
+	if inMemory == 0 || inMemory >= len(keys) {
+		t.Fatalf("%d of %d keys in memory; the test wants some in the store only", inMemory, len(keys))
+	}
+	stored := 0
+	if err := c.RangeStoredOnly(base, hashKey, func(r Record) bool { seen[r.Key]++; stored++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if seen[k] != 1 {
+			t.Errorf("key %s seen %d times by Range and RangeStoredOnly, want once", k.Key, seen[k])
+		}
+	}
+	if stored != len(keys)-inMemory {
+		t.Errorf("RangeStoredOnly gave %d records, want %d (%d keys, %d in memory)", stored, len(keys)-inMemory, len(keys), inMemory)
+	}
+	// A record no longer live is not given.
+	n := 0
+	if err := c.RangeStoredOnly(base+int64(2*time.Hour), hashKey, func(Record) bool { n++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("RangeStoredOnly gave %d expired records", n)
+	}
+}
+
+// RangeStoredOnly reads the store only while a key may have left memory
+// since a call last found every stored key there.
+func TestRangeStoredOnlyReadsTheStoreOnlyWhenKeysLeftMemory(t *testing.T) {
+	t.Parallel()
+	st := &countingStore{Store: newMemStore()}
+	c, err := New(Config{Shards: 1, Size: 4, Logger: quietLogger()}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(t.Context()) })
+	scan := func() (given, reads int) {
+		before := st.forEach.Load()
+		if err := c.RangeStoredOnly(base, hashKey, func(Record) bool { given++; return true }); err != nil {
+			t.Fatal(err)
+		}
+		return given, int(st.forEach.Load() - before)
+	}
+	for i := range 3 {
+		decide(t, c, Key{Name: "n", Key: fmt.Sprint("k", i)}, lim10, 1, base)
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if given, reads := scan(); given != 0 || reads != 1 {
+		t.Fatalf("every key in memory, the first call: %d given, %d store reads; want none and one", given, reads)
+	}
+	if given, reads := scan(); given != 0 || reads != 0 {
+		t.Fatalf("every key in memory, as the last call found: %d given, %d store reads; want none", given, reads)
+	}
+	for i := 3; i < 8; i++ { // 4 fit: some leave memory
+		decide(t, c, Key{Name: "n", Key: fmt.Sprint("k", i)}, lim10, 1, base)
+	}
+	if err := c.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if given, reads := scan(); given == 0 || reads != 1 {
+		t.Fatalf("keys left memory: %d given, %d store reads; want some and one", given, reads)
+	}
+	if given, reads := scan(); given == 0 || reads != 1 {
+		t.Fatalf("the keys are still only in the store: %d given, %d store reads; want some and one", given, reads)
+	}
+
+	// A cache made over a store that holds records reads it.
+	c2, err := New(Config{Shards: 1, Size: 64, Logger: quietLogger()}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if err := c2.RangeStoredOnly(base, hashKey, func(Record) bool { n++; return true }); err != nil || n != 8 {
+		t.Fatalf("a new cache over a store of 8 records: %d given (%v), want 8", n, err)
+	}
+}
+
+// countingStore counts ForEach calls.
+type countingStore struct {
+	Store
+	forEach atomic.Int64
+}
+
+func (s *countingStore) ForEach(fn func(Record) bool) error {
+	s.forEach.Add(1)
+	return s.Store.ForEach(fn)
 }

@@ -27,6 +27,24 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
+// holds reports whether k (LRU key ch) is in memory: decided here, a copy,
+// or evicted and waiting for its write. It changes no LRU's order.
+func (s *shard) holds(ch uint32, k Key) bool {
+	if i, ok := s.lru.Peek(ch); ok && s.is(s.slots.at(i), k) {
+		return true
+	}
+	if s.over != nil && s.over.Contains(k) {
+		return true
+	}
+	if s.copies != nil {
+		if i, ok := s.copies.Peek(ch); ok && s.is(s.slots.at(i), k) {
+			return true
+		}
+	}
+	_, ok := s.pending[k]
+	return ok
+}
+
 // peek finds k in memory without changing its place: in the LRU, the
 // overflow LRU, pending, or as a copy (which it makes the most recent
 // copy).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -54,6 +55,8 @@ type shard struct {
 	// taken by another key lives in over instead.
 	lru  *simplelru.LRU[uint32, uint32]
 	over *simplelru.LRU[Key, uint32] // made on the first collision
+	// left is the cache's count of slots that left memory (Cache.left).
+	left *atomic.Uint64
 	// copies holds replica copies (Merge of keys not in lru or over) by
 	// their cacheHash, apart from lru so that they never evict a key this
 	// node decides: nil with Config.Copies 0. A copy whose cacheHash is
@@ -220,6 +223,7 @@ func (s *shard) kickIfPendingFull() {
 // changes is empty it cannot hold the slot, so the slot need not wait for a
 // TakeChanged (which runs only once something changes).
 func (s *shard) retire(i uint32) {
+	s.left.Add(1)
 	take := s.takes
 	if len(s.changes) == 0 {
 		take-- // takes starts at 1

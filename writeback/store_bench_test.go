@@ -1,12 +1,14 @@
 package writeback
 
 import (
+	"context"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/bucket"
 )
@@ -266,4 +268,41 @@ func TestEnginesAgree(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkRangeStoredOnly: what a node pays on a ring change that moves
+// partitions away or gives them a new replica when it holds more keys
+// than its cache: one pass over its store, skipping the keys in memory
+// (Cache.RangeStoredOnly). 100k records in the store, 10k in memory.
+func BenchmarkRangeStoredOnly(b *testing.B) {
+	recs := benchRecords(100_000, 1)
+	st, err := openPebble(b.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.Write(recs); err != nil {
+		b.Fatal(err)
+	}
+	c, err := New(Config{Logger: quietLogger(), Shards: 16, Size: 10_000, FlushInterval: time.Hour}, st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	now := recs[0].State.Start
+	for _, r := range recs[:10_000] {
+		if _, _, err := c.Get(hashKey(r.Key), r.Key, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		n := 0
+		if err := c.RangeStoredOnly(now, hashKey, func(Record) bool { n++; return true }); err != nil {
+			b.Fatal(err)
+		}
+		if n < 80_000 {
+			b.Fatalf("%d records given, want about 90,000", n)
+		}
+	}
+	b.ReportMetric(100_000, "stored/op")
 }
