@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/sluicehq/sluice/cluster"
@@ -80,4 +81,29 @@ func checkVia(t *testing.T, c *Cluster, via string, r check.Request) check.Outco
 		t.Fatalf("%s via %s: not answered within %v", r.Key, via, CheckTimeout)
 	}
 	return out[0]
+}
+
+// replicaTakesOver returns n keys "handed:…" that owner owns with replica
+// as their replica, and that replica owns once owner is out of the ring:
+// the keys a leave of owner hands to the node holding their copies.
+func replicaTakesOver(t *testing.T, c *Cluster, owner, replica string, n int) []string {
+	t.Helper()
+	r := c.Member(replica).Node.Ring()
+	tbl := r.Table()
+	without, err := ring.BuildTable(r.Config(), slices.DeleteFunc(tbl.Members(), func(m ring.Member) bool { return m.Name == owner }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, k := range ownedBy(c, replica, owner, "handed:", 200) {
+		h := ring.Hash(LimitName, k)
+		row := tbl.Replicas(h, nil)
+		if next, _ := without.Owner(h); len(row) > 1 && row[1].Name == replica && next.Name == replica {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < n {
+		t.Fatalf("%d of %s's keys have %s as replica and next owner, want %d", len(keys), owner, replica, n)
+	}
+	return keys[:n]
 }

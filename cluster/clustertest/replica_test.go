@@ -2,7 +2,6 @@ package clustertest
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,24 +142,7 @@ func TestHandedKeyReachesTheNewReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		g.addr = c.Member("n1").PeerAddr
-		// n3's keys whose replica is n1, and which n1 owns without n3.
-		tbl := c.Member("n1").Node.Ring().Table()
-		without, err := ring.BuildTable(c.Member("n1").Node.Ring().Config(), slices.DeleteFunc(tbl.Members(), func(m ring.Member) bool { return m.Name == "n3" }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var keys []string
-		for _, k := range ownedBy(c, "n1", "n3", "handed:", 200) {
-			h := ring.Hash(LimitName, k)
-			row := tbl.Replicas(h, nil)
-			if next, _ := without.Owner(h); len(row) > 1 && row[1].Name == "n1" && next.Name == "n1" {
-				keys = append(keys, k)
-			}
-		}
-		if len(keys) < 5 {
-			t.Fatalf("%d of n3's keys have n1 as replica and next owner, want 5", len(keys))
-		}
-		keys = keys[:5]
+		keys := replicaTakesOver(t, c, "n3", "n1", 5)
 		const limit, hits = 10, 4
 		for _, k := range keys {
 			if got := admitted(t, c, "n2", k, limit, hits); got != hits {
