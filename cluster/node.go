@@ -384,9 +384,15 @@ func (n *Node) rebuild() {
 	// Deciding it from nothing would give it a clock-based version newer
 	// than the previous owner's record, which the pull could then not
 	// replace.
+	// A node not in the ring (joining after a restart, its first tables
+	// built before it knows every member) has owned nothing in the
+	// cluster's ring since it started: what its store holds is what it
+	// decided before, which others have decided since. It hands nothing
+	// off and sends no copies.
+	inRing := n.life.inRing()
 	var lost bool
 	if !n.draining() {
-		lost = n.tableChanged(old, cur)
+		lost = n.tableChanged(old, cur) && inRing
 	}
 	n.ring.SetTable(cur)
 	if n.debug {
@@ -419,7 +425,7 @@ func (n *Node) rebuild() {
 	}
 	var gained []bool
 	var copyTo []string
-	if !n.draining() {
+	if !n.draining() && inRing {
 		gained = ownership.ReplicasGained(old, cur, n.name)
 		copyTo = ownership.CopiesFollow(old, cur, n.name)
 	}

@@ -123,3 +123,68 @@ func TestEvictedKeyReachesANewReplica(t *testing.T) {
 		}
 	})
 }
+
+// A node that restarts after a crash holds its store from before, not the
+// keys' counts: others decided them while it was down. Until it is in the
+// ring again it owned nothing in the cluster's ring, so it hands nothing
+// off and sends no copies, however its first tables, built before it
+// knows every member, place the keys. (Once the handoff read the store, a
+// restarted node pushed its old records as handoffs to the keys' owners in
+// its first table, which then decided those keys while every other node
+// routed them to it: TestFullDiskOnRealHosts, two nodes answering one
+// key.)
+func TestRestartedNodeHandsOffNothingBeforeItIsInTheRing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := formed(t, Options{}, "n1", "n2", "n3")
+		const limit, hits = 10, 3
+		keys := ownedBy(c, "n1", "n2", "stale:", 20)
+		for _, k := range keys {
+			if got := admitted(t, c, "n1", k, limit, hits); got != hits {
+				t.Fatalf("key %s: %d of %d admitted", k, got, hits)
+			}
+		}
+		n2 := c.Member("n2").Node
+		if err := n2.ReplicateNow(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := n2.Cache().Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Crash("n2"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys { // decided by the keys' replicas meanwhile
+			if got := admitted(t, c, "n1", k, limit, 1); got != 1 {
+				t.Fatalf("key %s: %d of 1 admitted while n2 is down", k, got)
+			}
+		}
+		if err := c.Restart("n2"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Settle(); err != nil {
+			t.Fatal(err)
+		}
+		if st := c.Member("n2").Node.Status(); st.HandedOff != 0 {
+			t.Errorf("n2 handed off %d counters after its restart, want none", st.HandedOff)
+		}
+		for _, k := range keys {
+			owners := map[string]bool{}
+			for _, via := range c.Up() {
+				o, err := c.Check(via, k, limit, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				owners[o.Owner] = true
+			}
+			if len(owners) != 1 {
+				t.Errorf("key %s: decided by %v, want one node", k, owners)
+			}
+			if got := admitted(t, c, "n3", k, limit, limit); got != limit-hits-1 {
+				t.Errorf("key %s: %d admitted after n2's restart, want %d", k, got, limit-hits-1)
+			}
+		}
+	})
+}
