@@ -384,6 +384,7 @@ func (n *Node) rebuild() {
 	// Deciding it from nothing would give it a clock-based version newer
 	// than the previous owner's record, which the pull could then not
 	// replace.
+	//
 	// A node not in the ring (joining after a restart, its first tables
 	// built before it knows every member) has owned nothing in the
 	// cluster's ring since it started: what its store holds is what it
