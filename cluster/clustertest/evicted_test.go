@@ -107,15 +107,7 @@ func TestEvictedKeyReachesANewReplica(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait() // n1 has sent its keys to their new replica
-		if err := c.Member("n1").Node.ReplicateNow(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Crash("n1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		crashReplicated(t, c, "n1")
 		for _, k := range keys {
 			if got := admitted(t, c, next, k, limit, limit); got != limit-hits {
 				t.Errorf("key %s: %d admitted after %s's crash, then n1's, want %d (%d of %d admitted before, none since n1's last replication)", k, got, replica, limit-hits, hits, limit)

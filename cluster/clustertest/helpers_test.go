@@ -107,3 +107,19 @@ func replicaTakesOver(t *testing.T, c *Cluster, owner, replica string, n int) []
 	}
 	return keys[:n]
 }
+
+// crashReplicated sends the member's changes to their replicas, crashes it
+// and waits until the others settle: a crash that loses nothing the
+// replicas do not hold.
+func crashReplicated(t *testing.T, c *Cluster, name string) {
+	t.Helper()
+	if err := c.Member(name).Node.ReplicateNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Crash(name); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Settle(); err != nil {
+		t.Fatal(err)
+	}
+}

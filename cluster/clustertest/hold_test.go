@@ -88,15 +88,7 @@ func TestConcurrencyLimitAcrossTheCluster(t *testing.T) {
 		leases[2] = o.LeaseID
 
 		// The owner crashes once its holders are replicated.
-		if err := c.Member("n1").Node.ReplicateNow(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Crash("n1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		crashReplicated(t, c, "n1")
 		if o := hold(t, c, "n2", holdReq(key, check.OpAcquire, limit, ttl, 0)); o.LeaseID != 0 {
 			t.Fatalf("after the owner's crash, a fourth holder: %+v", o)
 		}

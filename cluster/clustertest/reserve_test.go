@@ -1,7 +1,6 @@
 package clustertest
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -112,15 +111,7 @@ func TestSettleAfterTheOwnerCrashed(t *testing.T) {
 		if !o.Allowed() || o.Reservation == "" {
 			t.Fatalf("reserve: %+v", o)
 		}
-		if err := c.Member("n1").Node.ReplicateNow(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Crash("n1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Settle(); err != nil {
-			t.Fatal(err)
-		}
+		crashReplicated(t, c, "n1")
 		s := checkVia(t, c, "n2", settleReq(key, o.Reservation, 100))
 		if !strings.Contains(s.Err, "not one this key's owner made") {
 			t.Fatalf("settle at the new owner: %+v", s)

@@ -60,15 +60,7 @@ func TestResetReachesTheReplicas(t *testing.T) {
 						t.Fatalf("%s: %d hits after the reset: %+v", k, after, o)
 					}
 				}
-				if err := c.Member("n1").Node.ReplicateNow(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				if err := c.Crash("n1"); err != nil {
-					t.Fatal(err)
-				}
-				if err := c.Settle(); err != nil {
-					t.Fatal(err)
-				}
+				crashReplicated(t, c, "n1")
 				// The keys n1 owned: their new owner decides from the
 				// replicated reset and the hits since.
 				for _, k := range keys {
