@@ -14,18 +14,23 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// gatedReplicate holds the first Replicate call once armed until gate
-// closes (or the call's context ends).
+// gatedReplicate holds every Replicate call that hold picks until gate
+// closes (or the call's context ends), and closes entered at the first.
 type gatedReplicate struct {
 	cluster.Peers
-	armed   atomic.Bool
+	hold    func(addr string, handoff bool) bool
+	once    sync.Once
 	entered chan struct{}
 	gate    chan struct{}
 }
 
+func newGatedReplicate(hold func(addr string, handoff bool) bool) *gatedReplicate {
+	return &gatedReplicate{hold: hold, entered: make(chan struct{}), gate: make(chan struct{})}
+}
+
 func (g *gatedReplicate) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
-	if g.armed.CompareAndSwap(true, false) {
-		close(g.entered)
+	if g.hold(addr, handoff) {
+		g.once.Do(func() { close(g.entered) })
 		select {
 		case <-g.gate:
 		case <-ctx.Done():
@@ -40,7 +45,9 @@ func (g *gatedReplicate) Replicate(ctx context.Context, addr string, handoff boo
 // the changes, so ReplicateNow alone finds nothing left to send.
 func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &gatedReplicate{entered: make(chan struct{}), gate: make(chan struct{})}
+		// Once armed, the first call is held.
+		var armed atomic.Bool
+		g := newGatedReplicate(func(string, bool) bool { return armed.CompareAndSwap(true, false) })
 		c := formed(t, Options{
 			Configure: func(cfg *cluster.Config) {
 				if cfg.Config.Name == "n0" {
@@ -59,7 +66,7 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 			t.Fatalf("replicas %v", reps)
 		}
 		replica := c.Member(reps[1].Name).Node
-		g.armed.Store(true)
+		armed.Store(true)
 		if got := admitted(t, c, "n1", key, 100, 7); got != 7 {
 			t.Fatalf("admitted %d", got)
 		}
@@ -90,28 +97,6 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 	})
 }
 
-// gatedCopies holds the replica copies (not the handoffs) sent to the
-// node at addr while gate is open, and closes entered at the first.
-type gatedCopies struct {
-	cluster.Peers
-	addr    string
-	once    sync.Once
-	entered chan struct{}
-	gate    chan struct{}
-}
-
-func (g *gatedCopies) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
-	if !handoff && addr == g.addr {
-		g.once.Do(func() { close(g.entered) })
-		select {
-		case <-g.gate:
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		}
-	}
-	return g.Peers.Replicate(ctx, addr, handoff, cs)
-}
-
 // A key's replica that becomes its owner when the owner leaves sends the
 // key to its own new replica: at the table change, every key in memory of
 // the partitions it takes over goes to the next replication round. The
@@ -122,7 +107,9 @@ func (g *gatedCopies) Replicate(ctx context.Context, addr string, handoff bool, 
 // whole count (model seed 47399).
 func TestHandedKeyReachesTheNewReplica(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &gatedCopies{entered: make(chan struct{}), gate: make(chan struct{})}
+		// n3's replica copies (not its handoffs) to n1 are held.
+		var n1Addr string
+		g := newGatedReplicate(func(addr string, handoff bool) bool { return !handoff && addr == n1Addr })
 		var left sync.Once
 		dropped := make(chan struct{})
 		c := formed(t, Options{
@@ -141,7 +128,7 @@ func TestHandedKeyReachesTheNewReplica(t *testing.T) {
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
-		g.addr = c.Member("n1").PeerAddr
+		n1Addr = c.Member("n1").PeerAddr
 		keys := replicaTakesOver(t, c, "n3", "n1", 5)
 		const limit, hits = 10, 4
 		for _, k := range keys {
