@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -67,15 +68,41 @@ func lowPort(t *testing.T, ip string, udp bool) string {
 }
 
 // pickPort listens on ip at port() (0: any), up to tries times, and
-// returns the first address that was free on TCP and, when udp, on UDP.
+// returns the first address that was free on TCP and, when udp, on UDP,
+// and that no other pick of this test binary returned.
 func pickPort(t *testing.T, ip string, udp bool, tries int, port func() int) string {
 	t.Helper()
+	addr, err := pickAddr(ip, udp, tries, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// handedOut holds every address pickAddr returned in this test binary.
+// Tests running in parallel share loopback addresses: an address is free
+// when picked, but its node binds it later, so two picks that returned the
+// same port on the same address would let one test's node take another's
+// (a node of TestJoinMovesTheKeysBeyondTheCache failed to start that way
+// in CI, "bind: address already in use").
+var handedOut struct {
+	sync.Mutex
+	addrs map[string]bool
+}
+
+func pickAddr(ip string, udp bool, tries int, port func() int) (string, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	for range tries {
 		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port())))
 		if err != nil {
 			continue
 		}
 		addr := net.JoinHostPort(ip, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+		if handedOut.addrs[addr] {
+			l.Close()
+			continue
+		}
 		if udp {
 			u, err := net.ListenPacket("udp", addr)
 			if err != nil {
@@ -85,10 +112,13 @@ func pickPort(t *testing.T, ip string, udp bool, tries int, port func() int) str
 			u.Close()
 		}
 		l.Close()
-		return addr
+		if handedOut.addrs == nil {
+			handedOut.addrs = map[string]bool{}
+		}
+		handedOut.addrs[addr] = true
+		return addr, nil
 	}
-	t.Fatalf("no free port on %s in %d tries", ip, tries)
-	return ""
+	return "", fmt.Errorf("no free port on %s in %d tries", ip, tries)
 }
 
 // newProc prepares (does not start) a node on its own loopback address,
@@ -239,6 +269,13 @@ func waitMembers(t *testing.T, ps []*proc, opts ...grpc.DialOption) {
 	for {
 		ok := true
 		var seen []string
+		for _, p := range ps {
+			select {
+			case <-p.exited:
+				t.Fatalf("%s exited while the cluster formed: %v", p.name, p.err)
+			default:
+			}
+		}
 		for i, c := range clients {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			st, err := c.Status(ctx)
