@@ -21,7 +21,7 @@ var (
 )
 
 func rec(name, key string, prefix bool, lims []bucket.Limit, v uint64, origin string) Override {
-	return Override{Target: Target{Name: name, Key: key, Prefix: prefix}, Limits: lims, Version: v, Origin: origin, SetAt: int64(v)}
+	return Override{Target: Target{Name: name, Key: key, Prefix: prefix}, Limits: slices.Clone(lims), Version: v, Origin: origin, SetAt: int64(v)}
 }
 
 func tomb(name, key string, prefix bool, v uint64, origin string) Override {
