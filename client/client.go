@@ -194,6 +194,21 @@ func (c *Client) OwnerStats() OwnerStats {
 	return c.owners.stats()
 }
 
+// Owner returns the name of the member that owns (name, key) in the owner
+// table the client routes by, and false without WithOwnerRouting or before
+// the client has a table. A load tool uses it to fill each batch with the
+// keys of one owner, so that the batch is one call.
+func (c *Client) Owner(name, key string) (string, bool) {
+	if c.owners == nil {
+		return "", false
+	}
+	t := c.owners.tbl.Load()
+	if t == nil {
+		return "", false
+	}
+	return t.names[t.owner(name, key)], true
+}
+
 // Addrs returns the node addresses c was made with.
 func (c *Client) Addrs() []string { return append([]string(nil), c.addrs...) }
 

@@ -366,3 +366,47 @@ func BenchmarkOwnerChoice(b *testing.B) {
 	}
 	_ = sink
 }
+
+// Owner names the member of the table the client routes by, and a batch
+// of one owner's keys is one call, to that owner.
+func TestOwnerNamesTheTablesOwner(t *testing.T) {
+	t.Parallel()
+	nodes, fr := fakeCluster(t, 3, 7)
+	plain := newClient(t, []string{nodes[0].addr})
+	if o, ok := plain.Owner("api", "k"); ok {
+		t.Fatalf("a client without owner routing named owner %q", o)
+	}
+	c := newClient(t, []string{nodes[0].addr}, WithOwnerRouting(time.Hour))
+	if o, ok := c.Owner("api", "k"); ok {
+		t.Fatalf("a client without a table named owner %q", o)
+	}
+	ctx := testCtx(t)
+	if err := c.RefreshOwners(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byOwner := map[string][]*sluicev1.RateLimitRequest{}
+	for i := range 200 {
+		key := fmt.Sprint("user:", i)
+		o, ok := c.Owner("api", key)
+		if want := fr.ownerOf("api", key); !ok || o != want {
+			t.Fatalf("Owner(api, %s) = %q, %v; want %q", key, o, ok, want)
+		}
+		byOwner[o] = append(byOwner[o], &sluicev1.RateLimitRequest{Name: "api", Key: key, Hits: proto.Int64(1), Limit: 10, WindowMs: 60_000})
+	}
+	for _, n := range nodes {
+		reqs := byOwner[n.name]
+		if len(reqs) == 0 {
+			continue
+		}
+		before := n.calls.Load()
+		if _, err := c.CheckProto(ctx, &sluicev1.CheckRequest{Requests: reqs}); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.calls.Load() - before; got != 1 {
+			t.Errorf("a batch of %d keys of %s reached it in %d calls, want 1", len(reqs), n.name, got)
+		}
+	}
+	if f := forwardsOf(nodes); f != 0 {
+		t.Errorf("%d checks reached a node that does not own their key", f)
+	}
+}

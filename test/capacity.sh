@@ -6,7 +6,11 @@
 #
 #   owner-aware  the client learns the owner table and sends each check
 #                straight to its key's owner (bench --owner-aware): no node
-#                forwards, so capacity should grow with N almost one for one
+#                forwards, so capacity should grow with N almost one for one.
+#                Each caller's batches hold keys of one owner
+#                (--owner-batches; CAP_OWNER_BATCHES=0 mixes them), so that
+#                a node gets batches of CAP_BATCH checks whatever N is, as
+#                the lone node does, not N calls of CAP_BATCH/N
 #   sidecar      each caller calls one node, its own, as an application
 #                calls the sidecar beside it (bench spreads its callers
 #                over --addr, caller w on node w mod N): (N-1)/N of the
@@ -40,6 +44,8 @@
 #   CAP_BATCH   checks per call (default 500)
 #   CAP_CONC    bench callers per node (default 4)
 #   CAP_KEYS    distinct keys (default 100000)
+#   CAP_OWNER_BATCHES  1 (default): owner-aware batches of one owner's keys;
+#               0: batches of keys at random, split per owner by the client
 #   CAP_NET     first three octets of the node addresses (default 127.0.5)
 #   CAP_SETTLE  seconds from formation to the first round (default 32)
 #   CAP_REPLICAS  copies of each key, the owner's included (--replicas;
@@ -63,6 +69,7 @@ keys=${CAP_KEYS:-100000}
 net=${CAP_NET:-127.0.5}
 settle=${CAP_SETTLE:-32}
 replicas=${CAP_REPLICAS:-2}
+owner_batches=${CAP_OWNER_BATCHES:-1}
 for s in $sizes; do
   if ! [[ "$s" =~ ^[0-9]+$ ]] || [ "$s" -lt 1 ] || [ "$s" -gt 16 ]; then echo "CAP_NODES: want sizes 1..16, got $s" >&2; exit 2; fi
 done
@@ -72,6 +79,7 @@ if ! [[ "$conc" =~ ^[0-9]+$ ]] || [ "$conc" -lt 1 ] || [ "$conc" -gt 64 ]; then 
 if ! [[ "$keys" =~ ^[0-9]+$ ]] || [ "$keys" -lt 1 ]; then echo "CAP_KEYS: want a positive whole number" >&2; exit 2; fi
 if ! [[ "$settle" =~ ^[0-9]+$ ]] || [ "$settle" -gt 600 ]; then echo "CAP_SETTLE: want 0..600 seconds" >&2; exit 2; fi
 if ! [[ "$replicas" =~ ^[1-9]$ ]]; then echo "CAP_REPLICAS: want 1..9" >&2; exit 2; fi
+if ! [[ "$owner_batches" =~ ^[01]$ ]]; then echo "CAP_OWNER_BATCHES: want 0 or 1" >&2; exit 2; fi
 cg=/sys/fs/cgroup/cpu
 acct=/sys/fs/cgroup/cpuacct
 if [ ! -w "$cg" ] || [ ! -w "$acct" ]; then
@@ -168,7 +176,10 @@ field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1"; }
 round() {
   local n=$1 shape=$2 i addrs="" flags=()
   for ((i = 1; i <= n; i++)); do addrs+="${addrs:+,}$net.$i:8081"; done
-  [ "$shape" = owner-aware ] && flags=(--owner-aware)
+  if [ "$shape" = owner-aware ]; then
+    flags=(--owner-aware)
+    [ "$owner_batches" = 1 ] && flags+=(--owner-batches)
+  fi
   local before after
   before=$(usage "$n")
   /usr/bin/time -f '%U %S' -o "$tmp/gen" "$bin" bench --addr "$addrs" "${flags[@]}" --batch "$batch" \
@@ -187,7 +198,7 @@ round() {
 }
 
 echo "capacity: nodes {$sizes}, $cpu core each (cpu.cfs_quota_us $quota of 100000), ${secs} s a round," \
-  "batches of $batch, $conc callers per node, $keys keys; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "batches of $batch (owner batches: $owner_batches), $conc callers per node, $keys keys; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$tmp/curve"
 for n in $sizes; do
   start "$n"

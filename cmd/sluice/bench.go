@@ -7,10 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +76,7 @@ type benchOptions struct {
 	asJSON      bool
 	conns       int
 	ownerAware  bool
+	ownerBatch  bool
 	cpuProfile  string
 	sec         clientFlags
 	gcMinHeap   byteSize
@@ -143,6 +146,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchOptions, error) {
 	fs.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
 	fs.IntVar(&o.conns, "conns", 2, "gRPC connections per address (callers spread over them); with --owner-aware, one per member")
 	fs.BoolVar(&o.ownerAware, "owner-aware", false, "learn the owner table from the nodes of --addr and send each check straight to its key's owner (client.WithOwnerRouting) instead of to any node")
+	fs.BoolVar(&o.ownerBatch, "owner-batches", false, "with --owner-aware: fill each caller's batches with keys of one owner (the callers spread over the owners), so that a batch is one call to its owner, as it is with one node, instead of one call per owner")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
 	o.sec.register(fs, false)
 	fs.Var(&o.gcMinHeap, "gc-min-heap", "the load generator's garbage collector lets the heap grow to at least this size before it collects (as for serve); 0 turns the floor off")
@@ -168,6 +172,10 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchOptions, error) {
 		return nil, fmt.Errorf("--duration %v: want a positive duration up to 24h", o.duration)
 	case o.window < time.Millisecond:
 		return nil, fmt.Errorf("--window %v: want at least 1ms", o.window)
+	case o.ownerBatch && !o.ownerAware:
+		return nil, errors.New("--owner-batches groups keys by the owner table of --owner-aware: give both")
+	case o.ownerBatch && o.sequential:
+		return nil, errors.New("--owner-batches takes each owner's keys at random: it does not go with --sequential")
 	case o.ownerAware && o.envoy != "":
 		return nil, errors.New("--owner-aware routes the native Check API: it does not go with --envoy")
 	case alg == bucket.SlidingLog && o.limit > bucket.MaxLogLimit:
@@ -247,6 +255,10 @@ func runBench(ctx context.Context, o *benchOptions, conns *benchConns, stdout io
 	for i := range keyNames {
 		keyNames[i] = fmt.Sprint("key:", i)
 	}
+	groups := [][]string{keyNames}
+	if o.ownerBatch {
+		groups = keysByOwner(conns.owned, o.name, keyNames)
+	}
 	runCtx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	var (
@@ -259,7 +271,7 @@ func runBench(ctx context.Context, o *benchOptions, conns *benchConns, stdout io
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
-			st.caller(ctx, runCtx, o, benchCallOf(o, conns, w), keyNames, rng)
+			st.caller(ctx, runCtx, o, benchCallOf(o, conns, w), groups[w%len(groups)], rng)
 		}()
 	}
 	done := make(chan struct{})
@@ -281,6 +293,26 @@ func runBench(ctx context.Context, o *benchOptions, conns *benchConns, stdout io
 		res.FirstError = *p
 	}
 	return res
+}
+
+// keysByOwner groups keys (of limit name) by their owner in c's table,
+// in the order of the owners' names. A key whose owner c cannot name goes
+// to a group of its own.
+func keysByOwner(c *client.Client, name string, keys []string) [][]string {
+	by := map[string][]string{}
+	for _, k := range keys {
+		o, ok := c.Owner(name, k)
+		if !ok {
+			o = "\x00no table"
+		}
+		by[o] = append(by[o], k)
+	}
+	owners := slices.Sorted(maps.Keys(by))
+	groups := make([][]string, len(owners))
+	for i, o := range owners {
+		groups[i] = by[o]
+	}
+	return groups
 }
 
 // benchCallOf is the call caller w makes: an owner-routed Check, Envoy's

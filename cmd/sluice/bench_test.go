@@ -163,6 +163,82 @@ func TestBenchOwnerAware(t *testing.T) {
 	}
 }
 
+// twoOwners is the owner table of two members, n0 and n1, placing the 7
+// partitions in turn; addrs are set once both servers listen.
+type twoOwners struct{ addrs [2]string }
+
+func (o *twoOwners) Owners(context.Context) (*sluicev1.OwnersResponse, error) {
+	r := &sluicev1.OwnersResponse{Node: "n0", Ready: true, Version: 1, Hash: client.OwnerHash, Partitions: 7}
+	for i, a := range o.addrs {
+		r.Members = append(r.Members, &sluicev1.OwnerMember{Name: fmt.Sprint("n", i), GrpcAddr: a})
+	}
+	for p := range 7 {
+		r.Owners = append(r.Owners, uint32(p%2))
+	}
+	return r, nil
+}
+
+// ownedBy is allowAll for member me of twoOwners: it counts the calls and
+// the items whose key the table gives to the other member.
+type ownedBy struct {
+	allowAll
+	me           uint32
+	calls, stray atomic.Int64
+}
+
+func (h *ownedBy) Check(ctx context.Context, reqs []check.Request, out []check.Outcome) {
+	h.calls.Add(1)
+	for _, r := range reqs {
+		if uint32(client.OwnerKeyHash(r.Name, r.Key)%7%2) != h.me {
+			h.stray.Add(1)
+		}
+	}
+	h.allowAll.Check(ctx, reqs, out)
+}
+
+// With --owner-batches, every batch holds keys of one owner: a call per
+// batch, each to the owner of all its keys.
+func TestBenchOwnerBatches(t *testing.T) {
+	t.Parallel()
+	tbl := &twoOwners{}
+	hs := []*ownedBy{{allowAll: allowAll{from: map[string]bool{}}, me: 0}, {allowAll: allowAll{from: map[string]bool{}}, me: 1}}
+	for i, h := range hs {
+		tbl.addrs[i] = startBenchServerWith(t, h, func(string) transport.OwnerSource { return tbl })
+	}
+	var out, errOut bytes.Buffer
+	const calls, batch = 40, 8
+	err := bench(context.Background(), []string{
+		"--addr", tbl.addrs[0], "--owner-aware", "--owner-batches", "--concurrency", "4", "--keys", "100",
+		"--batch", fmt.Sprint(batch), "--calls", fmt.Sprint(calls), "--duration", "20s", "--json", "--gc-min-heap", "0",
+	}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("bench: %v (%s)", err, errOut.String())
+	}
+	var res benchResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("summary %q: %v", out.String(), err)
+	}
+	if res.Checks != calls*batch || res.OwnerRouted != calls*batch || res.CallErrors != 0 {
+		t.Errorf("summary %+v; want %d checks, all routed to their owner", res, calls*batch)
+	}
+	var got int64
+	for _, h := range hs {
+		got += h.calls.Load()
+		if h.calls.Load() == 0 || h.stray.Load() != 0 {
+			t.Errorf("n%d: %d calls, %d checks of the other member's keys; want some calls, none of those", h.me, h.calls.Load(), h.stray.Load())
+		}
+	}
+	if got != calls {
+		t.Errorf("the members got %d calls for %d batches: batches were split", got, calls)
+	}
+	for _, args := range [][]string{{"--owner-batches"}, {"--owner-aware", "--owner-batches", "--sequential"}} {
+		err := bench(context.Background(), append([]string{"--addr", tbl.addrs[0]}, args...), &out, &errOut)
+		if err == nil || !strings.Contains(err.Error(), "--owner-batches") {
+			t.Errorf("%v: %v, want refused", args, err)
+		}
+	}
+}
+
 func TestBenchRefusesBadConns(t *testing.T) {
 	t.Parallel()
 	for _, n := range []string{"0", "1001"} {
