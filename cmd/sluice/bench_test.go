@@ -86,26 +86,30 @@ func startBenchServerWith(t *testing.T, h transport.Handler, owners func(addr st
 	return s.GRPCAddr()
 }
 
-// TestBenchSpreadsCallersOverConnections runs a bounded bench (--calls) over
-// several connections and checks its summary against what the server saw.
-func TestBenchSpreadsCallersOverConnections(t *testing.T) {
-	t.Parallel()
-	h := &allowAll{from: map[string]bool{}}
-	addr := startBenchServer(t, h)
+// runBenchJSON runs bench with args, --json and no heap floor (GOGC is
+// the process's: it is left to the other tests), and returns its summary.
+func runBenchJSON(t *testing.T, args ...string) benchResult {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	err := bench(context.Background(), []string{
-		"--addr", addr, "--conns", "3", "--concurrency", "6", "--batch", "4", "--keys", "10",
-		"--calls", "60", "--duration", "20s", "--json",
-		"--gc-min-heap", "0", // GOGC is the process's: leave it to the other tests
-
-	}, &out, &errOut)
-	if err != nil {
+	if err := bench(context.Background(), append(args, "--json", "--gc-min-heap", "0"), &out, &errOut); err != nil {
 		t.Fatalf("bench: %v (%s)", err, errOut.String())
 	}
 	var res benchResult
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
 		t.Fatalf("summary %q: %v", out.String(), err)
 	}
+	return res
+}
+
+// TestBenchSpreadsCallersOverConnections runs a bounded bench (--calls) over
+// several connections and checks its summary against what the server saw.
+func TestBenchSpreadsCallersOverConnections(t *testing.T) {
+	t.Parallel()
+	h := &allowAll{from: map[string]bool{}}
+	addr := startBenchServer(t, h)
+	res := runBenchJSON(t,
+		"--addr", addr, "--conns", "3", "--concurrency", "6", "--batch", "4", "--keys", "10",
+		"--calls", "60", "--duration", "20s")
 	if res.Calls != 60 || res.Checks != 240 || res.Allowed != 240 || res.CallErrors != 0 || res.ItemErrors != 0 {
 		t.Errorf("summary %+v; want 60 calls of 4 allowed checks, no errors", res)
 	}
@@ -132,18 +136,9 @@ func TestBenchOwnerAware(t *testing.T) {
 	t.Parallel()
 	h := &allowAll{from: map[string]bool{}}
 	addr := startBenchServerWith(t, h, func(a string) transport.OwnerSource { return oneOwner{a} })
-	var out, errOut bytes.Buffer
-	err := bench(context.Background(), []string{
+	res := runBenchJSON(t,
 		"--addr", addr, "--owner-aware", "--concurrency", "4", "--keys", "10",
-		"--calls", "40", "--duration", "20s", "--json", "--gc-min-heap", "0",
-	}, &out, &errOut)
-	if err != nil {
-		t.Fatalf("bench: %v (%s)", err, errOut.String())
-	}
-	var res benchResult
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("summary %q: %v", out.String(), err)
-	}
+		"--calls", "40", "--duration", "20s")
 	if !res.OwnerAware || res.Checks != 40 || res.OwnerRouted != 40 || res.OwnerFallback != 0 || res.OwnerMoved != 0 || res.CallErrors != 0 {
 		t.Errorf("summary %+v; want 40 checks, all routed to their owner", res)
 	}
@@ -153,7 +148,8 @@ func TestBenchOwnerAware(t *testing.T) {
 
 	// A node that serves no owner table: the run is refused, saying why.
 	plain := startBenchServer(t, &allowAll{from: map[string]bool{}})
-	err = bench(context.Background(), []string{"--addr", plain, "--owner-aware", "--calls", "1", "--gc-min-heap", "0"}, &out, &errOut)
+	var out, errOut bytes.Buffer
+	err := bench(context.Background(), []string{"--addr", plain, "--owner-aware", "--calls", "1", "--gc-min-heap", "0"}, &out, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "--owner-aware") || !strings.Contains(err.Error(), "not available") {
 		t.Errorf("--owner-aware against a node without an owner table: %v", err)
 	}
@@ -205,19 +201,9 @@ func TestBenchOwnerBatches(t *testing.T) {
 	for i, h := range hs {
 		tbl.addrs[i] = startBenchServerWith(t, h, func(string) transport.OwnerSource { return tbl })
 	}
-	var out, errOut bytes.Buffer
 	const calls, batch = 40, 8
-	err := bench(context.Background(), []string{
-		"--addr", tbl.addrs[0], "--owner-aware", "--owner-batches", "--concurrency", "4", "--keys", "100",
-		"--batch", fmt.Sprint(batch), "--calls", fmt.Sprint(calls), "--duration", "20s", "--json", "--gc-min-heap", "0",
-	}, &out, &errOut)
-	if err != nil {
-		t.Fatalf("bench: %v (%s)", err, errOut.String())
-	}
-	var res benchResult
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("summary %q: %v", out.String(), err)
-	}
+	res := runBenchJSON(t, "--addr", tbl.addrs[0], "--owner-aware", "--owner-batches", "--concurrency", "4", "--keys", "100",
+		"--batch", fmt.Sprint(batch), "--calls", fmt.Sprint(calls), "--duration", "20s")
 	if res.Checks != calls*batch || res.OwnerRouted != calls*batch || res.CallErrors != 0 {
 		t.Errorf("summary %+v; want %d checks, all routed to their owner", res, calls*batch)
 	}
@@ -231,6 +217,7 @@ func TestBenchOwnerBatches(t *testing.T) {
 	if got != calls {
 		t.Errorf("the members got %d calls for %d batches: batches were split", got, calls)
 	}
+	var out, errOut bytes.Buffer
 	for _, args := range [][]string{{"--owner-batches"}, {"--owner-aware", "--owner-batches", "--sequential"}} {
 		err := bench(context.Background(), append([]string{"--addr", tbl.addrs[0]}, args...), &out, &errOut)
 		if err == nil || !strings.Contains(err.Error(), "--owner-batches") {
@@ -317,18 +304,9 @@ func TestBenchEnvoy(t *testing.T) {
 		defer cancel()
 		s.Shutdown(ctx)
 	})
-	var out, errOut bytes.Buffer
-	err = bench(context.Background(), []string{
+	res := runBenchJSON(t,
 		"--addr", s.GRPCAddr(), "--envoy", "edge", "--name", "user", "--concurrency", "4", "--batch", "5",
-		"--keys", "20", "--calls", "50", "--duration", "20s", "--json", "--gc-min-heap", "0",
-	}, &out, &errOut)
-	if err != nil {
-		t.Fatalf("bench: %v (%s)", err, errOut.String())
-	}
-	var res benchResult
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("summary %q: %v", out.String(), err)
-	}
+		"--keys", "20", "--calls", "50", "--duration", "20s")
 	if res.Envoy != "edge" || res.Calls != 50 || res.Checks != 250 || res.CallErrors != 0 || res.ItemErrors != 0 {
 		t.Errorf("summary %+v; want 50 calls of 5 descriptors in domain edge, no errors", res)
 	}
