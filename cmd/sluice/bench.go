@@ -296,15 +296,12 @@ func runBench(ctx context.Context, o *benchOptions, conns *benchConns, stdout io
 }
 
 // keysByOwner groups keys (of limit name) by their owner in c's table,
-// in the order of the owners' names. A key whose owner c cannot name goes
-// to a group of its own.
+// in the order of the owners' names. Keys whose owner c cannot name (no
+// table: Owner gives "") make a group of their own.
 func keysByOwner(c *client.Client, name string, keys []string) [][]string {
 	by := map[string][]string{}
 	for _, k := range keys {
-		o, ok := c.Owner(name, k)
-		if !ok {
-			o = "\x00no table"
-		}
+		o, _ := c.Owner(name, k)
 		by[o] = append(by[o], k)
 	}
 	owners := slices.Sorted(maps.Keys(by))
