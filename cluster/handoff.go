@@ -107,7 +107,7 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		n.pushing.remove(hashes, done)
 		close(done)
 	}()
-	n.rangeHeld(now, func(r writeback.Record, _ bool) bool {
+	n.rangeHeld(now, n.movedAway(old, cur), func(r writeback.Record, _ bool) bool {
 		h := keyHash(r.Key)
 		o, _ := old.Owner(h)
 		c, ok := cur.Owner(h)
@@ -154,6 +154,17 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 		n.log.Warn("handoff failed; the new owners will pull on first touch", "err", err)
 	}
 	n.sendCopies(ctx, copies)
+}
+
+// movedAway marks the partitions this node owns in old and not in cur.
+func (n *Node) movedAway(old, cur *ring.Table) []bool {
+	moved := make([]bool, cur.Partitions())
+	for p := range moved {
+		o, ok := old.PartitionOwner(p)
+		c, cok := cur.PartitionOwner(p)
+		moved[p] = ok && cok && o.Name == n.name && c.Name != n.name
+	}
+	return moved
 }
 
 // sendCopies sends the copies of keys this node lost without having
@@ -551,7 +562,11 @@ func (p *pushing) wait(ctx context.Context, h uint64) error {
 // still pulls each on first touch.
 func (n *Node) sendCopiesTo(ctx context.Context, tbl *ring.Table, copyTo []string) {
 	batches := map[string][]bucket.Counter{}
-	n.rangeHeld(n.now().UnixNano(), func(r writeback.Record, _ bool) bool {
+	parts := make([]bool, len(copyTo))
+	for p, to := range copyTo {
+		parts[p] = to != "" && to != n.cfg.GRPCAddr
+	}
+	n.rangeHeld(n.now().UnixNano(), parts, func(r writeback.Record, _ bool) bool {
 		if p := tbl.Partition(keyHash(r.Key)); p < len(copyTo) && copyTo[p] != "" && copyTo[p] != n.cfg.GRPCAddr {
 			batches[copyTo[p]] = append(batches[copyTo[p]], r.Counter())
 		}

@@ -216,7 +216,11 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	}
 	store := cfg.Store
 	if store == nil {
-		if store, err = writeback.OpenStore(cfg.DataDir, lg); err != nil {
+		// The store groups its records by the ring's partitions, so that a
+		// ring change reads only the partitions that moved (rangeHeld).
+		tbl := r.Table()
+		parts := writeback.Partitioning{Count: tbl.Partitions(), Of: func(k writeback.Key) int { return tbl.Partition(keyHash(k)) }}
+		if store, err = writeback.OpenPartitionedStore(cfg.DataDir, lg, parts); err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 	}

@@ -34,7 +34,7 @@ import (
 func (n *Node) resendToNewReplicas(ctx context.Context, tbl *ring.Table, gained []bool, now int64) (marked, sent int) {
 	batches := map[string][]bucket.Counter{}
 	var reps []ring.Member
-	n.rangeHeld(now, func(r writeback.Record, stored bool) bool {
+	n.rangeHeld(now, gained, func(r writeback.Record, stored bool) bool {
 		h := keyHash(r.Key)
 		if p := tbl.Partition(h); p >= len(gained) || !gained[p] {
 			return true
@@ -61,10 +61,12 @@ func (n *Node) resendToNewReplicas(ctx context.Context, tbl *ring.Table, gained 
 // memory (Cache.Range, stored false), then those only in its store
 // (Cache.RangeStoredOnly, stored true), until fn returns false. A node
 // with more keys than its cache holds keeps the rest in its store, and
-// they move and reach new replicas as the others do. A failed read of the
-// store is logged: those keys then move only by the new owner's pull on
-// first touch.
-func (n *Node) rangeHeld(now int64, fn func(r writeback.Record, stored bool) bool) {
+// they move and reach new replicas as the others do. parts names the
+// partitions the caller wants (nil: all): the store, grouped by partition,
+// reads only theirs, and fn skips the keys of others it is given. A failed
+// read of the store is logged: those keys then move only by the new
+// owner's pull on first touch.
+func (n *Node) rangeHeld(now int64, parts []bool, fn func(r writeback.Record, stored bool) bool) {
 	more := true
 	n.cache.Range(now, func(r writeback.Record) bool {
 		more = fn(r, false)
@@ -73,7 +75,7 @@ func (n *Node) rangeHeld(now int64, fn func(r writeback.Record, stored bool) boo
 	if !more {
 		return
 	}
-	err := n.cache.RangeStoredOnly(now, keyHash, func(r writeback.Record) bool { return fn(r, true) })
+	err := n.cache.RangeStoredOnly(now, keyHash, parts, func(r writeback.Record) bool { return fn(r, true) })
 	if err != nil && !errors.Is(err, writeback.ErrClosed) {
 		n.log.Warn("reading the store for the keys not in memory failed; those keys move only when their new owner pulls them on first touch", "err", err)
 	}

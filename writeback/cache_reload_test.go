@@ -196,7 +196,7 @@ func TestCorruptRecordSkipped(t *testing.T) {
 				t.Fatal(err)
 			}
 			k := Key{Name: "api.create_url", Key: "user:corrupt"}
-			if err := putRaw(st, appendStoreKey(nil, k), value); err != nil {
+			if err := putRaw(st, appendPartKey(nil, 0, k), value); err != nil {
 				t.Fatal(err)
 			}
 			if rec, ok, err := st.Load(k); ok || err != nil || rec != (Record{}) {
@@ -342,7 +342,7 @@ func TestExpiryDeletion(t *testing.T) {
 	if err := st.Write(recs); err != nil {
 		t.Fatal(err)
 	}
-	if err := putRaw(st, []byte("n\x00junk"), []byte("junk")); err != nil {
+	if err := putRaw(st, appendPartKey(nil, 0, Key{Name: "n", Key: "junk"}), []byte("junk")); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := st.DeleteExpired(base+1000, 3); err != nil || n > 3 {

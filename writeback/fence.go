@@ -216,10 +216,17 @@ func (c *Cache) Range(now int64, fn func(Record) bool) {
 // one that comes into memory meanwhile, by neither — but its record is then
 // the store's, read by whoever brought it in.
 //
+// parts, when not nil, says which partitions (Partitioning) the caller
+// wants: a store that groups its records by partition (PartitionScanner)
+// reads only those, so that what a ring change costs follows what moved,
+// not the size of the store; another store is read whole, and fn gets the
+// records of other partitions too, which the caller skips.
+//
 // It reads the store only when a key may have left memory since a call
-// last found none there, or the cache was made: once a call has found
-// every stored key in memory, a cache whose keys all fit costs nothing.
-func (c *Cache) RangeStoredOnly(now int64, hash func(Key) uint64, fn func(Record) bool) error {
+// last found none there, or the cache was made: once a call that read the
+// whole store has found every stored key in memory, a cache whose keys all
+// fit costs nothing.
+func (c *Cache) RangeStoredOnly(now int64, hash func(Key) uint64, parts []bool, fn func(Record) bool) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
@@ -228,7 +235,7 @@ func (c *Cache) RangeStoredOnly(now int64, hash func(Key) uint64, fn func(Record
 		return nil
 	}
 	given, stopped := 0, false
-	err := c.store.ForEach(func(r Record) bool {
+	each := func(r Record) bool {
 		if r.State.Fresh(now) {
 			return true // over, for this call's now and every later one
 		}
@@ -243,8 +250,15 @@ func (c *Cache) RangeStoredOnly(now int64, hash func(Key) uint64, fn func(Record
 		given++
 		stopped = !fn(r)
 		return !stopped
-	})
-	if err == nil && given == 0 && !stopped {
+	}
+	var err error
+	whole := true
+	if ps, ok := c.store.(PartitionScanner); ok && parts != nil {
+		err, whole = ps.ForEachIn(parts, each), false
+	} else {
+		err = c.store.ForEach(each)
+	}
+	if err == nil && whole && given == 0 && !stopped {
 		c.clean.Store(left) // a slot that left since has moved left on
 	}
 	return err

@@ -201,7 +201,7 @@ func TestRangeStoredOnlyGivesTheKeysNotInMemory(t *testing.T) {
 		t.Fatalf("%d of %d keys in memory; the test wants some in the store only", inMemory, len(keys))
 	}
 	stored := 0
-	if err := c.RangeStoredOnly(base, hashKey, func(r Record) bool { seen[r.Key]++; stored++; return true }); err != nil {
+	if err := c.RangeStoredOnly(base, hashKey, nil, func(r Record) bool { seen[r.Key]++; stored++; return true }); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
@@ -214,7 +214,7 @@ func TestRangeStoredOnlyGivesTheKeysNotInMemory(t *testing.T) {
 	}
 	// A record no longer live is not given.
 	n := 0
-	if err := c.RangeStoredOnly(base+int64(2*time.Hour), hashKey, func(Record) bool { n++; return true }); err != nil {
+	if err := c.RangeStoredOnly(base+int64(2*time.Hour), hashKey, nil, func(Record) bool { n++; return true }); err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
@@ -234,7 +234,7 @@ func TestRangeStoredOnlyReadsTheStoreOnlyWhenKeysLeftMemory(t *testing.T) {
 	t.Cleanup(func() { c.Close(t.Context()) })
 	scan := func() (given, reads int) {
 		before := st.forEach.Load()
-		if err := c.RangeStoredOnly(base, hashKey, func(Record) bool { given++; return true }); err != nil {
+		if err := c.RangeStoredOnly(base, hashKey, nil, func(Record) bool { given++; return true }); err != nil {
 			t.Fatal(err)
 		}
 		return given, int(st.forEach.Load() - before)
@@ -270,7 +270,7 @@ func TestRangeStoredOnlyReadsTheStoreOnlyWhenKeysLeftMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	if err := c2.RangeStoredOnly(base, hashKey, func(Record) bool { n++; return true }); err != nil || n != 8 {
+	if err := c2.RangeStoredOnly(base, hashKey, nil, func(Record) bool { n++; return true }); err != nil || n != 8 {
 		t.Fatalf("a new cache over a store of 8 records: %d given (%v), want 8", n, err)
 	}
 }

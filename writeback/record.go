@@ -45,6 +45,18 @@ const (
 	recordOverhead = 1 + 8 + 4 // all but the State encoding
 )
 
+// A stored key of layout 2 (partKeyPrefix) puts the key's partition
+// (Partitioning.Of) in front of the key above, so that the records of one
+// partition lie together and a ring change reads only the partitions that
+// moved (ForEachIn):
+//
+//	"\x00\x00" + partition (uint32 big-endian) + the key above
+//
+// No key above starts with two NULs (a limit byte is never 0), so the two
+// layouts never meet; a store of layout 1 is rewritten on open
+// (pebbleStore.relayout).
+const partKeyPrefix = 6
+
 // errBadRecord is wrapped by every record decoding error.
 var errBadRecord = errors.New("bad store record")
 
@@ -59,6 +71,26 @@ func appendStoreKey(b []byte, k Key) []byte {
 	b = append(b, k.Name...)
 	b = append(b, 0)
 	return append(b, k.Key...)
+}
+
+// appendPartKey appends the layout-2 store key of k in partition part.
+func appendPartKey(b []byte, part uint32, k Key) []byte {
+	return appendStoreKey(appendPartPrefix(b, part), k)
+}
+
+// appendPartPrefix appends the first bytes of every layout-2 key of
+// partition part: the bound of its key range.
+func appendPartPrefix(b []byte, part uint32) []byte {
+	return binary.BigEndian.AppendUint32(append(b, 0, 0), part)
+}
+
+// splitPartKey splits a layout-2 store key into its partition and the
+// layout-1 key; false for a key of layout 1.
+func splitPartKey(b []byte) (part uint32, rest []byte, ok bool) {
+	if len(b) < partKeyPrefix || b[0] != 0 || b[1] != 0 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint32(b[2:6]), b[partKeyPrefix:], true
 }
 
 // legacyStoreKey is the store key a multi-limit counter had before the
@@ -120,9 +152,14 @@ func decodeRecordValue(b []byte) (bucket.State, uint64, error) {
 	return st, version, nil
 }
 
-// decodeRecord decodes a stored key and value into a Record.
+// decodeRecord decodes a stored key of layout 2 and its value into a
+// Record.
 func decodeRecord(key, value []byte) (Record, error) {
-	k, err := parseStoreKey(key)
+	_, rest, ok := splitPartKey(key)
+	if !ok {
+		return Record{}, fmt.Errorf("%w: key %q has no partition", errBadRecord, key)
+	}
+	k, err := parseStoreKey(rest)
 	if err != nil {
 		return Record{}, err
 	}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/cockroachdb/pebble"
-
 	"github.com/sluicehq/sluice/bucket"
 )
 
@@ -17,7 +15,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		t.Fatalf("len %d, want %d", len(v), recordOverhead+bucket.EncodedSize)
 	}
 	k := Key{Name: "api.create_url", Key: "user:\x00odd"}
-	rec, err := decodeRecord(appendStoreKey(nil, k), v)
+	rec, err := decodeRecord(appendPartKey(nil, 7, k), v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,12 +32,17 @@ func TestRecordRoundTrip(t *testing.T) {
 	if _, err := parseStoreKey([]byte("no-separator")); err == nil {
 		t.Error("key without NUL accepted")
 	}
+	if _, err := decodeRecord(appendStoreKey(nil, k), v); err == nil {
+		t.Error("key without a partition accepted")
+	}
 }
 
 // FuzzRecordDecode: the decoder never panics, and whatever it accepts
 // encodes back to the same bytes.
 func FuzzRecordDecode(f *testing.F) {
 	st := bucket.State{Algorithm: bucket.SlidingWindow, Start: 60e9, Count: 7, Prev: 3, Expires: 180e9}
+	f.Add(appendPartKey(nil, 3, Key{Name: "api", Key: "user:1"}), appendRecordValue(nil, st, 1))
+	f.Add(appendPartKey(nil, 1<<20, SubKey(Key{Name: "api", Key: "u"}, 2)), appendRecordValue(nil, st, 1))
 	f.Add([]byte("api\x00user:1"), appendRecordValue(nil, st, 1))
 	f.Add([]byte("x"), appendRecordValue(nil, bucket.State{}, 0))
 	f.Add([]byte{}, []byte{recordFormat})
@@ -51,7 +54,8 @@ func FuzzRecordDecode(f *testing.F) {
 		if got := appendRecordValue(nil, rec.State, rec.Version); !bytes.Equal(got, value) {
 			t.Fatalf("value %x decoded to %+v, encodes to %x", value, rec, got)
 		}
-		if got := appendStoreKey(nil, rec.Key); !bytes.Equal(got, key) {
+		part, _, _ := splitPartKey(key)
+		if got := appendPartKey(nil, part, rec.Key); !bytes.Equal(got, key) {
 			t.Fatalf("key %q decoded to %+v, encodes to %q", key, rec.Key, got)
 		}
 	})
@@ -69,7 +73,7 @@ func TestSubKeyStoreKeys(t *testing.T) {
 	base := Key{Name: "api", Key: "user:1"}
 	seen := map[string]Key{}
 	for _, k := range []Key{base, SubKey(base, 0), SubKey(base, 1), SubKey(base, 15), {Name: "api", Key: "1\x00user:1"}, {Name: "api", Key: "\x00"}} {
-		sk := appendStoreKey(nil, k)
+		sk := appendPartKey(nil, 0, k)
 		if other, dup := seen[string(sk)]; dup {
 			t.Fatalf("%+v and %+v have the same store key %q", k, other, sk)
 		}
@@ -85,21 +89,20 @@ func TestSubKeyStoreKeys(t *testing.T) {
 }
 
 // A multi-limit counter stored under its old key (legacyStoreKey, before
-// the limit index was typed) is still found by Load after an upgrade, and
-// a key whose bytes only look like it is not taken for it.
+// the limit index was typed) in a store of layout 1 is still found by Load
+// after the store is regrouped by partition, and a key whose bytes only
+// look like it is not taken for it.
 func TestLoadFindsLegacySubKeys(t *testing.T) {
 	t.Parallel()
-	st, err := OpenStore(t.TempDir(), quietLogger())
+	dir := t.TempDir()
+	k := SubKey(Key{Name: "api", Key: "user:1"}, 1)
+	state := bucket.State{Algorithm: bucket.FixedWindow, Start: 60e9, Count: 4, Expires: 120e9}
+	writeLayout1(t, dir, map[string][]byte{string(legacyStoreKey(nil, k)): appendRecordValue(nil, state, 9)})
+	st, err := OpenPartitionedStore(dir, quietLogger(), testParts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	ps := st.(*pebbleStore)
-	k := SubKey(Key{Name: "api", Key: "user:1"}, 1)
-	state := bucket.State{Algorithm: bucket.FixedWindow, Start: 60e9, Count: 4, Expires: 120e9}
-	if err := ps.db.Set(legacyStoreKey(nil, k), appendRecordValue(nil, state, 9), pebble.Sync); err != nil {
-		t.Fatal(err)
-	}
 	rec, ok, err := st.Load(k)
 	if err != nil || !ok || rec.Key != k || rec.State != state || rec.Version != 9 {
 		t.Fatalf("Load(%+v) = %+v, %v, %v; want the legacy record", k, rec, ok, err)

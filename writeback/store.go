@@ -53,6 +53,27 @@ type Store interface {
 	Close() error
 }
 
+// PartitionScanner is a Store that keeps the records of each partition
+// (Partitioning) together, and so can read those of a few partitions
+// without reading the others.
+type PartitionScanner interface {
+	// ForEachIn is ForEach over the records of the partitions p with
+	// parts[p] true.
+	ForEachIn(parts []bool, fn func(Record) bool) error
+}
+
+// Partitioning groups a store's records: Of(k) is the partition of k, in
+// [0, Count). A ring change reads only the records of the partitions that
+// moved (Cache.RangeStoredOnly), so the store's grouping is the ring's.
+// Of must be a pure function of the key.
+type Partitioning struct {
+	Count int
+	Of    func(Key) int
+}
+
+// maxPartitions bounds Partitioning.Count (the ring allows 1<<20).
+const maxPartitions = 1 << 24
+
 // OpenStore opens (creating if needed) the default store under dir: a
 // pebble database in dir itself (see docs/store.md for why pebble). It
 // locks dir (dir/sluice.lock): a dir another store has open is refused.
@@ -69,4 +90,15 @@ type Store interface {
 // panics. It implements CheckSpace (see Cache) to ask without a batch.
 func OpenStore(dir string, logger *slog.Logger) (Store, error) {
 	return openPebble(dir, logger)
+}
+
+// OpenPartitionedStore is OpenStore with the records grouped by parts
+// (the store then implements PartitionScanner). A store whose records were
+// grouped otherwise (another partition count, or a store written before
+// stores were grouped) has them rewritten while it opens, logged with how
+// many and how long; a rewrite that fails (a full disk) is logged and
+// tried again at the next open, and the records it did not reach are not
+// found meanwhile. docs/store.md has the layout.
+func OpenPartitionedStore(dir string, logger *slog.Logger, parts Partitioning) (Store, error) {
+	return openPebbleParts(dir, logger, parts)
 }

@@ -49,7 +49,7 @@ func openBolt(dir string, logger *slog.Logger) (*boltStore, error) {
 func (s *boltStore) Load(k Key) (rec Record, ok bool, err error) {
 	var kb [256]byte
 	err = s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(boltBucket).Get(appendStoreKey(kb[:0], k))
+		v := tx.Bucket(boltBucket).Get(appendPartKey(kb[:0], 0, k))
 		if v == nil {
 			return nil
 		}
@@ -74,7 +74,7 @@ func (s *boltStore) Write(recs []Record) error {
 	kvs := make([]kv, len(recs))
 	for i := range recs {
 		r := &recs[i]
-		kvs[i] = kv{appendStoreKey(nil, r.Key), appendRecordValue(nil, r.State, r.Version)}
+		kvs[i] = kv{appendPartKey(nil, 0, r.Key), appendRecordValue(nil, r.State, r.Version)}
 	}
 	slices.SortFunc(kvs, func(a, b kv) int { return bytes.Compare(a.k, b.k) })
 	return s.db.Update(func(tx *bolt.Tx) error {

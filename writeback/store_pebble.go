@@ -33,6 +33,8 @@ type pebbleStore struct {
 	// reserve is the free space kept beyond each batch and the tables
 	// (DefaultStoreReserve); tests make it smaller.
 	reserve int64
+	// parts is how the records are grouped (layout 2, record.go).
+	parts Partitioning
 
 	// reported holds the corrupt tables (or, when pebble's error names
 	// none, the error texts) already logged, so that a bad table read by
@@ -49,10 +51,23 @@ type pebbleStore struct {
 
 var _ Store = (*pebbleStore)(nil)
 
-// openPebble opens the pebble store in dir.
+// openPebble opens the pebble store in dir with its records in one
+// partition.
 func openPebble(dir string, logger *slog.Logger) (*pebbleStore, error) {
+	return openPebbleParts(dir, logger, Partitioning{})
+}
+
+// openPebbleParts opens the pebble store in dir with its records grouped
+// by parts, rewriting those written with another grouping (relayout).
+func openPebbleParts(dir string, logger *slog.Logger, parts Partitioning) (*pebbleStore, error) {
 	if logger == nil {
 		logger = slog.Default()
+	}
+	if parts.Count <= 0 || parts.Of == nil {
+		parts = Partitioning{Count: 1, Of: func(Key) int { return 0 }}
+	}
+	if parts.Count > maxPartitions {
+		return nil, fmt.Errorf("writeback: open store %s: %d partitions, more than %d", dir, parts.Count, maxPartitions)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
@@ -79,8 +94,13 @@ func openPebble(dir string, logger *slog.Logger) (*pebbleStore, error) {
 		lock.Close()
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
 	}
-	return &pebbleStore{db: db, path: dir, log: logger, lock: lock, reserve: DefaultStoreReserve}, nil
+	s := &pebbleStore{db: db, path: dir, log: logger, lock: lock, reserve: DefaultStoreReserve, parts: parts}
+	s.relayout(time.Now)
+	return s, nil
 }
+
+// part returns k's partition.
+func (s *pebbleStore) part(k Key) uint32 { return uint32(s.parts.Of(k)) }
 
 // lockName is the file in the data dir whose lock says a process has the
 // store open; it is never moved aside.
@@ -180,11 +200,15 @@ func moveAside(dir string, now time.Time) (string, error) {
 // Load implements Store.
 func (s *pebbleStore) Load(k Key) (Record, bool, error) {
 	var kb [256]byte
-	v, closer, err := s.db.Get(appendStoreKey(kb[:0], k))
+	v, closer, err := s.db.Get(appendPartKey(kb[:0], s.part(k), k))
 	if errors.Is(err, pebble.ErrNotFound) && k.Limit != 0 {
 		// A multi-limit counter written before the limit index was typed
 		// (legacyStoreKey): its next flush writes it under its new key.
-		v, closer, err = s.db.Get(legacyStoreKey(kb[:0], k))
+		// Its old key reads as a key of one limit, and relayout put it in
+		// that key's partition.
+		legacy := legacyStoreKey(nil, k)
+		as := Key{Name: k.Name, Key: string(legacy[len(k.Name)+1:])}
+		v, closer, err = s.db.Get(appendPartKey(kb[:0], s.part(as), as))
 	}
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Record{}, false, nil
@@ -228,7 +252,7 @@ func (s *pebbleStore) Write(recs []Record) error {
 	buf := make([]byte, 0, 256)
 	for i := range recs {
 		r := &recs[i]
-		buf = appendStoreKey(buf[:0], r.Key)
+		buf = appendPartKey(buf[:0], s.part(r.Key), r.Key)
 		n := len(buf)
 		buf = appendRecordValue(buf, r.State, r.Version)
 		if err := b.Set(buf[:n], buf[n:], nil); err != nil {
@@ -333,21 +357,100 @@ func (s *pebbleStore) DeleteExpired(now int64, max int) (int, error) {
 // are not visited then); when pebble's error does not say which table,
 // the scan ends there, reported.
 func (s *pebbleStore) ForEach(fn func(Record) bool) error {
-	var lower []byte
+	return s.scan(nil, nil, "scan skips the table", s.records(fn))
+}
+
+// ForEachIn implements PartitionScanner: it reads only the key ranges of
+// the partitions asked for, as ForEach reads the whole store. One iterator
+// serves every range (making one costs microseconds, as much as reading
+// tens of records); a corrupt table in a range is stepped over as ForEach
+// does, from the last record given.
+func (s *pebbleStore) ForEachIn(parts []bool, fn func(Record) bool) error {
+	more := true
+	each := s.records(func(r Record) bool {
+		more = fn(r)
+		return more
+	})
+	var it *pebble.Iterator
+	defer func() {
+		if it != nil {
+			it.Close()
+		}
+	}()
+	var last []byte
+	for p := 0; p < len(parts) && p < s.parts.Count; p++ {
+		if !parts[p] {
+			continue
+		}
+		end := p + 1 // a run of partitions is one key range
+		for end < len(parts) && end < s.parts.Count && parts[end] {
+			end++
+		}
+		lower := appendPartPrefix(nil, uint32(p))
+		upper := appendPartPrefix(nil, uint32(end))
+		p = end
+		if it == nil {
+			var err error
+			if it, err = s.db.NewIter(nil); err != nil {
+				return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
+			}
+		}
+		last = last[:0]
+		for valid := it.SeekGE(lower); valid && more && bytes.Compare(it.Key(), upper) < 0; valid = it.Next() {
+			last = append(last[:0], it.Key()...)
+			each(it.Key(), it.Value())
+		}
+		if !more {
+			return nil
+		}
+		err := it.Error()
+		if err == nil {
+			continue
+		}
+		it.Close()
+		it = nil
+		if !pebble.IsCorruptionError(err) {
+			return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
+		}
+		if len(last) > 0 {
+			lower = append(last, 0) // the next key after the last given
+		}
+		if err := s.scan(lower, upper, "scan skips the table", each); err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// records decodes each stored record for fn, skipping (logged and counted)
+// those that do not decode.
+func (s *pebbleStore) records(fn func(Record) bool) func(k, v []byte) bool {
+	return func(k, v []byte) bool {
+		rec, err := decodeRecord(k, v)
+		if err != nil {
+			var key Key
+			if _, rest, ok := splitPartKey(k); ok {
+				key, _ = parseStoreKey(rest)
+			}
+			s.skipCorrupt(key, err)
+			return true
+		}
+		return fn(rec)
+	}
+}
+
+// scan calls fn with every stored key and value in [lower, upper) (nil:
+// unbounded) in key order until fn returns false. A corrupt table is
+// reported (action) and stepped over, as ForEach says.
+func (s *pebbleStore) scan(lower, upper []byte, action string, fn func(k, v []byte) bool) error {
 	for {
-		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower})
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 		if err != nil {
 			return fmt.Errorf("writeback: store %s: scan: %w", s.path, err)
 		}
 		stopped := false
 		for valid := it.First(); valid; valid = it.Next() {
-			rec, derr := decodeRecord(it.Key(), it.Value())
-			if derr != nil {
-				k, _ := parseStoreKey(it.Key())
-				s.skipCorrupt(k, derr)
-				continue
-			}
-			if !fn(rec) {
+			if !fn(it.Key(), it.Value()) {
 				stopped = true
 				break
 			}
@@ -360,10 +463,13 @@ func (s *pebbleStore) ForEach(fn func(Record) bool) error {
 		case stopped:
 			return nil // fn asked for no more
 		}
-		next, ok := s.skipTable(err, "scan skips the table")
+		next, ok := s.skipTable(err, action)
 		if !ok || bytes.Compare(next, lower) <= 0 {
 			s.log.Error("writeback: scan of the store ended at a corrupt table; later records not visited",
 				"path", s.path, "err", err.Error())
+			return nil
+		}
+		if upper != nil && bytes.Compare(next, upper) >= 0 {
 			return nil
 		}
 		lower = next
@@ -461,4 +567,161 @@ func (l pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	l.log.Error("pebble: " + msg)
 	panic("pebble: " + msg)
+}
+
+// layoutName is the file in the data dir that says how the store's records
+// are grouped (layoutLine); it is written once every record is.
+const layoutName = "sluice-store-layout"
+
+// layoutLine is layoutName's content for a store whose records are all of
+// layout 2 in count partitions.
+func layoutLine(count int) string { return fmt.Sprintf("layout 2, partitions %d\n", count) }
+
+// relayoutBatch is how many records relayout moves per atomic batch.
+const relayoutBatch = 1024
+
+// relayout makes every record's key the layout-2 key of its partition
+// (record.go), unless layoutName says they already are: records of layout
+// 1, and those of another partition count, are rewritten, each in one
+// batch with the deletion of its old key, so that a crash leaves every
+// record under one key, and the next open goes on. Keys that do not parse
+// cannot be loaded by any key, and are deleted, logged. layoutName is
+// removed first and written last: a store whose file is there has no
+// record of another partition count. Keys of layout 1 are looked for on
+// every open (hasLayout1), since an earlier version run on the store
+// meanwhile writes them and leaves the file alone. A failure is logged;
+// the next open tries again.
+func (s *pebbleStore) relayout(now func() time.Time) {
+	file := filepath.Join(s.path, layoutName)
+	want := layoutLine(s.parts.Count)
+	if b, err := os.ReadFile(file); err == nil && string(b) == want && !s.hasLayout1() {
+		return
+	}
+	start := now()
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error("writeback: cannot remove the store's layout file; records not regrouped", "path", file, "err", err)
+		return
+	}
+	if err := syncDir(s.path); err != nil {
+		s.log.Error("writeback: cannot sync the store's directory; records not regrouped", "path", s.path, "err", err)
+		return
+	}
+	moved, dropped := 0, 0
+	b := s.db.NewBatch()
+	var failed error
+	commit := func() bool {
+		if b.Count() == 0 {
+			return true
+		}
+		s.writeMu.Lock()
+		err := s.room(int64(b.Len()))
+		if err == nil {
+			err = b.Commit(pebble.Sync)
+		}
+		s.writeMu.Unlock()
+		b.Close()
+		b = s.db.NewBatch()
+		if err != nil {
+			failed = err
+			return false
+		}
+		return true
+	}
+	var buf []byte
+	err := s.scan(nil, nil, "regrouping skips the table", func(k, v []byte) bool {
+		var key Key
+		var perr error
+		if part, rest, ok := splitPartKey(k); ok {
+			if key, perr = parseStoreKey(rest); perr == nil && part == s.part(key) {
+				return true
+			}
+		} else {
+			key, perr = parseStoreKey(k)
+		}
+		if perr != nil {
+			s.log.Warn("writeback: deleting a store record whose key does not parse", "path", s.path, "key", k, "err", perr)
+			dropped++
+		} else {
+			buf = appendPartKey(buf[:0], s.part(key), key)
+			_ = b.Set(buf, v, nil) // Set copies; it fails only on a committed batch
+			moved++
+		}
+		_ = b.Delete(k, nil)
+		if b.Count() >= 2*relayoutBatch {
+			return commit()
+		}
+		return true
+	})
+	if err == nil && failed == nil {
+		commit()
+	}
+	b.Close()
+	if err == nil {
+		err = failed
+	}
+	if err != nil {
+		s.log.Error("writeback: regrouping the store's records failed; the records not reached are not found until the next open regroups them",
+			"path", s.path, "partitions", s.parts.Count, "moved", moved, "err", err)
+		return
+	}
+	if err := writeFileSync(file, want); err != nil {
+		s.log.Error("writeback: cannot write the store's layout file; the next open reads the store again", "path", file, "err", err)
+		return
+	}
+	if moved+dropped > 0 {
+		s.log.Info("writeback: regrouped the store's records by partition",
+			"path", s.path, "partitions", s.parts.Count, "moved", moved, "dropped", dropped, "took", now().Sub(start))
+	}
+}
+
+// hasLayout1 reports whether the store holds a key of layout 1 (one an
+// earlier version wrote, also after this one): every such key sorts at or
+// after "\x00\x01", every key of layout 2 before it.
+func (s *pebbleStore) hasLayout1() bool {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{0, 1}})
+	if err != nil {
+		return true
+	}
+	found := it.First()
+	if err := it.Close(); err != nil {
+		return true
+	}
+	return found
+}
+
+// writeFileSync writes name durably: a temporary file, synced, renamed
+// over name, and the directory synced.
+func writeFileSync(name, content string) error {
+	tmp := name + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err = f.WriteString(content); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(name))
+}
+
+// syncDir makes dir's entries durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
