@@ -173,14 +173,24 @@ func (c *Cache) InstallUnlessFencedAfter(hash uint64, rec Record, mark uint64) b
 // evicted ones waiting for their write, and replica copies), shard by
 // shard, until fn returns false. fn runs without any lock held; a key
 // changed meanwhile may be seen before or after its change.
-func (c *Cache) Range(now int64, fn func(Record) bool) {
+func (c *Cache) Range(now int64, fn func(Record) bool) { c.RangeWhere(now, nil, fn) }
+
+// RangeWhere is Range over the keys for which want (nil: every key) is
+// true. want runs with the shard's lock held, on every live key in memory,
+// before the key's record is made: a caller that wants the keys of a few
+// partitions pays for a hash of each key, not for a record of each.
+func (c *Cache) RangeWhere(now int64, want func(Key) bool, fn func(Record) bool) {
 	var recs []Record
 	for _, s := range c.shards {
 		recs = recs[:0]
 		s.mu.Lock()
 		add := func(sl *slot) {
-			if !sl.fresh(now) {
-				recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
+			if sl.fresh(now) {
+				return
+			}
+			k := s.keyOf(sl)
+			if want == nil || want(k) {
+				recs = append(recs, Record{Key: k, State: sl.state(), Version: sl.version})
 			}
 		}
 		for _, i := range s.lru.Values() {

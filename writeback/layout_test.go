@@ -255,3 +255,31 @@ func TestRangeStoredOnlyReadsTheWantedPartitions(t *testing.T) {
 		t.Fatalf("gave %d records, want the %d of partitions 2, 3 and 11 not in memory:\n got %q\nwant %q", len(got), len(exp), got, exp)
 	}
 }
+
+// RangeWhere gives the live keys in memory that want accepts, and no
+// other.
+func TestRangeWhereGivesTheWantedKeys(t *testing.T) {
+	t.Parallel()
+	c, err := New(Config{Logger: quietLogger(), Shards: 4, Size: 1000}, NewMemStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(t.Context())
+	recs := layoutRecords(200)
+	for _, r := range recs {
+		decide(t, c, r.Key, lim10, 1, base)
+	}
+	want := func(k Key) bool { return testParts.Of(k)%4 == 1 }
+	var exp, got []Key
+	for _, r := range recs {
+		if want(r.Key) {
+			exp = append(exp, r.Key)
+		}
+	}
+	c.RangeWhere(base, want, func(r Record) bool { got = append(got, r.Key); return true })
+	sortKeys(got)
+	sortKeys(exp)
+	if len(exp) == 0 || !slices.Equal(got, exp) {
+		t.Fatalf("gave %d keys, want the %d of partitions 1 mod 4:\n got %q\nwant %q", len(got), len(exp), got, exp)
+	}
+}
