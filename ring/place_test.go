@@ -256,3 +256,46 @@ func TestHas(t *testing.T) {
 		t.Error("the empty table has a member")
 	}
 }
+
+// Index, PartitionOwnerIndex and InRow say what Members, PartitionOwner
+// and PartitionReplicas say, by member number, for every partition and
+// member of tables of 1 to 12 members and replication factors 1 to 4.
+func TestIndexAndInRowAgreeWithRows(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 2, 3, 5, 12} {
+		for r := 1; r <= 4; r++ {
+			cfg := DefaultConfig()
+			cfg.Partitions, cfg.ReplicationFactor = 271, r
+			tab := mustTable(t, cfg, members(nil, n))
+			ms := tab.Members()
+			for i, m := range ms {
+				if got := tab.Index(m.Name); got != i {
+					t.Fatalf("n=%d: Index(%q) = %d, want %d", n, m.Name, got, i)
+				}
+			}
+			if tab.Index("zzz") != -1 || tab.Index("") != -1 {
+				t.Fatal("Index of a name not in the table is not -1")
+			}
+			var row []Member
+			for p := range cfg.Partitions {
+				o, _ := tab.PartitionOwner(p)
+				if got := tab.PartitionOwnerIndex(p); ms[got] != o {
+					t.Fatalf("n=%d r=%d p=%d: PartitionOwnerIndex %d (%s), owner %s", n, r, p, got, ms[got].Name, o.Name)
+				}
+				row = tab.PartitionReplicas(p, row[:0])
+				for i, m := range ms {
+					if want := slices.Contains(row, m); tab.InRow(p, i) != want {
+						t.Fatalf("n=%d r=%d p=%d: InRow(%s) = %v, row %v", n, r, p, m.Name, !want, row)
+					}
+				}
+			}
+			if tab.InRow(0, -1) || tab.InRow(0, n) || tab.InRow(-1, 0) || tab.InRow(cfg.Partitions, 0) {
+				t.Fatal("InRow out of range is true")
+			}
+		}
+	}
+	empty := emptyTable(DefaultConfig())
+	if empty.PartitionOwnerIndex(0) != -1 || empty.InRow(0, 0) || empty.Index("node-0") != -1 {
+		t.Error("the empty table has an owner or a row")
+	}
+}

@@ -271,6 +271,42 @@ func (t *Table) appendRow(p int, dst []Member) []Member {
 	return dst
 }
 
+// Index returns the index of the member named name (members sorted by
+// name, as Members gives them), -1 when there is none. With
+// PartitionOwnerIndex and InRow, it lets a caller that walks every
+// partition compare one member by number rather than by name.
+func (t *Table) Index(name string) int {
+	i, ok := slices.BinarySearchFunc(t.members, name, func(m Member, name string) int { return cmp.Compare(m.Name, name) })
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// PartitionOwnerIndex returns the index (Index) of partition p's owner, -1
+// when the table is empty or p is out of range.
+func (t *Table) PartitionOwnerIndex(p int) int {
+	if t.r == 0 || p < 0 || p >= int(t.partitions) {
+		return -1
+	}
+	return int(t.owner[p])
+}
+
+// InRow reports whether member i (Index) is in partition p's row, its
+// owner or one of its replicas (PartitionReplicas), without making the
+// row.
+func (t *Table) InRow(p, i int) bool {
+	if t.r == 0 || p < 0 || p >= int(t.partitions) || i < 0 || i >= len(t.members) {
+		return false
+	}
+	n := len(t.byHash)
+	d := int(t.pos[i]) - int(t.pos[t.owner[p]])
+	if d < 0 {
+		d += n
+	}
+	return d < t.r
+}
+
 // Has reports whether a member is named name. It allocates nothing.
 func (t *Table) Has(name string) bool {
 	_, ok := slices.BinarySearchFunc(t.members, name, func(m Member, name string) int { return cmp.Compare(m.Name, name) })

@@ -139,11 +139,13 @@ func (b *Book) TableChanged(old, cur *ring.Table, now int64) (gained, lost bool)
 	if cur.Len() <= 1 && old.Len() <= 1 {
 		return false, false
 	}
-	for p := range cur.Partitions() {
-		o, _ := old.PartitionOwner(p)
-		c, _ := cur.PartitionOwner(p)
-		gained = gained || (c.Name == b.self && o.Name != b.self && o.Name != "")
-		lost = lost || (o.Name == b.self && c.Name != b.self && c.Name != "")
+	// By member number, not name: this walks every partition on every
+	// event.
+	so, sc := old.Index(b.self), cur.Index(b.self)
+	for p := 0; p < cur.Partitions() && !(gained && lost); p++ {
+		o, c := old.PartitionOwnerIndex(p), cur.PartitionOwnerIndex(p)
+		gained = gained || (sc >= 0 && c == sc && o >= 0 && o != so)
+		lost = lost || (so >= 0 && o == so && c >= 0 && c != sc)
 	}
 	if gained {
 		m := &Move{prev: old, until: now + int64(b.window)}

@@ -14,8 +14,12 @@ func ReplicasGained(old, cur *ring.Table, self string) []bool {
 	}
 	var gained []bool
 	var oldRow, curRow []ring.Member
+	sc := cur.Index(self)
+	if sc < 0 {
+		return nil
+	}
 	for p := range cur.Partitions() {
-		if o, ok := cur.PartitionOwner(p); !ok || o.Name != self {
+		if cur.PartitionOwnerIndex(p) != sc {
 			continue
 		}
 		oldRow = old.PartitionReplicas(p, oldRow[:0])
@@ -65,15 +69,18 @@ func CopiesFollow(old, cur *ring.Table, self string) []string {
 	}
 	var to []string
 	var oldRow, curRow []ring.Member
+	so, sc := old.Index(self), cur.Index(self)
+	if so < 0 {
+		return nil // not in old's rows
+	}
 	for p := range cur.Partitions() {
-		o, ok := cur.PartitionOwner(p)
-		if !ok || o.Name == self {
+		// By member number first: this walks every partition on every
+		// event, and self was a replica of few.
+		if c := cur.PartitionOwnerIndex(p); c < 0 || c == sc || old.PartitionOwnerIndex(p) == so || !old.InRow(p, so) {
 			continue
 		}
+		o, _ := cur.PartitionOwner(p)
 		oldRow = old.PartitionReplicas(p, oldRow[:0])
-		if len(oldRow) < 2 || oldRow[0].Name == self || !RowHas(oldRow[1:], self) {
-			continue
-		}
 		target := o.Addr
 		if oldRow[0].Name == o.Name {
 			curRow = cur.PartitionReplicas(p, curRow[:0])
