@@ -120,6 +120,15 @@ func TestCorruptTableSkipped(t *testing.T) {
 			t.Fatalf("ForEach stopped at the corrupt table: %v not visited (%d visited)", k, len(seen))
 		}
 	}
+	clear(seen)
+	if err := st.(PartitionScanner).ForEachIn([]bool{true}, func(r Record) bool { seen[r.Key.Key] = true; return true }); err != nil {
+		t.Fatalf("ForEachIn over a corrupt table: %v", err)
+	}
+	for _, k := range bs {
+		if !seen[k.Key] {
+			t.Fatalf("ForEachIn stopped at the corrupt table: %v not visited (%d visited)", k, len(seen))
+		}
+	}
 	if _, err := st.DeleteExpired(base, 10_000); err != nil {
 		t.Fatalf("DeleteExpired over a corrupt table: %v", err)
 	}
