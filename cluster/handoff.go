@@ -159,10 +159,13 @@ func (n *Node) handOffMoved(ctx context.Context, old, cur *ring.Table) {
 // movedAway marks the partitions this node owns in old and not in cur.
 func (n *Node) movedAway(old, cur *ring.Table) []bool {
 	moved := make([]bool, cur.Partitions())
+	so, sc := old.Index(n.name), cur.Index(n.name)
+	if so < 0 {
+		return moved
+	}
 	for p := range moved {
-		o, ok := old.PartitionOwner(p)
-		c, cok := cur.PartitionOwner(p)
-		moved[p] = ok && cok && o.Name == n.name && c.Name != n.name
+		c := cur.PartitionOwnerIndex(p)
+		moved[p] = old.PartitionOwnerIndex(p) == so && c >= 0 && c != sc
 	}
 	return moved
 }

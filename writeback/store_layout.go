@@ -37,13 +37,13 @@ const relayoutBatch = 1024
 // every open (hasLayout1), since an earlier version run on the store
 // meanwhile writes them and leaves the file alone. A failure is logged;
 // the next open tries again.
-func (s *pebbleStore) relayout(now func() time.Time) {
+func (s *pebbleStore) relayout() {
 	file := filepath.Join(s.path, layoutName)
 	want := layoutLine(s.parts.Count)
 	if b, err := os.ReadFile(file); err == nil && string(b) == want && !s.hasLayout1() {
 		return
 	}
-	start := now()
+	start := time.Now()
 	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.log.Error("writeback: cannot remove the store's layout file; records not regrouped", "path", file, "err", err)
 		return
@@ -116,7 +116,7 @@ func (s *pebbleStore) relayout(now func() time.Time) {
 	}
 	if moved+dropped > 0 {
 		s.log.Info("writeback: regrouped the store's records by partition",
-			"path", s.path, "partitions", s.parts.Count, "moved", moved, "dropped", dropped, "took", now().Sub(start))
+			"path", s.path, "partitions", s.parts.Count, "moved", moved, "dropped", dropped, "took", time.Since(start))
 	}
 }
 

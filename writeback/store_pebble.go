@@ -95,7 +95,7 @@ func openPebbleParts(dir string, logger *slog.Logger, parts Partitioning) (*pebb
 		return nil, fmt.Errorf("writeback: open store %s: %w", dir, err)
 	}
 	s := &pebbleStore{db: db, path: dir, log: logger, lock: lock, reserve: DefaultStoreReserve, parts: parts}
-	s.relayout(time.Now)
+	s.relayout()
 	return s, nil
 }
 
