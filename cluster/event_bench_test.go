@@ -18,19 +18,26 @@ import (
 // of the moved keys) and the handoff job it queues, run here in line
 // (the keys whose partitions moved away released; the push to their new
 // owners fails at once, as no peer answers). The node decides 10,000
-// keys of its own. At 1,000 members it runs twice: with the default ring
-// and with 65,521 partitions and load 1.25 (--ring-partitions,
+// keys of its own; at 10 members it runs again with 100,000, to show what
+// an event's walk of the keys in memory costs. At 1,000 members it runs
+// again with 65,521 partitions and load 1.25 (--ring-partitions,
 // --ring-load; docs/ring.md), whose events walk 8 times as many
 // partitions.
 func BenchmarkMembershipEvent(b *testing.B) {
 	large := ring.DefaultConfig()
 	large.Partitions, large.Load = 65521, 1.25 // docs/ring.md's settings past 500 members
 	for _, tc := range []struct {
-		n    int
-		ring ring.Config
-	}{{10, ring.DefaultConfig()}, {100, ring.DefaultConfig()}, {1000, ring.DefaultConfig()}, {1000, large}} {
+		n, keys int
+		ring    ring.Config
+	}{
+		{10, 10_000, ring.DefaultConfig()}, {10, 100_000, ring.DefaultConfig()}, {100, 10_000, ring.DefaultConfig()},
+		{1000, 10_000, ring.DefaultConfig()}, {1000, 10_000, large},
+	} {
 		n := tc.n
 		name := fmt.Sprintf("members=%d", n)
+		if tc.keys != 10_000 {
+			name += fmt.Sprintf("/keys=%d", tc.keys)
+		}
 		if tc.ring.Partitions != ring.DefaultConfig().Partitions {
 			name += fmt.Sprintf("/partitions=%d", tc.ring.Partitions)
 		}
@@ -60,7 +67,7 @@ func BenchmarkMembershipEvent(b *testing.B) {
 			lim := bucket.Limit{Limit: 1000, WindowMS: 60_000, Algorithm: bucket.SlidingWindow}
 			now := node.now().UnixNano()
 			tbl := node.ring.Table()
-			for i, kept := 0, 0; kept < 10_000; i++ {
+			for i, kept := 0, 0; kept < tc.keys; i++ {
 				k := writeback.Key{Name: "bench", Key: fmt.Sprint("user:", i)}
 				h := keyHash(k)
 				if o, _ := tbl.Owner(h); o.Name != node.name {

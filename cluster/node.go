@@ -256,8 +256,12 @@ func New(cfg Config, peers Peers) (*Node, error) {
 	if cc.Logger == nil {
 		cc.Logger = lg
 	}
-	// The cache lists changed keys for the replication rounds.
+	// The cache lists changed keys for the replication rounds, and its
+	// keys by ring partition, so that a ring change visits only the keys
+	// in memory of the partitions that moved (rangeHeld).
 	cc.TrackChanges = cfg.Ring.ReplicationFactor > 1
+	first := r.Table() // every table has the same partitions
+	cc.Partitions, cc.PartitionOf = first.Partitions(), first.Partition
 	n.cache, err = writeback.New(cc, store)
 	if err != nil {
 		store.Close()

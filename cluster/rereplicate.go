@@ -62,22 +62,14 @@ func (n *Node) resendToNewReplicas(ctx context.Context, tbl *ring.Table, gained 
 // (Cache.RangeStoredOnly, stored true), until fn returns false. A node
 // with more keys than its cache holds keeps the rest in its store, and
 // they move and reach new replicas as the others do. parts names the
-// partitions the caller wants (nil: all): the keys in memory of others are
-// skipped before their records are made, the store, grouped by partition,
-// reads only theirs, and fn skips the keys of others it is given. A failed
+// partitions the caller wants (nil: all): the cache, which lists its keys
+// by partition, visits only theirs, the store, grouped by partition, reads
+// only theirs, and fn skips the keys of others it is given. A failed
 // read of the store is logged: those keys then move only by the new
 // owner's pull on first touch.
 func (n *Node) rangeHeld(now int64, parts []bool, fn func(r writeback.Record, stored bool) bool) {
 	more := true
-	var want func(writeback.Key) bool
-	if parts != nil {
-		tbl := n.ring.Table() // every table has the same partitions
-		want = func(k writeback.Key) bool {
-			p := tbl.Partition(keyHash(k))
-			return p < len(parts) && parts[p]
-		}
-	}
-	n.cache.RangeWhere(now, want, func(r writeback.Record) bool {
+	n.cache.RangeIn(now, parts, func(r writeback.Record) bool {
 		more = fn(r, false)
 		return more
 	})

@@ -106,6 +106,9 @@ func New(cfg Config, store Store) (*Cache, error) {
 	for i := range c.shards {
 		s := &shard{pending: map[Key]uint32{}, nameIdx: map[string]uint16{}, fences: map[Key]fence{}, track: cfg.TrackChanges,
 			pendingMax: max(per/pendingShare, minPendingMax), kick: c.flushNow, dirtied: c.dirtied, notify: c.changes, takes: 1, left: &c.left}
+		if cfg.Partitions > 0 {
+			s.byPart, s.partOf, s.slots.linked = map[uint32]uint32{}, cfg.PartitionOf, true
+		}
 		lru, err := simplelru.NewLRU(per, func(_ uint32, i uint32) { s.onEvict(i) })
 		if err != nil {
 			return nil, err
@@ -171,7 +174,7 @@ func (c *Cache) find(s *shard, h uint64, k Key, now int64, create bool) (*slot, 
 		if !ok && !create {
 			return nil, nil
 		}
-		i, sl, err := s.newSlot(k, rec.State, rec.Version)
+		i, sl, err := s.newSlot(h, k, rec.State, rec.Version)
 		if err != nil {
 			return nil, err
 		}

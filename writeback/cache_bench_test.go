@@ -67,13 +67,24 @@ func BenchmarkDecideHit(b *testing.B) {
 	})
 }
 
+// benchPartitions is the ring's default partition count, for the caches
+// that list their keys by partition as a node's does.
+const benchPartitions = 7919
+
+func withPartitions(cfg Config) Config {
+	cfg.Partitions, cfg.PartitionOf = benchPartitions, func(h uint64) int { return int(h % benchPartitions) }
+	return cfg
+}
+
 // BenchmarkDecideMiss: every check misses memory. "absent": the store does
-// not have the key (a new counter); "stored": the key is loaded from a
-// pebble store of 100k records through a 1024-entry cache.
+// not have the key (a new counter), and every miss evicts a key;
+// "absent/partitions" is the same with the keys listed by partition
+// (Config.Partitions), as a node's cache does; "stored": the key is loaded
+// from a pebble store of 100k records through a 1024-entry cache.
 func BenchmarkDecideMiss(b *testing.B) {
-	b.Run("absent", func(b *testing.B) {
+	absent := func(b *testing.B, cfg Config) {
 		b.ReportAllocs()
-		c, err := New(Config{Shards: 64, Size: 1 << 16, Logger: quietLogger()}, nopStore{})
+		c, err := New(cfg, nopStore{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -91,7 +102,10 @@ func BenchmarkDecideMiss(b *testing.B) {
 				}
 			}
 		}
-	})
+	}
+	cfg := Config{Shards: 64, Size: 1 << 16, Logger: quietLogger()}
+	b.Run("absent", func(b *testing.B) { absent(b, cfg) })
+	b.Run("absent/partitions", func(b *testing.B) { absent(b, withPartitions(cfg)) })
 	b.Run("stored", func(b *testing.B) {
 		b.ReportAllocs()
 		dir := b.TempDir()
@@ -133,8 +147,15 @@ func BenchmarkDecideMiss(b *testing.B) {
 // heapB/key after a flush emptied them, and rssB/key, the growth of the
 // process's resident memory (Linux; after returning free memory to the
 // OS). The caller's key strings are allocated before and not counted; the
-// cache's own copies are.
+// cache's own copies are. "partitions" lists the keys by partition, as a
+// node's cache does.
 func BenchmarkHeapPerKey(b *testing.B) {
+	cfg := Config{Shards: 64, Size: 1_000_000, Logger: quietLogger()}
+	b.Run("plain", func(b *testing.B) { heapPerKey(b, cfg) })
+	b.Run("partitions", func(b *testing.B) { heapPerKey(b, withPartitions(cfg)) })
+}
+
+func heapPerKey(b *testing.B, cfg Config) {
 	b.ReportAllocs()
 	const n = 1_000_000
 	keys, hashes := benchKeys(n)
@@ -147,7 +168,7 @@ func BenchmarkHeapPerKey(b *testing.B) {
 		var before, mid, after runtime.MemStats
 		runtime.ReadMemStats(&before)
 		var err error
-		c, err = New(Config{Shards: 64, Size: n, Logger: quietLogger()}, nopStore{})
+		c, err = New(cfg, nopStore{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -48,6 +48,14 @@ type Config struct {
 	// they are durable). It runs on the flushing goroutine, without any
 	// shard lock held, and must not block (metrics).
 	OnFlush func(records int, took time.Duration, err error)
+	// Partitions and PartitionOf, when Partitions is not zero, have the
+	// cache keep its keys in memory listed by partition, for RangeIn:
+	// PartitionOf(hash) is the partition, from 0 to Partitions-1, of a key
+	// whose hash (the caller's, as passed to Decide and the other calls)
+	// is hash. It must depend on the hash alone and never change. The
+	// lists cost 12 bytes a key in memory.
+	Partitions  int
+	PartitionOf func(hash uint64) int
 }
 
 // Defaults.
@@ -114,6 +122,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("writeback: ExpiryInterval is %v, want > 0", c.ExpiryInterval)
 	case c.ExpiryBatch < 0:
 		return fmt.Errorf("writeback: ExpiryBatch is %d, want > 0", c.ExpiryBatch)
+	case c.Partitions < 0 || c.Partitions > maxPartitions:
+		return fmt.Errorf("writeback: Partitions is %d, want 0 to %d", c.Partitions, maxPartitions)
+	case c.Partitions > 0 && c.PartitionOf == nil:
+		return fmt.Errorf("writeback: Partitions is %d and PartitionOf is nil; set both or neither", c.Partitions)
+	case c.Partitions == 0 && c.PartitionOf != nil:
+		return fmt.Errorf("writeback: PartitionOf is set and Partitions is 0; set both or neither")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ package writeback
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,13 +174,7 @@ func (c *Cache) InstallUnlessFencedAfter(hash uint64, rec Record, mark uint64) b
 // evicted ones waiting for their write, and replica copies), shard by
 // shard, until fn returns false. fn runs without any lock held; a key
 // changed meanwhile may be seen before or after its change.
-func (c *Cache) Range(now int64, fn func(Record) bool) { c.RangeWhere(now, nil, fn) }
-
-// RangeWhere is Range over the keys for which want (nil: every key) is
-// true. want runs with the shard's lock held, on every live key in memory,
-// before the key's record is made: a caller that wants the keys of a few
-// partitions pays for a hash of each key, not for a record of each.
-func (c *Cache) RangeWhere(now int64, want func(Key) bool, fn func(Record) bool) {
+func (c *Cache) Range(now int64, fn func(Record) bool) {
 	var recs []Record
 	for _, s := range c.shards {
 		recs = recs[:0]
@@ -188,10 +183,7 @@ func (c *Cache) RangeWhere(now int64, want func(Key) bool, fn func(Record) bool)
 			if sl.fresh(now) {
 				return
 			}
-			k := s.keyOf(sl)
-			if want == nil || want(k) {
-				recs = append(recs, Record{Key: k, State: sl.state(), Version: sl.version})
-			}
+			recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
 		}
 		for _, i := range s.lru.Values() {
 			add(s.slots.at(i))
@@ -208,6 +200,67 @@ func (c *Cache) RangeWhere(now int64, want func(Key) bool, fn func(Record) bool)
 		}
 		for _, i := range s.pending {
 			add(s.slots.at(i))
+		}
+		s.mu.Unlock()
+		for _, r := range recs {
+			if !fn(r) {
+				return
+			}
+		}
+	}
+}
+
+// RangeIn is Range over the keys of the partitions parts marks (nil:
+// every key). A cache made with Config.Partitions lists its keys in memory
+// by partition and visits only those of the marked partitions, so that
+// what a caller pays follows the keys of those partitions, not every key
+// in memory. Without Config.Partitions it is Range: fn gets every key, and
+// the caller skips the keys of other partitions. Within a shard, the
+// partitions come in increasing order.
+func (c *Cache) RangeIn(now int64, parts []bool, fn func(Record) bool) {
+	if parts == nil || c.cfg.Partitions == 0 {
+		c.Range(now, fn)
+		return
+	}
+	var list []uint32
+	for p, ok := range parts {
+		if ok && p < c.cfg.Partitions {
+			list = append(list, uint32(p))
+		}
+	}
+	if len(list) == 0 {
+		return
+	}
+	var recs []Record
+	var heads []uint32
+	for _, s := range c.shards {
+		recs, heads = recs[:0], heads[:0]
+		s.mu.Lock()
+		if len(list) <= len(s.byPart) {
+			for _, p := range list {
+				if i, ok := s.byPart[p]; ok {
+					heads = append(heads, i)
+				}
+			}
+		} else {
+			// Fewer listed partitions than marked: walk those. They are
+			// sorted so that the order does not follow the map's.
+			for p := range s.byPart {
+				if int(p) < len(parts) && parts[p] {
+					heads = append(heads, p)
+				}
+			}
+			slices.Sort(heads)
+			for j, p := range heads {
+				heads[j] = s.byPart[p]
+			}
+		}
+		for _, i := range heads {
+			for ; i != 0; i = s.slots.link(i).next {
+				if sl := s.slots.at(i); !sl.fresh(now) {
+					recs = append(recs, Record{Key: s.keyOf(sl), State: sl.state(), Version: sl.version})
+				}
+			}
 		}
 		s.mu.Unlock()
 		for _, r := range recs {

@@ -3,6 +3,7 @@ package writeback
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -256,30 +257,103 @@ func TestRangeStoredOnlyReadsTheWantedPartitions(t *testing.T) {
 	}
 }
 
-// RangeWhere gives the live keys in memory that want accepts, and no
-// other.
-func TestRangeWhereGivesTheWantedKeys(t *testing.T) {
+// RangeIn, over a cache that lists its keys by partition, gives exactly
+// the live keys in memory of the wanted partitions, each once, whatever
+// has come and gone: keys decided, evicted into pending and written, copies
+// merged and evicted, slots reused. Range, filtered by partition, is the
+// reference. A cache without Config.Partitions gives every key.
+func TestRangeInGivesTheKeysOfTheWantedPartitions(t *testing.T) {
 	t.Parallel()
-	c, err := New(Config{Logger: quietLogger(), Shards: 4, Size: 1000}, NewMemStore())
+	const nparts = 13
+	parts := partsOf(nparts)
+	cfg := Config{Logger: quietLogger(), Shards: 4, Size: 64, Copies: 32,
+		Partitions: nparts, PartitionOf: func(h uint64) int { return int(h % nparts) }}
+	c, err := New(cfg, NewMemStore())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close(t.Context())
-	recs := layoutRecords(200)
-	for _, r := range recs {
-		decide(t, c, r.Key, lim10, 1, base)
+	// A second cache makes the records merged into c as copies.
+	src, err := New(Config{Logger: quietLogger(), Shards: 4, Size: 1000}, NewMemStore())
+	if err != nil {
+		t.Fatal(err)
 	}
-	want := func(k Key) bool { return testParts.Of(k)%4 == 1 }
-	var exp, got []Key
-	for _, r := range recs {
-		if want(r.Key) {
-			exp = append(exp, r.Key)
+	defer src.Close(t.Context())
+	keys := layoutRecords(400)
+	rng := rand.New(rand.NewPCG(1, 2))
+	check := func(round int, want []bool) {
+		t.Helper()
+		var exp, got []Key
+		c.Range(base, func(r Record) bool {
+			if want == nil || want[parts.Of(r.Key)] {
+				exp = append(exp, r.Key)
+			}
+			return true
+		})
+		c.RangeIn(base, want, func(r Record) bool { got = append(got, r.Key); return true })
+		sortKeys(got)
+		sortKeys(exp)
+		if !slices.Equal(got, exp) {
+			t.Fatalf("round %d, partitions %v: RangeIn gave %d keys, Range has %d in them:\n got %q\nwant %q", round, want, len(got), len(exp), got, exp)
 		}
 	}
-	c.RangeWhere(base, want, func(r Record) bool { got = append(got, r.Key); return true })
-	sortKeys(got)
-	sortKeys(exp)
-	if len(exp) == 0 || !slices.Equal(got, exp) {
-		t.Fatalf("gave %d keys, want the %d of partitions 1 mod 4:\n got %q\nwant %q", len(got), len(exp), got, exp)
+	for round := range 60 {
+		for range 40 {
+			k := keys[rng.IntN(len(keys))].Key
+			switch rng.IntN(4) {
+			case 0, 1:
+				decide(t, c, k, lim10, 1, base)
+			case 2:
+				decide(t, src, k, lim10, 1, base)
+				rec, ok, err := src.Get(hashKey(k), k, base)
+				if err != nil || !ok {
+					t.Fatalf("src.Get(%q): %v, %v", k, ok, err)
+				}
+				c.Merge(hashKey(k), rec)
+			case 3:
+				if err := c.Flush(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		want := make([]bool, nparts)
+		for p := range want {
+			want[p] = rng.IntN(3) == 0
+		}
+		check(round, want)
+		one := make([]bool, nparts)
+		one[round%nparts] = true
+		check(round, one)
+		check(round, make([]bool, nparts))
+		all := make([]bool, nparts)
+		for p := range all {
+			all[p] = true
+		}
+		check(round, all)
+		check(round, nil)
+	}
+	if st := c.Stats(); st.Evictions == 0 {
+		t.Fatalf("no key was evicted (%+v): the test did not reach the lists' removals", st)
+	}
+
+	// Without Config.Partitions, RangeIn is Range.
+	var n, all int
+	src.RangeIn(base, make([]bool, nparts), func(Record) bool { n++; return true })
+	src.Range(base, func(Record) bool { all++; return true })
+	if n != all || all == 0 {
+		t.Fatalf("a cache without Partitions gave %d keys to RangeIn, want all %d", n, all)
+	}
+}
+
+// A cache is refused Partitions without PartitionOf, and the reverse.
+func TestPartitionsNeedPartitionOf(t *testing.T) {
+	t.Parallel()
+	of := func(h uint64) int { return int(h % 7) }
+	for _, cfg := range []Config{{Partitions: 7}, {PartitionOf: of}, {Partitions: -1, PartitionOf: of}} {
+		if _, err := New(cfg, NewMemStore()); err == nil {
+			t.Errorf("New(Partitions %d, PartitionOf set %v) made a cache, want an error", cfg.Partitions, cfg.PartitionOf != nil)
+		} else {
+			t.Logf("Partitions %d, PartitionOf set %v: %v", cfg.Partitions, cfg.PartitionOf != nil, err)
+		}
 	}
 }

@@ -121,7 +121,7 @@ func (c *Cache) mergeCopy(hash uint64, rec Record) bool {
 		if !ok {
 			return false
 		}
-		i, sl, err := s.newSlot(rec.Key, st, v)
+		i, sl, err := s.newSlot(hash, rec.Key, st, v)
 		if err != nil {
 			c.log.Error("writeback: counter not installed", "name", rec.Key.Name, "err", err)
 			return false

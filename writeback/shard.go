@@ -77,13 +77,18 @@ type shard struct {
 	dirtied    chan<- struct{} // Cache.dirtied: the dirty list became non-empty
 	notify     chan<- struct{} // Cache.changes: the changed list became non-empty
 	slots      slab
-	limbo      []retired
-	dirty      []*slot // slots to write at the next flush
-	spare      []*slot // the previous dirty list, reused
-	track      bool    // keep the changed list (Config.TrackChanges)
-	changes    []ref   // slots changed since the last TakeChanged
-	names      []string
-	nameIdx    map[string]uint16
+	// byPart, with Config.Partitions, holds the first slot of each
+	// partition's list of the shard's live slots (see link): a slot is
+	// listed from newSlot until retire. partOf is Config.PartitionOf.
+	byPart  map[uint32]uint32
+	partOf  func(uint64) int
+	limbo   []retired
+	dirty   []*slot // slots to write at the next flush
+	spare   []*slot // the previous dirty list, reused
+	track   bool    // keep the changed list (Config.TrackChanges)
+	changes []ref   // slots changed since the last TakeChanged
+	names   []string
+	nameIdx map[string]uint16
 
 	// flushStarts counts the flushes that took this shard's dirty list,
 	// flushDone is the count at the start of the last one that completed,
@@ -133,8 +138,9 @@ func (s *shard) is(sl *slot, k Key) bool {
 	return len(b) == len(k.Name)+len(k.Key) && b[n:] == k.Key && b[:n] == k.Name
 }
 
-// newSlot returns a slot for an owned copy of k holding rec's state.
-func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, error) {
+// newSlot returns a slot for an owned copy of k holding rec's state; h is
+// the caller's hash of k.
+func (s *shard) newSlot(h uint64, k Key, st bucket.State, version uint64) (uint32, *slot, error) {
 	if len(k.Name)+len(k.Key) > maxKeyBytes {
 		return 0, nil, fmt.Errorf("writeback: key of %d bytes is too long to cache", len(k.Name)+len(k.Key))
 	}
@@ -162,7 +168,38 @@ func (s *shard) newSlot(k Key, st bucket.State, version uint64) (uint32, *slot, 
 	idx, sl := s.slots.alloc()
 	*sl = slot{version: version, meta: meta | uint64(len(b)), kp: unsafe.StringData(b)}
 	sl.setState(st)
+	if s.byPart != nil {
+		s.list(idx, uint32(s.partOf(h)))
+	}
 	return idx, sl, nil
+}
+
+// list puts slot i first in the list of partition p (byPart).
+func (s *shard) list(i, p uint32) {
+	l := s.slots.link(i)
+	head := s.byPart[p]
+	*l = link{next: head, part: p}
+	if head != 0 {
+		s.slots.link(head).prev = i
+	}
+	s.byPart[p] = i
+}
+
+// unlist takes slot i out of its partition's list (byPart).
+func (s *shard) unlist(i uint32) {
+	l := s.slots.link(i)
+	switch {
+	case l.prev != 0:
+		s.slots.link(l.prev).next = l.next
+	case l.next != 0:
+		s.byPart[l.part] = l.next
+	default:
+		delete(s.byPart, l.part)
+	}
+	if l.next != 0 {
+		s.slots.link(l.next).prev = l.prev
+	}
+	*l = link{}
 }
 
 // cacheHash is the key under which the LRU holds a key: the caller's hash
@@ -224,6 +261,9 @@ func (s *shard) kickIfPendingFull() {
 // TakeChanged (which runs only once something changes).
 func (s *shard) retire(i uint32) {
 	s.left.Add(1)
+	if s.byPart != nil {
+		s.unlist(i)
+	}
 	take := s.takes
 	if len(s.changes) == 0 {
 		take-- // takes starts at 1

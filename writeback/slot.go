@@ -88,12 +88,22 @@ type ref struct {
 }
 
 // slab holds a shard's slots in fixed chunks, so that a slot never moves,
-// addressed by 32-bit indices; index 0 is never used.
+// addressed by 32-bit indices; index 0 is never used. With linked, each
+// chunk of slots has a chunk of links beside it (see link).
 type slab struct {
 	chunks [][]slot
+	links  [][]link
+	linked bool
 	free   []uint32
 	next   uint32 // the next index to hand out (after checking it)
 }
+
+// link is a live slot's place in its shard's list of the live slots of its
+// partition (Config.Partitions; shard.byPart): the slots before and after
+// it (0: none) and the partition. It lives beside the slot, not in it, so
+// that a cache that lists nothing by partition does not pay for it and a
+// slot keeps its 64 bytes.
+type link struct{ prev, next, part uint32 }
 
 const (
 	chunkBits = 8
@@ -105,6 +115,9 @@ const (
 )
 
 func (b *slab) at(i uint32) *slot { return &b.chunks[i>>chunkBits][i&chunkMask] }
+
+// link returns slot i's link (linked slabs only).
+func (b *slab) link(i uint32) *link { return &b.links[i>>chunkBits][i&chunkMask] }
 
 // alloc returns a zero slot and its index.
 func (b *slab) alloc() (uint32, *slot) {
@@ -119,6 +132,9 @@ func (b *slab) alloc() (uint32, *slot) {
 	i := b.next
 	if int(i>>chunkBits) == len(b.chunks) {
 		b.chunks = append(b.chunks, make([]slot, chunkSlots))
+		if b.linked {
+			b.links = append(b.links, make([]link, chunkSlots))
+		}
 	}
 	b.next++
 	return i, b.at(i)
