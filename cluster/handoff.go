@@ -222,12 +222,19 @@ func (n *Node) push(ctx context.Context, batches map[string][]bucket.Counter) (i
 
 // replicateLoop runs a replication round at most every
 // ReplicationInterval, and only when a counter changed: it sleeps until the
-// cache reports a change, then until a full interval has passed since the
-// previous round, so a change waits at most one interval to be sent, as
-// with a round on every tick, and an idle node does not wake.
+// cache reports a change, then until the next moment of the node's round
+// schedule (one interval apart from the loop's start), so a change waits
+// at most one interval to be sent, as with a round on every tick, and an
+// idle node does not wake. A round never starts at the moment of the
+// change that woke it: other changes of that moment (a caller's checks
+// one after another, decided here) go in the same round whatever order
+// the goroutines ran in, which keeps a simulated run's rounds the seed's
+// (cluster/clustertest).
 func (n *Node) replicateLoop() {
 	defer n.wg.Done()
-	t := time.NewTimer(n.cfg.ReplicationInterval)
+	every := n.cfg.ReplicationInterval
+	start := time.Now()
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -235,16 +242,26 @@ func (n *Node) replicateLoop() {
 			return
 		case <-n.cache.Changes():
 		}
+		t.Reset(nextRound(start, time.Now(), every))
 		select {
 		case <-n.stop:
 			return
-		case <-t.C: // the interval since the previous round has passed
+		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(n.cfg.ReplicationInterval*5, time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), max(every*5, time.Second))
 		n.ReplicateNow(ctx) // failures are counted and the keys kept for the next round
 		cancel()
-		t.Reset(n.cfg.ReplicationInterval)
 	}
+}
+
+// nextRound returns how long from now until the first moment after now of
+// a schedule of rounds every interval from start.
+func nextRound(start, now time.Time, every time.Duration) time.Duration {
+	since := now.Sub(start)
+	if since < 0 {
+		return every
+	}
+	return every - since%every
 }
 
 // ReplicateNow sends every counter changed since the last round to the

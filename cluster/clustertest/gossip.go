@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,9 +107,54 @@ func (g *GossipNetwork) delivered(from, to string, b []byte) {
 	if g.recording {
 		h := fnv.New64a()
 		h.Write(b)
-		g.deliveries = append(g.deliveries, fmt.Sprintf("%d %s→%s %d %016x", time.Now().UnixNano(), from, to, len(b), h.Sum64()))
+		g.deliveries = append(g.deliveries, fmt.Sprintf("%d %s→%s %d %s %016x", time.Now().UnixNano(), from, to, len(b), packetKinds(b), h.Sum64()))
 	}
 	g.mu.Unlock()
+}
+
+// gossipKinds names memberlist's message types by number, as its net.go
+// numbers them.
+var gossipKinds = []string{"ping", "indirect-ping", "ack", "suspect", "alive", "dead", "push-pull",
+	"compound", "user", "compress", "encrypt", "nack", "crc", "err"}
+
+// packetKinds names the messages in a memberlist packet, for the record of
+// deliveries: "ping", or "compound[alive,suspect]".
+func packetKinds(b []byte) string {
+	kind := func(t byte) string {
+		if int(t) < len(gossipKinds) {
+			return gossipKinds[t]
+		}
+		return fmt.Sprintf("type-%d", t)
+	}
+	if len(b) >= 2 && b[0] == 244 && len(b) >= 2+int(b[1]) { // a label header (Config.Label)
+		b = b[2+int(b[1]):]
+	}
+	if len(b) > 5 && b[0] == 12 { // a CRC header: the type, then 4 bytes
+		b = b[5:]
+	}
+	if len(b) == 0 {
+		return "empty"
+	}
+	if b[0] != 7 || len(b) < 2 { // not a compound message
+		return kind(b[0])
+	}
+	n := int(b[1])
+	lens, rest := b[2:], b[2:]
+	if len(lens) < 2*n {
+		return "compound[truncated]"
+	}
+	rest = rest[2*n:]
+	var names []string
+	for i := range n {
+		l := int(binary.BigEndian.Uint16(lens[2*i:]))
+		if l == 0 || len(rest) < l {
+			names = append(names, "truncated")
+			break
+		}
+		names = append(names, kind(rest[0]))
+		rest = rest[l:]
+	}
+	return "compound[" + strings.Join(names, ",") + "]"
 }
 
 // packetQueue is how many packets a transport holds before it drops; far
@@ -195,6 +241,20 @@ func (g *GossipNetwork) route(from *GossipTransport, to string) *GossipTransport
 	return g.nodes[to]
 }
 
+// dialRoute is route for a stream, and says whether a dial that finds no
+// receiver goes unanswered (silent) rather than refused: one to an
+// address nobody holds (a crashed member's) or over a cut link is
+// unanswered, as to a host that is gone or behind a firewall that drops;
+// one to a deaf member (Deafen) is refused.
+func (g *GossipNetwork) dialRoute(from *GossipTransport, to string) (dest *GossipTransport, silent bool) {
+	if dest = g.route(from, to); dest != nil {
+		return dest, false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return nil, !from.crashed && !g.deaf[to]
+}
+
 // GossipTransport is one node's memberlist.NodeAwareTransport on a
 // GossipNetwork.
 type GossipTransport struct {
@@ -255,11 +315,27 @@ func (t *GossipTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
 }
 
-// DialAddressTimeout opens a stream to a.Addr, failing at once when it
-// cannot be handed over (cut link, nobody there, queue full).
-func (t *GossipTransport) DialAddressTimeout(a memberlist.Address, _ time.Duration) (net.Conn, error) {
-	dest := t.g.route(t, a.Addr)
+// DialAddressTimeout opens a stream to a.Addr. A dial to an address nobody
+// holds (a crashed member's) or over a cut link fails as one to a host
+// that is gone does: once its timeout has passed, plus a hold that the
+// seed, both ends and the clock fix (GossipNetwork.Hold); without seeded
+// delivery, at once. A dial to a deaf member, or whose receiver's queue
+// is full, fails at once.
+//
+// Were an unanswered dial to fail at once, runs of one seed would differ:
+// memberlist's probe of a crashed or cut-off member would see its
+// fallback dial fail before the probe's deadline, suspect the member at
+// that deadline, which is the moment its next probe starts, and the
+// suspicion's timer, a multiple of the probe interval, would run out at
+// the moment of a later probe. The goroutines of the two, woken at one
+// moment, run in no fixed order, and the probe carries the member's
+// death or not.
+func (t *GossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	dest, silent := t.g.dialRoute(t, a.Addr)
 	if dest == nil {
+		if d := t.g.Hold(time.Now(), []byte(t.addr), []byte(a.Addr)); silent && d > 0 && timeout > 0 {
+			time.Sleep(timeout + d)
+		}
 		return nil, fmt.Errorf("%w: %s → %s", errGossipUnreachable, t.addr, a.Addr)
 	}
 	mine, theirs := net.Pipe()

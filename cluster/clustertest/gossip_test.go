@@ -201,3 +201,69 @@ func TestSeededGossipOrdersSimultaneousPackets(t *testing.T) {
 	}
 	t.Logf("%d seeds, %d orders of %d simultaneous packets", seeds, len(orders), senders)
 }
+
+// Under seeded delivery a dial nobody answers (to a crashed member, or over
+// a cut link) fails once its timeout has passed, plus the seed's hold
+// (under the spread); a dial to a deaf member fails at once, and so does
+// every failed dial without seeded delivery.
+func TestUnansweredDialFailsAtItsTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout, spread = 300 * time.Millisecond, time.Millisecond
+	for _, seeded := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			g := NewGossipNetwork()
+			if seeded {
+				g.SeedDelivery(7, spread)
+			}
+			a, b, c, d := g.Transport(g.NewAddr()), g.Transport(g.NewAddr()), g.Transport(g.NewAddr()), g.Transport(g.NewAddr())
+			g.Crash(b.Addr())
+			g.Cut(a.Addr(), c.Addr())
+			g.Deafen(d.Addr())
+			for _, tc := range []struct {
+				to     string
+				what   string
+				silent bool
+			}{{b.Addr(), "a crashed member", true}, {c.Addr(), "a cut link", true}, {d.Addr(), "a deaf member", false}} {
+				start := time.Now()
+				conn, err := a.DialAddressTimeout(memberlist.Address{Addr: tc.to}, timeout)
+				took := time.Since(start)
+				if err == nil {
+					conn.Close()
+					t.Fatalf("seeded %v: a dial to %s succeeded", seeded, tc.what)
+				}
+				t.Logf("seeded %v: a dial to %s failed after %v: %v", seeded, tc.what, took, err)
+				switch {
+				case seeded && tc.silent && (took < timeout || took >= timeout+spread):
+					t.Errorf("seeded: a dial to %s failed after %v, want from %v to under %v", tc.what, took, timeout, timeout+spread)
+				case (!seeded || !tc.silent) && took != 0:
+					t.Errorf("seeded %v: a dial to %s failed after %v, want at once", seeded, tc.what, took)
+				}
+			}
+		})
+	}
+}
+
+// packetKinds names the messages of a packet as memberlist frames them:
+// behind a label and a CRC header, and inside a compound message.
+func TestPacketKinds(t *testing.T) {
+	t.Parallel()
+	label := []byte{244, 3, 'a', 'b', 'c'}
+	crc := []byte{12, 0, 0, 0, 0}
+	compound := []byte{7, 2, 0, 2, 0, 1, 4, 'x', 3}
+	for _, tc := range []struct {
+		b    []byte
+		want string
+	}{
+		{[]byte{0, 'p'}, "ping"},
+		{append(append([]byte{}, label...), 2, 'a'), "ack"},
+		{append(append(append([]byte{}, label...), crc...), 5), "dead"},
+		{compound, "compound[alive,suspect]"},
+		{[]byte{7, 2, 0, 9}, "compound[truncated]"},
+		{[]byte{99}, "type-99"},
+		{nil, "empty"},
+	} {
+		if got := packetKinds(tc.b); got != tc.want {
+			t.Errorf("packetKinds(%v) = %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}

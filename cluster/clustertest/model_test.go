@@ -5,6 +5,7 @@
 package clustertest
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -96,7 +98,7 @@ func runModel(t *testing.T, seed uint64, verbose bool, trace *[]string) {
 		if trace != nil {
 			c.Peers.RecordDeliveries()
 			c.Gossip.RecordDeliveries()
-			t.Cleanup(func() { *trace = append(c.Peers.Deliveries(), c.Gossip.Deliveries()...) })
+			t.Cleanup(func() { *trace = byTime(append(c.Peers.Deliveries(), c.Gossip.Deliveries()...)) })
 		}
 		r := NewRunner(c)
 		r.Limit = modelLimit
@@ -142,6 +144,19 @@ func rerunModel(t *testing.T, seed uint64, n int) {
 		most = max(most, k)
 	}
 	t.Logf("seed %d, %d runs: %d different, the most common one %d times", seed, n, len(runs), most)
+}
+
+// byTime sorts deliveries (each starting with its Unix ns clock) by time,
+// and those of one moment by what they are: the two networks record
+// apart, and calls that arrive at one moment are recorded in whatever
+// order their goroutines ran, which is not a difference between runs.
+func byTime(events []string) []string {
+	at := func(e string) int64 {
+		n, _ := strconv.ParseInt(e[:strings.IndexByte(e, ' ')], 10, 64)
+		return n
+	}
+	slices.SortFunc(events, func(a, b string) int { return cmp.Or(cmp.Compare(at(a), at(b)), strings.Compare(a, b)) })
+	return events
 }
 
 // eventAt returns trace's event i, or "the end".

@@ -167,3 +167,95 @@ func TestHandedKeyReachesTheNewReplica(t *testing.T) {
 		}
 	})
 }
+
+// replicateLog records the replication rounds' calls (not handoffs) that
+// pass through it: when each was made and the keys it carried.
+type replicateLog struct {
+	cluster.Peers
+	mu    sync.Mutex
+	calls []replicateCall
+}
+
+type replicateCall struct {
+	at   time.Time
+	addr string
+	keys []string
+}
+
+func (l *replicateLog) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
+	if !handoff {
+		call := replicateCall{at: time.Now(), addr: addr}
+		for _, c := range cs {
+			call.keys = append(call.keys, c.Key)
+		}
+		l.mu.Lock()
+		l.calls = append(l.calls, call)
+		l.mu.Unlock()
+	}
+	return l.Peers.Replicate(ctx, addr, handoff, cs)
+}
+
+func (l *replicateLog) take() []replicateCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	calls := l.calls
+	l.calls = nil
+	return calls
+}
+
+// Changes made at one moment on an idle node, one after another (a
+// caller's checks of keys the node decides), go to the replicas in one
+// round, after that moment. A round that started at the moment of the
+// first change would race the others: which of them it carried would
+// depend on the order the goroutines ran in, and a seed's simulated run
+// would not replay.
+func TestChangesOfOneMomentGoInOneRound(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		log := &replicateLog{}
+		c := formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { log.Peers = p; return log })},
+			"n0", "n1", "n2")
+		every := cluster.DefaultConfig().ReplicationInterval
+		keys := ownedBy(c, "n0", "n0", "moment-", 4)
+		time.Sleep(3 * every) // idle: the last round is long past
+		synctest.Wait()
+		log.take()
+
+		at := time.Now()
+		for _, k := range keys {
+			checkVia(t, c, "n0", Request(k, 10, 1))
+		}
+		if !time.Now().Equal(at) {
+			t.Fatalf("the checks took %v; they must be decided at one moment", time.Since(at))
+		}
+		time.Sleep(2 * every)
+		synctest.Wait()
+
+		calls := log.take()
+		sent := map[string]int{}
+		for _, call := range calls {
+			t.Logf("round at +%v to %s: %v", call.at.Sub(at), call.addr, call.keys)
+			if !call.at.After(at) || call.at.Sub(at) > every {
+				t.Errorf("a round to %s started %v after the changes; want after them, within one interval (%v)", call.addr, call.at.Sub(at), every)
+			}
+			for _, k := range call.keys {
+				sent[k]++
+			}
+		}
+		if len(calls) == 0 {
+			t.Fatal("no replication round sent the changes")
+		}
+		for _, k := range keys {
+			if sent[k] != 1 {
+				t.Errorf("key %s went to its replicas in %d calls, want 1 round", k, sent[k])
+			}
+		}
+		rounds := map[time.Time]bool{}
+		for _, call := range calls {
+			rounds[call.at] = true
+		}
+		if len(rounds) != 1 {
+			t.Errorf("the changes went out in %d rounds, want 1", len(rounds))
+		}
+	})
+}
