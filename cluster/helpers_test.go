@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"testing"
 
 	"github.com/sluicehq/sluice/ring"
 )
@@ -25,21 +24,6 @@ func keysOwnedBy(n *Node, owner string, k int) []string {
 		}
 	}
 	return keys
-}
-
-func admit(t *testing.T, n *Node, key string, hits int, limit int64) int {
-	t.Helper()
-	ok := 0
-	for range hits {
-		o := check1(n, req("api", key, 1, limit))
-		if o.Err != "" {
-			t.Fatalf("check %s at %s: %s", key, n.Name(), o.Err)
-		}
-		if o.Allowed() {
-			ok++
-		}
-	}
-	return ok
 }
 
 // logRecorder is a slog.Handler that keeps every record.
