@@ -11,7 +11,10 @@
 // hashes each Key once (the same 64-bit hash it routes with); the top bits
 // of that hash pick the shard. Names are interned per shard, key strings are
 // copied on insert, so a check that hits holds no caller memory and
-// allocates nothing.
+// allocates nothing. A cache made with Config.Partitions also lists each
+// shard's live entries by the caller's partition of their hash (a link of
+// 12 bytes beside each entry), so that RangeIn visits the keys of a few
+// partitions without walking the rest.
 //
 // Every change bumps the entry's Version (max(Version+1, now), so versions
 // keep growing even across expiry and restarts) and puts it on the dirty
