@@ -94,22 +94,28 @@ func TestMergeCopiesOfAPull(t *testing.T) {
 // while the release is in force. Releasing many keys one after another,
 // each release over before the next, must keep the records within the
 // sweep threshold plus twice the releases in force, not one per key ever
-// moved; a release still in force keeps its record.
+// moved; a release still in force keeps its record. The node answering
+// the pulls is made but not started: answering a pull needs no network.
 func TestReleasedToIsPruned(t *testing.T) {
 	t.Parallel()
 	var clock atomic.Int64
 	clock.Store(t0.UnixNano())
-	nodes, _ := memCluster(t, 2, func(c *Config) {
-		c.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-	})
-	n := nodes[0]
+	cfg := NodeConfig(t, "n0", memAddr(0))
+	cfg.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	n, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.cache.Close(context.Background()) })
+	n.life.alone()
 	ctx := context.Background()
+	puller, pullerAddr := "n1", memAddr(1)
 	live := []bucket.Counter{{Name: "api", Key: "still-moving"}}
-	n.Pull(ctx, nodes[1].Name(), memAddr(1), live, true, time.Hour, make([]keymove.PullAnswer, 1))
+	n.Pull(ctx, puller, pullerAddr, live, true, time.Hour, make([]keymove.PullAnswer, 1))
 	const keys = 5 * ownership.MinReleasedSweep
 	for i := range keys {
 		clock.Add(int64(2 * time.Millisecond)) // the previous release is over
-		n.Pull(ctx, nodes[1].Name(), memAddr(1), []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]keymove.PullAnswer, 1))
+		n.Pull(ctx, puller, pullerAddr, []bucket.Counter{{Name: "api", Key: fmt.Sprint("k", i)}}, true, time.Millisecond, make([]keymove.PullAnswer, 1))
 	}
 	records := n.book.ReleasedRecords()
 	bound := ownership.MinReleasedSweep + 2*2 // the threshold, and twice the two releases in force
@@ -118,7 +124,7 @@ func TestReleasedToIsPruned(t *testing.T) {
 		t.Errorf("%d records of released keys kept, want at most %d", records, bound)
 	}
 	k := writeback.Key{Name: "api", Key: "still-moving"}
-	if to, _ := n.book.ReleasedTo(k); to != nodes[1].cfg.GRPCAddr {
-		t.Errorf("the release still in force points to %q, want %q", to, nodes[1].cfg.GRPCAddr)
+	if to, _ := n.book.ReleasedTo(k); to != pullerAddr {
+		t.Errorf("the release still in force points to %q, want %q", to, pullerAddr)
 	}
 }
