@@ -601,7 +601,7 @@ if [ "$rate" -gt 0 ]; then
   scrape "$tmp/m-load"
   metrics "$tmp/m-load"
   offsets "$tmp/off-load"
-  read -r c_mean c_max c_tot _ l_rmax _ busy secs gone <<<"$(cpu_stats "$tmp/cpu-load0" "$tmp/cpu-load1")"
+  read -r c_mean c_max c_tot l_rmean l_rmax _ busy secs gone <<<"$(cpu_stats "$tmp/cpu-load0" "$tmp/cpu-load1")"
   # Each slot's bench summary: checks, errors, latency figures.
   for ((k = 0; k < slots; k++)); do
     awk -v want=$((calls * batch)) -v k="$k" '
@@ -631,6 +631,7 @@ if [ "$rate" -gt 0 ]; then
   put load_cpu_ms_s_max "$c_max"
   put load_cpu_ms_s_total "$c_tot"
   put load_machine_busy_pct "$busy"
+  put load_rss_mb_mean "$l_rmean"
   put load_rss_mb_max "$l_rmax"
   put load_nodes_exited "$gone"
   put load_checks_answered "$(mdelta "$tmp/m-idle" "$tmp/m-load" sluice_checks_total)"
