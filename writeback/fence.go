@@ -243,8 +243,9 @@ func (c *Cache) RangeIn(now int64, parts []bool, fn func(Record) bool) {
 				}
 			}
 		} else {
-			// Fewer listed partitions than marked: walk those. They are
-			// sorted so that the order does not follow the map's.
+			// The shard lists fewer partitions than are marked: look
+			// each of its lists up instead, in increasing order (not
+			// the map's).
 			for p := range s.byPart {
 				if int(p) < len(parts) && parts[p] {
 					heads = append(heads, p)
