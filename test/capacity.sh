@@ -31,7 +31,10 @@
 # must be what stops the nodes: the script reports, per round, the share
 # of the nodes' 100 ms CFS periods that ran out of quota (throttled) and
 # the generator's own CPU (bench's user+system time from /usr/bin/time),
-# and the servers' CPU per check (cpuacct.usage of their cgroups).
+# and the servers' CPU per check (cpuacct.usage of their cgroups), and the
+# machine's other busy cores (other processes, and kernel work charged to
+# neither, such as loopback networking): a round whose nodes did not get
+# their quota shows what took it.
 #
 # At the end it prints the curve, and the two ratios the scale promise is
 # held to (docs/scaling.md): owner-aware capacity(largest N) over
@@ -155,9 +158,10 @@ stop() {
 
 # usage N: the nodes' CPU ns (cpuacct.usage), periods, throttled periods,
 # pulls made (sluice_pulls_total), and pauses and idle resumes noticed
-# (sluice_pauses_total, sluice_idle_resumes_total), summed.
+# (sluice_pauses_total, sluice_idle_resumes_total), summed; then the
+# machine's busy clock ticks (/proc/stat: all but idle and iowait).
 usage() {
-  local n=$1 i u=0 p=0 t=0 l=0 q=0 g m
+  local n=$1 i u=0 p=0 t=0 l=0 q=0 g m b
   for ((i = 1; i <= n; i++)); do
     g=sluice-cap-$$-$i
     u=$((u + $(cat "$acct/$g/cpuacct.usage")))
@@ -167,7 +171,8 @@ usage() {
     l=$((l + $(awk '$1 == "sluice_pulls_total" {v = $2} END {printf "%d\n", v + 0}' <<<"$m")))
     q=$((q + $(awk '$1 == "sluice_pauses_total" || $1 == "sluice_idle_resumes_total" {v += $2} END {printf "%d\n", v + 0}' <<<"$m")))
   done
-  echo "$u $p $t $l $q"
+  b=$(awk '$1 == "cpu" { busy = 0; for (i = 2; i <= NF; i++) if (i != 5 && i != 6) busy += $i; print busy; exit }' /proc/stat)
+  echo "$u $p $t $l $q $b"
 }
 
 field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1"; }
@@ -186,15 +191,20 @@ round() {
     --concurrency $((conc * n)) --keys "$keys" --duration "${secs}s" --progress 0 --json >"$tmp/bench.json"
   after=$(usage "$n")
   local f=$tmp/bench.json
-  read -r u0 p0 t0 l0 q0 <<<"$before"
-  read -r u1 p1 t1 l1 q1 <<<"$after"
+  read -r u0 p0 t0 l0 q0 b0 <<<"$before"
+  read -r u1 p1 t1 l1 q1 b1 <<<"$after"
   read -r gu gs <"$tmp/gen"
+  # other: the machine's busy cores that were neither the nodes' nor the
+  # generator's (other processes, and kernel work charged to neither, such
+  # as loopback networking in softirq), over the same span as the nodes'.
   awk -v n="$n" -v s="$shape" -v cps="$(field "$f" checks_per_sec)" -v checks="$(field "$f" checks)" \
     -v p99="$(field "$f" p99_us)" -v errs="$(($(field "$f" call_errors) + $(field "$f" item_errors)))" \
-    -v du="$((u1 - u0))" -v dp="$((p1 - p0))" -v dt="$((t1 - t0))" -v pulls="$((l1 - l0))" -v pauses="$((q1 - q0))" -v gen="$gu $gs" -v secs="$(field "$f" seconds)" 'BEGIN {
+    -v du="$((u1 - u0))" -v dp="$((p1 - p0))" -v dt="$((t1 - t0))" -v pulls="$((l1 - l0))" -v pauses="$((q1 - q0))" -v gen="$gu $gs" -v secs="$(field "$f" seconds)" \
+    -v busy="$((b1 - b0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {
       split(gen, g, " ")
-      printf "%d\t%s\t%.0f\t%.0f\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\n", n, s, cps, p99, errs, du / 1e3 / checks,
-        (dp > 0 ? 100 * dt / dp : 0), du / 1e9 / secs, (g[1] + g[2]) / secs, pulls, pauses }' >>"$tmp/curve"
+      printf "%d\t%s\t%.0f\t%.0f\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%.2f\n", n, s, cps, p99, errs, du / 1e3 / checks,
+        (dp > 0 ? 100 * dt / dp : 0), du / 1e9 / secs, (g[1] + g[2]) / secs, pulls, pauses,
+        busy / hz / secs - du / 1e9 / secs - (g[1] + g[2]) / secs }' >>"$tmp/curve"
 }
 
 echo "capacity: nodes {$sizes}, $cpu core each (cpu.cfs_quota_us $quota of 100000), ${secs} s a round," \
@@ -214,8 +224,8 @@ for n in $sizes; do
   stop
 done
 
-printf '\n%-5s %-11s %10s %9s %6s %11s %10s %12s %10s %7s %6s\n' nodes shape checks/s "p99 µs" errors "µs CPU/chk" throttled "server cores" "gen cores" pulls pauses
-awk -F'\t' '{printf "%-5d %-11s %10.0f %9.0f %6d %11.2f %9.0f%% %12.2f %10.2f %7d %6d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11}' "$tmp/curve"
+printf '\n%-5s %-11s %10s %9s %6s %11s %10s %12s %10s %12s %7s %6s\n' nodes shape checks/s "p99 µs" errors "µs CPU/chk" throttled "server cores" "gen cores" "other cores" pulls pauses
+awk -F'\t' '{printf "%-5d %-11s %10.0f %9.0f %6d %11.2f %9.0f%% %12.2f %10.2f %12.2f %7d %6d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $12, $10, $11}' "$tmp/curve"
 awk -F'\t' -v sizes="$sizes" '
   { cap[$2, $1] = $3; errs += $5 }
   END {
