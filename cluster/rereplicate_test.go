@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"testing"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -29,5 +30,28 @@ func TestRosterSeesARestartByItsBootID(t *testing.T) {
 	}
 	if r.updated(&memberlist.Node{Name: "x", Meta: []byte{1, 2, 3}}) {
 		t.Error("undecodable metadata seen as a restart")
+	}
+}
+
+// nextRound gives the time to the first moment of the schedule strictly
+// after now: a change at a round's moment waits for the next round, not
+// none.
+func TestNextRound(t *testing.T) {
+	t.Parallel()
+	start := time.Unix(100, 0)
+	const every = 100 * time.Millisecond
+	for _, tc := range []struct {
+		since, want time.Duration
+	}{
+		{0, every}, // at the start: the first round
+		{time.Millisecond, 99 * time.Millisecond},
+		{every, every}, // at a round's moment: the next one
+		{every + 30*time.Millisecond, 70 * time.Millisecond},
+		{5*every - time.Nanosecond, time.Nanosecond},
+		{-time.Second, every}, // a clock before the start: one interval
+	} {
+		if got := nextRound(start, start.Add(tc.since), every); got != tc.want {
+			t.Errorf("nextRound at start%+v = %v, want %v", tc.since, got, tc.want)
+		}
 	}
 }
