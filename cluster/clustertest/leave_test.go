@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,36 +18,20 @@ import (
 	"github.com/sluicehq/sluice/writeback"
 )
 
-// stalledHandoffs holds every handoff push until the call's context ends,
-// closes entered at the first, and notes how long the first was held.
-type stalledHandoffs struct {
-	cluster.Peers
-	once    sync.Once
-	entered chan struct{}
-	held    time.Duration // the first push's; read after Leave returns
-}
-
-func (s *stalledHandoffs) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
-	if !handoff {
-		return s.Peers.Replicate(ctx, addr, handoff, cs)
-	}
-	first := false
-	s.once.Do(func() { first = true; close(s.entered) })
-	start := time.Now()
-	<-ctx.Done()
-	if first {
-		s.held = time.Since(start)
-	}
-	return 0, 0, ctx.Err()
-}
-
 // logLines keeps the records logged at Warn or above, each with its
-// attributes (the logger's own, such as node, included).
+// attributes (the logger's own, such as node, included), in a sink that
+// the loggers made by With share.
 type logLines struct {
-	mu    sync.Mutex
-	lines []map[string]string
+	sink  *logSink
 	attrs []slog.Attr
 }
+
+type logSink struct {
+	mu    sync.Mutex
+	lines []map[string]string
+}
+
+func newLogLines() *logLines { return &logLines{sink: &logSink{}} }
 
 func (l *logLines) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelWarn }
 
@@ -59,40 +44,22 @@ func (l *logLines) Handle(_ context.Context, r slog.Record) error {
 		line[a.Key] = a.Value.String()
 		return true
 	})
-	l.mu.Lock()
-	l.lines = append(l.lines, line)
-	l.mu.Unlock()
+	l.sink.mu.Lock()
+	l.sink.lines = append(l.sink.lines, line)
+	l.sink.mu.Unlock()
 	return nil
 }
 
 func (l *logLines) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logLinesWith{l, append(append([]slog.Attr(nil), l.attrs...), as...)}
+	return &logLines{sink: l.sink, attrs: append(slices.Clip(l.attrs), as...)}
 }
 
 func (l *logLines) WithGroup(string) slog.Handler { return l }
 
-// logLinesWith is logLines with attributes of its own, sharing the lines.
-type logLinesWith struct {
-	*logLines
-	own []slog.Attr
-}
-
-func (l *logLinesWith) Handle(ctx context.Context, r slog.Record) error {
-	r = r.Clone()
-	r.AddAttrs(l.own...)
-	return l.logLines.Handle(ctx, r)
-}
-
-func (l *logLinesWith) WithAttrs(as []slog.Attr) slog.Handler {
-	return &logLinesWith{l.logLines, append(append([]slog.Attr(nil), l.own...), as...)}
-}
-
-func (l *logLinesWith) WithGroup(string) slog.Handler { return l }
-
 func (l *logLines) all() []map[string]string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]map[string]string(nil), l.lines...)
+	l.sink.mu.Lock()
+	defer l.sink.mu.Unlock()
+	return slices.Clone(l.sink.lines)
 }
 
 // A graceful leave whose handoff is cut short, by HandoffTimeout or by the
@@ -113,8 +80,10 @@ func TestIncompleteLeaveIsReported(t *testing.T) {
 }
 
 func incompleteLeave(t *testing.T, cut string) {
-	stall := &stalledHandoffs{entered: make(chan struct{})}
-	logs := &logLines{}
+	// Every handoff push is held until its context ends (the gate never
+	// opens), as a new owner that stopped answering would hold it.
+	stall := newGatedReplicate(func(_ string, handoff bool) bool { return handoff })
+	logs := newLogLines()
 	const timeout = 200 * time.Millisecond
 	c := formed(t, Options{
 		Log:   slog.New(logs),

@@ -15,13 +15,15 @@ import (
 )
 
 // gatedReplicate holds every Replicate call that hold picks until gate
-// closes (or the call's context ends), and closes entered at the first.
+// closes (or the call's context ends), closes entered at the first, and
+// notes how long the first was held (read it once that call returned).
 type gatedReplicate struct {
 	cluster.Peers
 	hold    func(addr string, handoff bool) bool
 	once    sync.Once
 	entered chan struct{}
 	gate    chan struct{}
+	held    time.Duration
 }
 
 func newGatedReplicate(hold func(addr string, handoff bool) bool) *gatedReplicate {
@@ -30,11 +32,18 @@ func newGatedReplicate(hold func(addr string, handoff bool) bool) *gatedReplicat
 
 func (g *gatedReplicate) Replicate(ctx context.Context, addr string, handoff bool, cs []bucket.Counter) (int, int, error) {
 	if g.hold(addr, handoff) {
-		g.once.Do(func() { close(g.entered) })
+		first := false
+		g.once.Do(func() { first = true; close(g.entered) })
+		start := time.Now()
 		select {
 		case <-g.gate:
 		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+		}
+		if first {
+			g.held = time.Since(start)
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, 0, err
 		}
 	}
 	return g.Peers.Replicate(ctx, addr, handoff, cs)
