@@ -44,6 +44,15 @@ func (n *Node) tryJoin() bool {
 		n.refuseName(other)
 		return true
 	}
+	if k > 0 && ml.NumMembers() < 2 {
+		// A seed answered with a state naming no member, not even itself:
+		// memberlist serves joins while Create is still setting the seed
+		// up. Entering the ring now would make this node a cluster of its
+		// own whose ready flag reaches nobody until the next full state
+		// exchange; retry until a seed names its members.
+		err = errors.Join(err, fmt.Errorf("contacted %d seed(s), but none named a member yet (still starting)", k))
+		k = 0
+	}
 	if k > 0 {
 		// Join has merged the seed's full membership (the callbacks ran):
 		// this node now knows every member and can take its partitions.

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"net"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // loopbackPort returns a port free for TCP and UDP on each of the given
@@ -186,4 +189,84 @@ func TestJoinTargets(t *testing.T) {
 				c.seeds, targets, alone, err, c.targets, c.alone, c.err)
 		}
 	}
+}
+
+// holdAlive is a gossip transport that holds memberlist's Create between
+// starting its listeners and putting its own node in its member list (the
+// second call for its advertised address is made there): a joiner that
+// reaches it then is answered with a state naming no member at all.
+type holdAlive struct {
+	*memberlist.NetTransport
+	calls   atomic.Int32
+	held    chan struct{} // closed when Create is held
+	release chan struct{}
+}
+
+func (h *holdAlive) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
+	if h.calls.Add(1) == 2 {
+		close(h.held)
+		<-h.release
+	}
+	return h.NetTransport.FinalAdvertiseAddr(ip, port)
+}
+
+// TestJoinThroughASeedNotYetAliveRetries: a seed that answers a join before
+// it lists itself as a member (memberlist serves joins while Create is
+// still setting up) tells the joiner of nobody. The join "succeeded", but
+// the joiner knows no member: it must not enter the ring as a cluster of
+// its own, where its ready flag reaches no one until the next full state
+// exchange (tens of seconds), but retry until it learns the seed.
+func TestJoinThroughASeedNotYetAliveRetries(t *testing.T) {
+	t.Parallel()
+	mem := NewMemNetwork()
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := &holdAlive{NetTransport: nt, held: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	defer func() {
+		if !released {
+			close(hold.release)
+		}
+	}()
+	scfg := NodeConfig(t, "seed", memAddr(0))
+	scfg.Transport = hold
+	scfg.AdvertiseAddr, scfg.AdvertisePort = "127.0.0.1", nt.GetAutoBindPort()
+	seedAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(nt.GetAutoBindPort()))
+	seedUp := make(chan *Node, 1)
+	go func() {
+		seed, err := New(scfg, mem.Peers(memAddr(0)))
+		if err != nil {
+			t.Error(err)
+			seedUp <- nil
+			return
+		}
+		if err := seed.Start(context.Background()); err != nil {
+			t.Error(err)
+			seedUp <- nil
+			return
+		}
+		seedUp <- seed
+	}()
+	<-hold.held
+
+	joiner := StartNode(t, NodeConfig(t, "joiner", memAddr(1)), mem.Peers(memAddr(1)), seedAddr)
+	mem.Register(memAddr(1), joiner)
+	if joiner.Ready() {
+		t.Errorf("the joiner entered the ring alone (%d member known) after a seed told it of no member", joiner.ml.Load().NumMembers())
+	}
+	close(hold.release)
+	released = true
+	seed := <-seedUp
+	if seed == nil {
+		t.FailNow()
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		seed.Shutdown(ctx)
+	})
+	mem.Register(memAddr(0), seed)
+	WaitRings(t, []*Node{seed, joiner})
 }
