@@ -27,7 +27,9 @@
 # key it owns pulled before its next decision for 30 s. Then every key is
 # checked once, so that the rounds measure a warm cluster: a key's first
 # check reads the store on its owner, and its first copy on its replica.
-# The pulls of each round are counted and printed. The budget, not the generator,
+# The pulls of each round are counted and printed, with the checks the nodes
+# forwarded and stood in for, and the owner-aware checks the client sent to
+# any node instead of the owner (owner skipped or failed). The budget, not the generator,
 # must be what stops the nodes: the script reports, per round, the share
 # of the nodes' 100 ms CFS periods that ran out of quota (throttled) and
 # the generator's own CPU (bench's user+system time from /usr/bin/time),
@@ -158,10 +160,12 @@ stop() {
 
 # usage N: the nodes' CPU ns (cpuacct.usage), periods, throttled periods,
 # pulls made (sluice_pulls_total), and pauses and idle resumes noticed
-# (sluice_pauses_total, sluice_idle_resumes_total), summed; then the
+# (sluice_pauses_total, sluice_idle_resumes_total), checks forwarded to
+# another node and checks stood in for an owner that did not answer
+# (sluice_forwarded_total, sluice_failovers_total), summed; then the
 # machine's busy clock ticks (/proc/stat: all but idle and iowait).
 usage() {
-  local n=$1 i u=0 p=0 t=0 l=0 q=0 g m b
+  local n=$1 i u=0 p=0 t=0 l=0 q=0 fw=0 fo=0 g m b
   for ((i = 1; i <= n; i++)); do
     g=sluice-cap-$$-$i
     u=$((u + $(cat "$acct/$g/cpuacct.usage")))
@@ -170,9 +174,11 @@ usage() {
     m=$(curl -fsS -m 2 "http://$net.$i:8080/metrics")
     l=$((l + $(awk '$1 == "sluice_pulls_total" {v = $2} END {printf "%d\n", v + 0}' <<<"$m")))
     q=$((q + $(awk '$1 == "sluice_pauses_total" || $1 == "sluice_idle_resumes_total" {v += $2} END {printf "%d\n", v + 0}' <<<"$m")))
+    fw=$((fw + $(awk '$1 == "sluice_forwarded_total" {v = $2} END {printf "%d\n", v + 0}' <<<"$m")))
+    fo=$((fo + $(awk '$1 == "sluice_failovers_total" {v = $2} END {printf "%d\n", v + 0}' <<<"$m")))
   done
   b=$(awk '$1 == "cpu" { busy = 0; for (i = 2; i <= NF; i++) if (i != 5 && i != 6) busy += $i; print busy; exit }' /proc/stat)
-  echo "$u $p $t $l $q $b"
+  echo "$u $p $t $l $q $fw $fo $b"
 }
 
 field() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1"; }
@@ -191,20 +197,20 @@ round() {
     --concurrency $((conc * n)) --keys "$keys" --duration "${secs}s" --progress 0 --json >"$tmp/bench.json"
   after=$(usage "$n")
   local f=$tmp/bench.json
-  read -r u0 p0 t0 l0 q0 b0 <<<"$before"
-  read -r u1 p1 t1 l1 q1 b1 <<<"$after"
+  read -r u0 p0 t0 l0 q0 fw0 fo0 b0 <<<"$before"
+  read -r u1 p1 t1 l1 q1 fw1 fo1 b1 <<<"$after"
   read -r gu gs <"$tmp/gen"
   # other: the machine's busy cores that were neither the nodes' nor the
   # generator's (other processes, and kernel work charged to neither, such
   # as loopback networking in softirq), over the same span as the nodes'.
   awk -v n="$n" -v s="$shape" -v cps="$(field "$f" checks_per_sec)" -v checks="$(field "$f" checks)" \
     -v p99="$(field "$f" p99_us)" -v errs="$(($(field "$f" call_errors) + $(field "$f" item_errors)))" \
-    -v du="$((u1 - u0))" -v dp="$((p1 - p0))" -v dt="$((t1 - t0))" -v pulls="$((l1 - l0))" -v pauses="$((q1 - q0))" -v gen="$gu $gs" -v secs="$(field "$f" seconds)" \
+    -v du="$((u1 - u0))" -v dp="$((p1 - p0))" -v dt="$((t1 - t0))" -v pulls="$((l1 - l0))" -v pauses="$((q1 - q0))" -v fwd="$((fw1 - fw0))" -v fo="$((fo1 - fo0))" -v fb="$(field "$f" owner_fallback)" -v gen="$gu $gs" -v secs="$(field "$f" seconds)" \
     -v busy="$((b1 - b0))" -v hz="$(getconf CLK_TCK)" 'BEGIN {
       split(gen, g, " ")
-      printf "%d\t%s\t%.0f\t%.0f\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%.2f\n", n, s, cps, p99, errs, du / 1e3 / checks,
+      printf "%d\t%s\t%.0f\t%.0f\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%.2f\t%d\t%d\t%s\n", n, s, cps, p99, errs, du / 1e3 / checks,
         (dp > 0 ? 100 * dt / dp : 0), du / 1e9 / secs, (g[1] + g[2]) / secs, pulls, pauses,
-        busy / hz / secs - du / 1e9 / secs - (g[1] + g[2]) / secs }' >>"$tmp/curve"
+        busy / hz / secs - du / 1e9 / secs - (g[1] + g[2]) / secs, fwd, fo, (s == "owner-aware" ? fb + 0 : "-") }' >>"$tmp/curve"
 }
 
 echo "capacity: nodes {$sizes}, $cpu core each (cpu.cfs_quota_us $quota of 100000), ${secs} s a round," \
@@ -224,8 +230,8 @@ for n in $sizes; do
   stop
 done
 
-printf '\n%-5s %-11s %10s %9s %6s %11s %10s %12s %10s %12s %7s %6s\n' nodes shape checks/s "p99 µs" errors "µs CPU/chk" throttled "server cores" "gen cores" "other cores" pulls pauses
-awk -F'\t' '{printf "%-5d %-11s %10.0f %9.0f %6d %11.2f %9.0f%% %12.2f %10.2f %12.2f %7d %6d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $12, $10, $11}' "$tmp/curve"
+printf '\n%-5s %-11s %10s %9s %6s %11s %10s %12s %10s %12s %7s %6s %10s %9s %9s\n' nodes shape checks/s "p99 µs" errors "µs CPU/chk" throttled "server cores" "gen cores" "other cores" pulls pauses forwarded stood-in "to any"
+awk -F'\t' '{printf "%-5d %-11s %10.0f %9.0f %6d %11.2f %9.0f%% %12.2f %10.2f %12.2f %7d %6d %10d %9d %9s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $12, $10, $11, $13, $14, $15}' "$tmp/curve"
 awk -F'\t' -v sizes="$sizes" '
   { cap[$2, $1] = $3; errs += $5 }
   END {

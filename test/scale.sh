@@ -34,8 +34,10 @@
 #              nodes is N² gRPC calls on N² new connections (at N=100 and 2 s,
 #              5000 loopback connections a second left in TIME_WAIT).
 #   stable     STABLE seconds with no traffic and no polling: each node's CPU
-#              (/proc/PID/stat utime+stime) and RSS (/proc/PID/status VmRSS)
-#              and the machine's CPU (/proc/stat) at the start and the end.
+#              (/proc/PID/stat utime+stime), RSS (/proc/PID/status VmRSS)
+#              and its own part, RssAnon (RSS less the binary's file pages,
+#              which every node on this machine shares, and which a node
+#              alone on its host holds once), and the machine's CPU (/proc/stat) at the start and the end.
 #   load       (SCALE_LOAD_RATE > 0) STABLE seconds of `sluice bench` from
 #              outside. bench has no rate option and is a closed loop whose
 #              caller w only ever calls address w of --addr, so the load is paced
@@ -294,18 +296,22 @@ alive_counts() {
     } }'
 }
 
-# sample FILE: "I TICKS RSS_KB" of every node ("I - -" for one not running),
+# sample FILE: "I TICKS RSS_KB ANON_KB" of every node ("I - - -" for one not
+# running; ANON is RssAnon, the node's own memory: RSS less the pages of the
+# binary, which every node on one machine shares),
 # then "machine BUSY TOTAL" from /proc/stat and "time US".
 sample() {
-  local i p line f rss k v _ us ni sy id io irq si st
+  local i p line f rss anon k v _ us ni sy id io irq si st
   {
     for ((i = 1; i <= n; i++)); do
       p=${pids[i]}
-      if ! is_running "$p" || ! { read -r line <"/proc/$p/stat"; } 2>/dev/null; then echo "$i - -"; continue; fi
+      if ! is_running "$p" || ! { read -r line <"/proc/$p/stat"; } 2>/dev/null; then echo "$i - - -"; continue; fi
       read -r -a f <<<"${line##*) }" # f[0] is field 3 (state): utime is f[11], stime f[12]
-      rss=0
-      while read -r k v _; do if [ "$k" = VmRSS: ]; then rss=$v; break; fi; done <"/proc/$p/status"
-      echo "$i $((f[11] + f[12])) $rss"
+      rss=0 anon=0
+      while read -r k v _; do
+        case $k in VmRSS:) rss=$v ;; RssAnon:) anon=$v; break ;; esac
+      done <"/proc/$p/status"
+      echo "$i $((f[11] + f[12])) $rss $anon"
     done
     read -r _ us ni sy id io irq si st _ </proc/stat
     echo "machine $((us + ni + sy + irq + si + st)) $((us + ni + sy + id + io + irq + si + st))"
@@ -315,18 +321,20 @@ sample() {
 }
 
 # cpu_stats FILE0 FILE1: "CPU_MS_S_MEAN CPU_MS_S_MAX CPU_MS_S_TOTAL RSS_MB_MEAN
-# RSS_MB_MAX RSS0_MB_MEAN MACHINE_BUSY_PCT SECONDS GONE" between two samples.
+# RSS_MB_MAX RSS0_MB_MEAN MACHINE_BUSY_PCT SECONDS GONE ANON_MB_MEAN ANON_MB_MAX"
+# between two samples (RSS and ANON at the second).
 cpu_stats() {
   awk -v hz="$hz" '
     NR == FNR { a[$1] = $2; r0[$1] = $3; next }
     $1 == "time" { secs = ($2 - a["time"]) / 1e6; next }
     $1 == "machine" { busy = $2 - a["machine"]; tot = $3 - r0["machine"]; next }
     $2 == "-" || a[$1] == "-" { gone++; next }
-    { t[$1] = $2 - a[$1]; rss = $3 / 1024; rsum += rss; if (rss > rmax) rmax = rss; r0sum += r0[$1] / 1024; k++ }
+    { t[$1] = $2 - a[$1]; rss = $3 / 1024; rsum += rss; if (rss > rmax) rmax = rss; r0sum += r0[$1] / 1024; k++
+      an = $4 / 1024; asum += an; if (an > amax) amax = an }
     END {
       for (i in t) { ms = t[i] * 1000 / hz / secs; sum += ms; if (ms > max) max = ms }
-      printf "%.2f %.2f %.1f %.1f %.1f %.1f %.1f %.1f %d\n", k ? sum / k : 0, max, sum, k ? rsum / k : 0, rmax, k ? r0sum / k : 0,
-        tot ? 100 * busy / tot : 0, secs, gone + 0
+      printf "%.2f %.2f %.1f %.1f %.1f %.1f %.1f %.1f %d %.1f %.1f\n", k ? sum / k : 0, max, sum, k ? rsum / k : 0, rmax, k ? r0sum / k : 0,
+        tot ? 100 * busy / tot : 0, secs, gone + 0, k ? asum / k : 0, amax
     }' "$1" "$2"
 }
 
@@ -506,7 +514,7 @@ sample "$tmp/cpu-idle1"
 scrape "$tmp/m-idle"
 metrics "$tmp/m-idle"
 offsets "$tmp/off-idle"
-read -r c_mean c_max c_tot r_mean r_max r0_mean busy secs gone <<<"$(cpu_stats "$tmp/cpu-idle0" "$tmp/cpu-idle1")"
+read -r c_mean c_max c_tot r_mean r_max r0_mean busy secs gone a_mean a_max <<<"$(cpu_stats "$tmp/cpu-idle0" "$tmp/cpu-idle1")"
 put idle_window_s "$secs"
 put idle_cpu_ms_s_mean "$c_mean"
 put idle_cpu_ms_s_max "$c_max"
@@ -515,6 +523,8 @@ put idle_machine_busy_pct "$busy"
 put rss_mb_start_mean "$r0_mean"
 put rss_mb_mean "$r_mean"
 put rss_mb_max "$r_max"
+put anon_mb_mean "$a_mean"
+put anon_mb_max "$a_max"
 put goroutines_mean "$(mval "$tmp/m-idle" goroutines_mean)"
 put goroutines_max "$(mval "$tmp/m-idle" goroutines_max)"
 put stable_nodes_exited "$gone"
@@ -523,7 +533,7 @@ stable_gone=$gone
 instability stable "$m_start" "$tmp/m-idle" "$o_start" "$tmp/off-idle"
 stable_failures=$(mdelta "$m_start" "$tmp/m-idle" 'sluice_membership_changes_total{event="fail"}')
 stable_pauses=$(mdelta "$m_start" "$tmp/m-idle" sluice_pauses_total)
-say "stable: CPU ${c_mean} ms/s per node (max ${c_max}), RSS ${r_mean} MB (max ${r_max}), machine ${busy}% busy; failures $stable_failures, pauses $stable_pauses"
+say "stable: CPU ${c_mean} ms/s per node (max ${c_max}), RSS ${r_mean} MB (max ${r_max}; the node's own ${a_mean}, max ${a_max}), machine ${busy}% busy; failures $stable_failures, pauses $stable_pauses"
 
 # --- membership events ---------------------------------------------------
 # Node N+1 joins the idle cluster, and 8 s later leaves (SIGTERM: a
@@ -539,7 +549,7 @@ if [ "$events" -gt 0 ]; then
     sample "$tmp/ev-b0"
     nap "$evw"
     sample "$tmp/ev-j0"
-    read -r _ _ idle_tot _ _ _ _ _ _ <<<"$(cpu_stats "$tmp/ev-b0" "$tmp/ev-j0")"
+    read -r _ _ idle_tot _ _ _ _ _ _ _ _ <<<"$(cpu_stats "$tmp/ev-b0" "$tmp/ev-j0")"
     start_node "$x"
     nap "$evw"
     sample "$tmp/ev-j1"
@@ -551,8 +561,8 @@ if [ "$events" -gt 0 ]; then
     unset 'pids[x]'
     nap_until $(($(awk '$1 == "time" { print $2 }' "$tmp/ev-j1") + evw * 1000000))
     sample "$tmp/ev-l1"
-    read -r _ _ j_tot _ _ _ _ j_secs j_gone <<<"$(cpu_stats "$tmp/ev-j0" "$tmp/ev-j1")"
-    read -r _ _ l_tot _ _ _ _ l_secs l_gone <<<"$(cpu_stats "$tmp/ev-j1" "$tmp/ev-l1")"
+    read -r _ _ j_tot _ _ _ _ j_secs j_gone _ _ <<<"$(cpu_stats "$tmp/ev-j0" "$tmp/ev-j1")"
+    read -r _ _ l_tot _ _ _ _ l_secs l_gone _ _ <<<"$(cpu_stats "$tmp/ev-j1" "$tmp/ev-l1")"
     if [ "$j_gone" != 0 ] || [ "$l_gone" != 0 ]; then fail "a node exited during the membership events"; fi
     awk -v jt="$j_tot" -v js="$j_secs" -v lt="$l_tot" -v ls="$l_secs" -v it="$idle_tot" \
       'BEGIN { printf "%.1f %.1f\n", (jt - it) * js, (lt - it) * ls }' >>"$tmp/ev-costs"
@@ -601,7 +611,7 @@ if [ "$rate" -gt 0 ]; then
   scrape "$tmp/m-load"
   metrics "$tmp/m-load"
   offsets "$tmp/off-load"
-  read -r c_mean c_max c_tot l_rmean l_rmax _ busy secs gone <<<"$(cpu_stats "$tmp/cpu-load0" "$tmp/cpu-load1")"
+  read -r c_mean c_max c_tot l_rmean l_rmax _ busy secs gone l_amean l_amax <<<"$(cpu_stats "$tmp/cpu-load0" "$tmp/cpu-load1")"
   # Each slot's bench summary: checks, errors, latency figures.
   for ((k = 0; k < slots; k++)); do
     awk -v want=$((calls * batch)) -v k="$k" '
@@ -633,11 +643,13 @@ if [ "$rate" -gt 0 ]; then
   put load_machine_busy_pct "$busy"
   put load_rss_mb_mean "$l_rmean"
   put load_rss_mb_max "$l_rmax"
+  put load_anon_mb_mean "$l_amean"
+  put load_anon_mb_max "$l_amax"
   put load_nodes_exited "$gone"
   put load_checks_answered "$(mdelta "$tmp/m-idle" "$tmp/m-load" sluice_checks_total)"
   put load_forward_errors "$(mdelta "$tmp/m-idle" "$tmp/m-load" sluice_forward_errors_total)"
   instability load "$tmp/m-idle" "$tmp/m-load" "$tmp/off-idle" "$tmp/off-load"
-  say "load: $l_checks checks in ${secs} s, $l_errs errors, CPU ${c_mean} ms/s per node, generator $((gen1 - gen0)) ticks"
+  say "load: $l_checks checks in ${secs} s, $l_errs errors, CPU ${c_mean} ms/s per node, RSS ${l_rmean} MB (max ${l_rmax}; the node's own ${l_amean}, max ${l_amax}), generator $((gen1 - gen0)) ticks"
 fi
 
 # --- overload ----------------------------------------------------------
@@ -699,8 +711,8 @@ if [ "$hog" -gt 0 ]; then
   nap_until $((h0 + (30 + hog) * 1000000))
   sample "$tmp/cpu-rec1"
   scrape "$tmp/m-hog2"; metrics "$tmp/m-hog2"; offsets "$tmp/off-hog2"
-  read -r b_mean b_max _ _ _ _ b_busy _ _ <<<"$(cpu_stats "$tmp/cpu-base0" "$tmp/cpu-base1")"
-  read -r r_mean r_max _ _ _ _ r_busy _ r_gone <<<"$(cpu_stats "$tmp/cpu-rec0" "$tmp/cpu-rec1")"
+  read -r b_mean b_max _ _ _ _ b_busy _ _ _ _ <<<"$(cpu_stats "$tmp/cpu-base0" "$tmp/cpu-base1")"
+  read -r r_mean r_max _ _ _ _ r_busy _ r_gone _ _ <<<"$(cpu_stats "$tmp/cpu-rec0" "$tmp/cpu-rec1")"
   read -r hb_checks hb_errs hb_p99 _ <<<"$(hog_summary 0 10)"
   read -r hh_checks hh_errs hh_p99 hh_max <<<"$(hog_summary 10 "$hog")"
   read -r ha_checks ha_errs ha_p99 _ <<<"$(hog_summary $((10 + hog)) 20)"
