@@ -57,9 +57,12 @@
 #               default 2, the node's default; 1 replicates nothing, to
 #               measure what replication costs)
 #   SLUICE_BIN  a prebuilt binary (default: go build ./cmd/sluice)
+#   CAP_KEEP    non-empty: keep the temp dir, with each node's log (warnings
+#               and errors, pauses among them) as log-N-I for node I of the
+#               N-node cluster
 # Needs root and a writable /sys/fs/cgroup/cpu (cgroup v1); exits 2
 # without. Nodes are stopped by PID, cgroups removed and the temp dir
-# deleted on exit, also on failure.
+# deleted on exit (the dir kept with CAP_KEEP), also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -100,7 +103,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   for g in "${groups[@]}"; do rmdir "$g" 2>/dev/null || true; done
-  rm -rf "$tmp"
+  if [ -n "${CAP_KEEP:-}" ]; then echo "capacity: kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT INT TERM
 bin=${SLUICE_BIN:-}
@@ -125,7 +128,7 @@ start() {
     rm -rf "$tmp/data-$i"
     "$bin" serve --node-name "cap-$i" --grpc-addr "$net.$i:8081" --http-addr "$net.$i:8080" \
       --gossip-addr "$net.$i:7946" --data-dir "$tmp/data-$i" --replicas "$replicas" --log-level warn "${join[@]}" \
-      </dev/null 2>"$tmp/log-$i" &
+      </dev/null 2>"$tmp/log-$n-$i" &
     pids[i]=$!
     for c in cpu cpuacct; do
       g=/sys/fs/cgroup/$c/sluice-cap-$$-$i
@@ -147,7 +150,7 @@ start() {
     sleep 0.1
   done
   echo "capacity: $n nodes did not see each other alive within 60 s; logs:" >&2
-  tail -n 5 "$tmp"/log-* >&2
+  tail -n 5 "$tmp"/log-"$n"-* >&2
   exit 1
 }
 
