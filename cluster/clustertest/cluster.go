@@ -143,6 +143,34 @@ func New(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
+// Formed returns a new cluster (New) of the named members, added at once
+// (AddMany) and settled; it fails t when they do not form.
+func Formed(t testing.TB, opts Options, names ...string) *Cluster {
+	t.Helper()
+	c := New(t, opts)
+	if err := c.AddMany(names...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// OwnedBy returns the first n keys prefix0, prefix1, … (of the limit
+// LimitName) that owner owns in the table of member via.
+func OwnedBy(c *Cluster, via, owner, prefix string, n int) []string {
+	tbl := c.Member(via).Node.Ring().Table()
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprint(prefix, i)
+		if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == owner {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
 // Member returns the member named name, or nil.
 func (c *Cluster) Member(name string) *Member { return c.members[name] }
 
