@@ -279,7 +279,7 @@ func (c *Cluster) start(m *Member, cfg cluster.Config) error {
 	// timers keep: timers of two nodes that fire together would run their
 	// goroutines in no fixed order.
 	time.Sleep(c.Gossip.Hold(time.Now(), []byte(m.Name), binary.LittleEndian.AppendUint64(nil, cfg.BootID)))
-	var peers cluster.Peers = countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c}
+	var peers cluster.Peers = countingPeers{memPeers: c.Peers.Peers(m.PeerAddr).(memPeers), c: c}
 	if c.opts.Peers != nil {
 		peers = c.opts.Peers(m.Name, peers)
 	}
@@ -497,18 +497,31 @@ func (c *Cluster) FailedForwards(key string) int64 {
 	return c.failed[key]
 }
 
-// countingPeers counts, per key, the items of forwards that failed.
-type countingPeers struct {
+// memPeers is what cluster.MemNetwork.Peers returns: the peer calls, and
+// those a node makes only when its Peers has them (lease returns, the
+// questions after a pause, region slices).
+type memPeers interface {
 	cluster.Peers
+	cluster.ReturnPeers
+	cluster.DecidedPeers
+	cluster.RegionPeers
+}
+
+// countingPeers counts, per key, the items of forwards that failed. It
+// passes every other call on, the optional ones included: embedding
+// cluster.Peers alone would hide them from the node, which would then
+// return no lease, ask nothing after a pause and lend no region slice.
+type countingPeers struct {
+	memPeers
 	c *Cluster
 }
 
 func (p countingPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
-	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out, movedTo))
+	return p.count(reqs, p.memPeers.Forward(ctx, addr, reqs, out, movedTo))
 }
 
 func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
-	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
+	return p.count(reqs, p.memPeers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
 }
 
 func (p countingPeers) count(reqs []check.Request, err error) error {
