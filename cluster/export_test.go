@@ -11,6 +11,10 @@ import (
 	"github.com/sluicehq/sluice/cluster/ownership"
 )
 
+// PauseQueryTimeout is pauseQueryTimeout: the longest a round of pause
+// questions takes.
+const PauseQueryTimeout = pauseQueryTimeout
+
 // ToPhase moves n's lifecycle to p (lifecycle.to).
 func (n *Node) ToPhase(p ownership.Phase) (from ownership.Phase, ok bool) { return n.life.to(p) }
 
@@ -26,3 +30,7 @@ func (n *Node) SettleBatch(ctx context.Context, s *ownership.Settle, now int64) 
 
 // Rebuild rebuilds n's ring from its membership (rebuild).
 func (n *Node) Rebuild() { n.rebuild() }
+
+// NoteRemoved records in n's ledger that n took the member name out of
+// its ring now.
+func (n *Node) NoteRemoved(name string) { n.ledger.Removed(name, n.now().UnixNano()) }
