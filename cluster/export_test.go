@@ -28,6 +28,9 @@ func (n *Node) SettleBatch(ctx context.Context, s *ownership.Settle, now int64) 
 	return n.settleBatch(ctx, s, nil, now)
 }
 
+// Book returns n's record of moves and releases.
+func (n *Node) Book() *ownership.Book { return n.book }
+
 // Rebuild rebuilds n's ring from its membership (rebuild).
 func (n *Node) Rebuild() { n.rebuild() }
 
