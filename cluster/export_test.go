@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/ownership"
+	"github.com/sluicehq/sluice/ring"
 )
 
 // PauseQueryTimeout is pauseQueryTimeout: the longest a round of pause
@@ -33,6 +34,12 @@ func (n *Node) Book() *ownership.Book { return n.book }
 
 // Rebuild rebuilds n's ring from its membership (rebuild).
 func (n *Node) Rebuild() { n.rebuild() }
+
+// RegionSync runs one round of n's asks to the home regions (regionSync).
+func (n *Node) RegionSync() { n.regionSync() }
+
+// HomeRegion returns the home region of the key key of the limit name.
+func (n *Node) HomeRegion(name, key string) string { return n.regions.home(ring.Hash(name, key)) }
 
 // NoteRemoved records in n's ledger that n took the member name out of
 // its ring now.

@@ -53,6 +53,9 @@ type Options struct {
 	// Configure, when set, is called on every node's config before the
 	// node is built (defaults: cluster.DefaultConfig with the fast failure
 	// detection, a memory store, the cluster's networks, quiet logs).
+	// A node it gives a Region joins only the members of that region:
+	// each region is a gossip pool of its own (add a region's first member
+	// alone, then the others).
 	Configure func(*cluster.Config)
 	// Log receives the nodes' logs; nil discards them.
 	Log *slog.Logger
@@ -97,6 +100,9 @@ type Member struct {
 	GossipAddr string
 	PeerAddr   string
 	State      State
+	// Region is the node's Config.Region (set by Options.Configure): ""
+	// without regions.
+	Region string
 	// Node is the running node (nil unless Up).
 	Node *cluster.Node
 	// Store is the node's store; after a crash, what its disk held.
@@ -253,9 +259,14 @@ func (c *Cluster) newMember(name string, taken map[string]bool) (*Member, error)
 	if name == "" || strings.ContainsAny(name, " ,/") {
 		return nil, fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
 	}
-	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore(),
+	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: PeerAddr(name), Store: writeback.NewMemStore(),
 		OverridesFile: filepath.Join(c.dir, name+".overrides")}, nil
 }
+
+// PeerAddr is the address of the member named name on the peer network
+// (Member.PeerAddr, its Config.GRPCAddr), known before the member is
+// added: what another node's Config.RegionPeers names it by.
+func PeerAddr(name string) string { return "peer-" + name }
 
 // Restart starts again a member that left or crashed, at the same
 // addresses, on a copy of its store (for a crash, what was flushed before
@@ -335,6 +346,17 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	if c.opts.Configure != nil {
 		c.opts.Configure(&cfg)
 	}
+	// Each region is a gossip pool of its own: a node joins only members
+	// of its region.
+	m.Region = cfg.Region
+	cfg.Join = slices.DeleteFunc(cfg.Join, func(addr string) bool {
+		for _, o := range c.members {
+			if o.GossipAddr == addr {
+				return o.Region != m.Region
+			}
+		}
+		return false
+	})
 	return cfg
 }
 
@@ -536,8 +558,8 @@ func (p countingPeers) count(reqs []check.Request, err error) error {
 }
 
 // Settle lets the bubble's time run until every member that is up is
-// ready and its ring holds exactly the members that are up and on its side
-// of a partition; it fails after SettleTimeout. It must be called from the
+// ready and its ring holds exactly the members that are up, on its side
+// of a partition and in its region; it fails after SettleTimeout. It must be called from the
 // bubble's main goroutine; it cannot settle one-way drops.
 func (c *Cluster) Settle() error {
 	if c.drops {
@@ -561,9 +583,9 @@ func (c *Cluster) Settle() error {
 // member, so that a look at a thousand members stays cheap.
 func (c *Cluster) settled() string {
 	up := c.Up()
-	want := map[int][]string{} // by group; one group when whole
+	want := map[side][]string{} // one side when whole and without regions
 	for _, o := range up {
-		want[c.groups[o]] = append(want[c.groups[o]], o)
+		want[c.side(o)] = append(want[c.side(o)], o)
 	}
 	for _, w := range want {
 		sort.Strings(w)
@@ -573,7 +595,7 @@ func (c *Cluster) settled() string {
 		if !n.Ready() {
 			return name + " is not ready"
 		}
-		w := want[c.groups[name]]
+		w := want[c.side(name)]
 		have := n.Ring().Table().Members() // sorted by name
 		if !slices.EqualFunc(have, w, func(m ring.Member, s string) bool { return m.Name == s }) {
 			return fmt.Sprintf("%s's ring %s", name, ringDiff(have, w))
@@ -589,12 +611,24 @@ func (c *Cluster) settled() string {
 			if ms.State != cluster.StateAlive && ms.State != cluster.StateSuspect {
 				continue
 			}
-			if o := c.members[ms.Name]; o == nil || o.State != Up || c.groups[o.Name] != c.groups[name] {
+			if o := c.members[ms.Name]; o == nil || o.State != Up || c.side(o.Name) != c.side(name) {
 				return fmt.Sprintf("%s sees %s %s", name, ms.Name, ms.State)
 			}
 		}
 	}
 	return ""
+}
+
+// side is where a member's ring ends: its group of a partition and its
+// region.
+type side struct {
+	group  int
+	region string
+}
+
+// side returns the side of the member named name.
+func (c *Cluster) side(name string) side {
+	return side{c.groups[name], c.members[name].Region}
 }
 
 // ringDiff says how a ring's members (sorted by name) differ from want
