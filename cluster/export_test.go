@@ -44,3 +44,6 @@ func (n *Node) HomeRegion(name, key string) string { return n.regions.home(ring.
 // NoteRemoved records in n's ledger that n took the member name out of
 // its ring now.
 func (n *Node) NoteRemoved(name string) { n.ledger.Removed(name, n.now().UnixNano()) }
+
+// MeterIdle reports whether n's rate meter stopped for want of checks.
+func (n *Node) MeterIdle() bool { return n.meter.idle.Load() }
