@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,33 +92,6 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting until %s", d, what)
 		}
 		<-tick.C
-	}
-}
-
-// StepClock moves a test's clock (read by the nodes' Config.Now) to to, in
-// steps shorter than the nodes' forward timeout, and waits after each step
-// (and when the clock is at to already) until every node's pause heartbeat
-// has stamped it. A jump past the
-// forward timeout from a node's last stamp would look to it like a pause
-// of its process, which it handles by pulling its keys again.
-func StepClock(t testing.TB, clock *atomic.Int64, nodes []*Node, to int64) {
-	t.Helper()
-	step := int64(time.Hour)
-	for _, n := range nodes {
-		step = min(step, int64(n.cfg.ForwardTimeout)/2)
-	}
-	for at := clock.Load(); ; {
-		if at < to {
-			at = min(at+step, to)
-			clock.Store(at)
-		}
-		for _, n := range nodes {
-			WaitFor(t, 10*time.Second, n.Name()+"'s pause heartbeat at the test's new time",
-				func() bool { return n.beat.last.Load() >= at })
-		}
-		if at >= to {
-			return
-		}
 	}
 }
 

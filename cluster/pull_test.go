@@ -1,10 +1,10 @@
 package cluster
 
-// Tests of pulls: not while draining, merged copies, pruned releases. (A
-// new owner taking a key's counter from its old holder, a leaving node that
-// does not take a pulled key back, crossed pulls, a check right after the
-// table changes, and batched pulls after a join: cluster/clustertest's
-// pull_test.go and pullbatch_test.go.)
+// Tests of pulls: merged copies, pruned releases. (Not while draining:
+// settle_test.go. A new owner taking a key's counter from its old holder,
+// a leaving node that does not take a pulled key back, crossed pulls, a
+// check right after the table changes, and batched pulls after a join:
+// cluster/clustertest's pull_test.go and pullbatch_test.go.)
 
 import (
 	"context"
@@ -14,44 +14,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/cluster/check"
 	"github.com/sluicehq/sluice/cluster/keymove"
 	"github.com/sluicehq/sluice/cluster/ownership"
-	"github.com/sluicehq/sluice/ring"
 	"github.com/sluicehq/sluice/writeback"
 )
-
-// A draining node settles nothing: a pull releases the key at its holder,
-// which then sends the key's checks to the leaving node, after it has
-// handed its counters on.
-func TestDrainingNodePullsNothing(t *testing.T) {
-	t.Parallel()
-	nodes, net := memCluster(t, 3, nil)
-	keys := keysOwnedBy(nodes[2], "n2", 10)
-	reqs := make([]check.Request, len(keys))
-	for i, k := range keys {
-		reqs[i] = req("api", k, 1, 10)
-	}
-	// Draining began after the batch's table was read (that table still
-	// has n2 own the keys): the batch settle must see it.
-	for _, p := range []ownership.Phase{ownership.Leaving, ownership.Draining} {
-		if from, ok := nodes[2].life.to(p); !ok {
-			t.Fatalf("n2 cannot go from %s to %s", from, p)
-		}
-	}
-	before := net.Pulls(memAddr(2))
-	nodes[2].presettle(context.Background(), reqs, false, true, t0.UnixNano(), func(uint64) bool { return true })
-	if pulls := net.Pulls(memAddr(2)) - before; pulls != 0 {
-		t.Fatalf("a draining node made %d Pull calls", pulls)
-	}
-	for _, k := range keys {
-		for _, n := range nodes[:2] {
-			if n.Cache().Fenced(ring.Hash("api", k), writeback.Key{Name: "api", Key: k}, t0.UnixNano()) {
-				t.Fatalf("%s released %s to a draining node", n.Name(), k)
-			}
-		}
-	}
-}
 
 // TestMergeCopiesOfAPull: a pull that gets several copies of a key (the
 // sides of a healed partition each decided it) keeps their merge where the

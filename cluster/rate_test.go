@@ -117,19 +117,3 @@ func TestMeterLoopMissesNoCheck(t *testing.T) {
 		}
 	})
 }
-
-// TestNodeRateMeterStopsWhenIdle: a started node's rate meter stops
-// without checks, a check starts it again and is counted, and it stops
-// again once checks stop.
-func TestNodeRateMeterStopsWhenIdle(t *testing.T) {
-	t.Parallel()
-	n := StartNode(t, NodeConfig(t, "solo", "127.0.0.1:1"), NoPeers{}, "")
-	WaitFor(t, 10*time.Second, "the meter stops without checks", n.meter.idle.Load)
-	if o := check1(n, req("api", "k", 1, 10)); o.Err != "" {
-		t.Fatal(o.Err)
-	}
-	WaitFor(t, 10*time.Second, "the check is counted", func() bool { return n.Status().ChecksPerSecond > 0 })
-	WaitFor(t, 10*time.Second, "the meter stops again", func() bool {
-		return n.meter.idle.Load() && n.Status().ChecksPerSecond == 0
-	})
-}

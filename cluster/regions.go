@@ -423,9 +423,12 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *check.RegionAsk, from uint
 	if a.Return > 0 {
 		n.gate.RLock()
 		eff := ownership.Step(n.facts(n.ring.Table(), h, k, lims, now), ownership.Event{Kind: ownership.Forwarded})
-		if eff.Forward {
+		if eff.Redirect != "" {
+			// Another node decides the key (a forwarded event is never
+			// forwarded again: Step redirects it): the return goes on to
+			// it with the ask.
 			n.gate.RUnlock()
-			return n.ownerAddr(h)
+			return eff.Redirect
 		}
 		if eff.DecidesAsItStands() {
 			if hits := n.regions.book.Return(h, from, a.ReturnGrantedAt, a.Return); hits > 0 {
@@ -476,16 +479,6 @@ func (n *Node) grantRegionAsk(ctx context.Context, a *check.RegionAsk, from uint
 	out.Lease = check.Lease{Tokens: size, TTL: ttl, GrantedAt: now}
 	n.stats.regionLent.Add(uint64(size))
 	return ""
-}
-
-// ownerAddr is the gRPC address of the owner of ring hash h in this
-// node's ring ("" when none).
-func (n *Node) ownerAddr(h uint64) string {
-	o, ok := n.ring.Table().Owner(h)
-	if !ok || o.Name == n.name {
-		return ""
-	}
-	return o.Addr
 }
 
 // RegionLink is what Status says about one other region (LastAnswer zero:

@@ -53,6 +53,9 @@ type Options struct {
 	// Configure, when set, is called on every node's config before the
 	// node is built (defaults: cluster.DefaultConfig with the fast failure
 	// detection, a memory store, the cluster's networks, quiet logs).
+	// A node it gives a Region joins only the members of that region:
+	// each region is a gossip pool of its own (add a region's first member
+	// alone, then the others).
 	Configure func(*cluster.Config)
 	// Log receives the nodes' logs; nil discards them.
 	Log *slog.Logger
@@ -97,6 +100,9 @@ type Member struct {
 	GossipAddr string
 	PeerAddr   string
 	State      State
+	// Region is the node's Config.Region (set by Options.Configure): ""
+	// without regions.
+	Region string
 	// Node is the running node (nil unless Up).
 	Node *cluster.Node
 	// Store is the node's store; after a crash, what its disk held.
@@ -141,6 +147,34 @@ func New(t testing.TB, opts Options) *Cluster {
 	}
 	t.Cleanup(c.Close)
 	return c
+}
+
+// Formed returns a new cluster (New) of the named members, added at once
+// (AddMany) and settled; it fails t when they do not form.
+func Formed(t testing.TB, opts Options, names ...string) *Cluster {
+	t.Helper()
+	c := New(t, opts)
+	if err := c.AddMany(names...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// OwnedBy returns the first n keys prefix0, prefix1, … (of the limit
+// LimitName) that owner owns in the table of member via.
+func OwnedBy(c *Cluster, via, owner, prefix string, n int) []string {
+	tbl := c.Member(via).Node.Ring().Table()
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprint(prefix, i)
+		if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == owner {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // Member returns the member named name, or nil.
@@ -225,9 +259,14 @@ func (c *Cluster) newMember(name string, taken map[string]bool) (*Member, error)
 	if name == "" || strings.ContainsAny(name, " ,/") {
 		return nil, fmt.Errorf("add %q: a name is non-empty, without spaces, commas or slashes", name)
 	}
-	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: "peer-" + name, Store: writeback.NewMemStore(),
+	return &Member{Name: name, GossipAddr: c.Gossip.NewAddr(), PeerAddr: PeerAddr(name), Store: writeback.NewMemStore(),
 		OverridesFile: filepath.Join(c.dir, name+".overrides")}, nil
 }
+
+// PeerAddr is the address of the member named name on the peer network
+// (Member.PeerAddr, its Config.GRPCAddr), known before the member is
+// added: what another node's Config.RegionPeers names it by.
+func PeerAddr(name string) string { return "peer-" + name }
 
 // Restart starts again a member that left or crashed, at the same
 // addresses, on a copy of its store (for a crash, what was flushed before
@@ -251,7 +290,7 @@ func (c *Cluster) start(m *Member, cfg cluster.Config) error {
 	// timers keep: timers of two nodes that fire together would run their
 	// goroutines in no fixed order.
 	time.Sleep(c.Gossip.Hold(time.Now(), []byte(m.Name), binary.LittleEndian.AppendUint64(nil, cfg.BootID)))
-	var peers cluster.Peers = countingPeers{Peers: c.Peers.Peers(m.PeerAddr), c: c}
+	var peers cluster.Peers = countingPeers{memPeers: c.Peers.Peers(m.PeerAddr).(memPeers), c: c}
 	if c.opts.Peers != nil {
 		peers = c.opts.Peers(m.Name, peers)
 	}
@@ -307,6 +346,17 @@ func (c *Cluster) config(m *Member) cluster.Config {
 	if c.opts.Configure != nil {
 		c.opts.Configure(&cfg)
 	}
+	// Each region is a gossip pool of its own: a node joins only members
+	// of its region.
+	m.Region = cfg.Region
+	cfg.Join = slices.DeleteFunc(cfg.Join, func(addr string) bool {
+		for _, o := range c.members {
+			if o.GossipAddr == addr {
+				return o.Region != m.Region
+			}
+		}
+		return false
+	})
 	return cfg
 }
 
@@ -469,18 +519,31 @@ func (c *Cluster) FailedForwards(key string) int64 {
 	return c.failed[key]
 }
 
-// countingPeers counts, per key, the items of forwards that failed.
-type countingPeers struct {
+// memPeers is what cluster.MemNetwork.Peers returns: the peer calls, and
+// those a node makes only when its Peers has them (lease returns, the
+// questions after a pause, region slices).
+type memPeers interface {
 	cluster.Peers
+	cluster.ReturnPeers
+	cluster.DecidedPeers
+	cluster.RegionPeers
+}
+
+// countingPeers counts, per key, the items of forwards that failed. It
+// passes every other call on, the optional ones included: embedding
+// cluster.Peers alone would hide them from the node, which would then
+// return no lease, ask nothing after a pause and lend no region slice.
+type countingPeers struct {
+	memPeers
 	c *Cluster
 }
 
 func (p countingPeers) Forward(ctx context.Context, addr string, reqs []check.Request, out []check.Outcome, movedTo []string) error {
-	return p.count(reqs, p.Peers.Forward(ctx, addr, reqs, out, movedTo))
+	return p.count(reqs, p.memPeers.Forward(ctx, addr, reqs, out, movedTo))
 }
 
 func (p countingPeers) ForwardStandIn(ctx context.Context, addr string, reqs []check.Request, pullFrom []string, out []check.Outcome, movedTo []string) error {
-	return p.count(reqs, p.Peers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
+	return p.count(reqs, p.memPeers.ForwardStandIn(ctx, addr, reqs, pullFrom, out, movedTo))
 }
 
 func (p countingPeers) count(reqs []check.Request, err error) error {
@@ -495,8 +558,8 @@ func (p countingPeers) count(reqs []check.Request, err error) error {
 }
 
 // Settle lets the bubble's time run until every member that is up is
-// ready and its ring holds exactly the members that are up and on its side
-// of a partition; it fails after SettleTimeout. It must be called from the
+// ready and its ring holds exactly the members that are up, on its side
+// of a partition and in its region; it fails after SettleTimeout. It must be called from the
 // bubble's main goroutine; it cannot settle one-way drops.
 func (c *Cluster) Settle() error {
 	if c.drops {
@@ -520,9 +583,9 @@ func (c *Cluster) Settle() error {
 // member, so that a look at a thousand members stays cheap.
 func (c *Cluster) settled() string {
 	up := c.Up()
-	want := map[int][]string{} // by group; one group when whole
+	want := map[side][]string{} // one side when whole and without regions
 	for _, o := range up {
-		want[c.groups[o]] = append(want[c.groups[o]], o)
+		want[c.side(o)] = append(want[c.side(o)], o)
 	}
 	for _, w := range want {
 		sort.Strings(w)
@@ -532,7 +595,7 @@ func (c *Cluster) settled() string {
 		if !n.Ready() {
 			return name + " is not ready"
 		}
-		w := want[c.groups[name]]
+		w := want[c.side(name)]
 		have := n.Ring().Table().Members() // sorted by name
 		if !slices.EqualFunc(have, w, func(m ring.Member, s string) bool { return m.Name == s }) {
 			return fmt.Sprintf("%s's ring %s", name, ringDiff(have, w))
@@ -548,12 +611,24 @@ func (c *Cluster) settled() string {
 			if ms.State != cluster.StateAlive && ms.State != cluster.StateSuspect {
 				continue
 			}
-			if o := c.members[ms.Name]; o == nil || o.State != Up || c.groups[o.Name] != c.groups[name] {
+			if o := c.members[ms.Name]; o == nil || o.State != Up || c.side(o.Name) != c.side(name) {
 				return fmt.Sprintf("%s sees %s %s", name, ms.Name, ms.State)
 			}
 		}
 	}
 	return ""
+}
+
+// side is where a member's ring ends: its group of a partition and its
+// region.
+type side struct {
+	group  int
+	region string
+}
+
+// side returns the side of the member named name.
+func (c *Cluster) side(name string) side {
+	return side{c.groups[name], c.members[name].Region}
 }
 
 // ringDiff says how a ring's members (sorted by name) differ from want

@@ -24,13 +24,13 @@ func smallCache(cfg *cluster.Config) {
 // and a key first checked after the window started from nothing.)
 func TestEvictedKeyMovesWithAJoin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: smallCache}, "n1", "n2", "n3")
+		c := Formed(t, Options{Configure: smallCache}, "n1", "n2", "n3")
 		r := NewRunner(c)
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
 		const limit, hits = 5, 3
-		keys := ownedBy(c, "n1", "n1", "idle:", 120)
+		keys := OwnedBy(c, "n1", "n1", "idle:", 120)
 		for _, k := range keys {
 			if got := admitted(t, c, "n1", k, limit, hits); got != hits {
 				t.Fatalf("key %s: %d of %d admitted", k, got, hits)
@@ -72,13 +72,13 @@ func TestEvictedKeyMovesWithAJoin(t *testing.T) {
 // to the new replica, and the owner's crash lost the others' counts.)
 func TestEvictedKeyReachesANewReplica(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: smallCache}, "n1", "n2", "n3")
+		c := Formed(t, Options{Configure: smallCache}, "n1", "n2", "n3")
 		const limit, hits = 5, 3
 		tbl := c.Member("n1").Node.Ring().Table()
 		// n1's keys with one replica, which crashes; the other member
 		// becomes their replica.
 		byReplica := map[string][]string{}
-		for _, k := range ownedBy(c, "n1", "n1", "idle:", 200) {
+		for _, k := range OwnedBy(c, "n1", "n1", "idle:", 200) {
 			if row := tbl.Replicas(ring.Hash(LimitName, k), nil); len(row) == 2 {
 				byReplica[row[1].Name] = append(byReplica[row[1].Name], k)
 			}
@@ -127,9 +127,9 @@ func TestEvictedKeyReachesANewReplica(t *testing.T) {
 // key.)
 func TestRestartedNodeHandsOffNothingBeforeItIsInTheRing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		const limit, hits = 10, 3
-		keys := ownedBy(c, "n1", "n2", "stale:", 20)
+		keys := OwnedBy(c, "n1", "n2", "stale:", 20)
 		for _, k := range keys {
 			if got := admitted(t, c, "n1", k, limit, hits); got != hits {
 				t.Fatalf("key %s: %d of %d admitted", k, got, hits)

@@ -26,10 +26,10 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 	for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+				r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 				c := r.C
 				// Keys that n1 owns, checked through n2 and n3.
-				keys := ownedBy(c, "n1", "n1", "k", 20)
+				keys := OwnedBy(c, "n1", "n1", "k", 20)
 				// Past the move windows of the formation, so that no check
 				// below pulls its key first.
 				if err := r.pastMoveWindow(); err != nil {
@@ -97,9 +97,9 @@ func TestFailoverToReplicaBeforeDetection(t *testing.T) {
 // and no other node does.
 func TestReplicasHoldTheOwnersCounts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		owner := c.Member("n1").Node
-		key := ownedBy(c, "n1", "n1", "k", 1)[0]
+		key := OwnedBy(c, "n1", "n1", "k", 1)[0]
 		const hits = 7
 		if o, err := c.Check("n2", key, 100, hits); err != nil || o.Owner != "n1" {
 			t.Fatalf("%+v, %v", o, err)
@@ -133,11 +133,11 @@ func TestOwnerUnavailable(t *testing.T) {
 		for name, fault := range map[string]cluster.Fault{"refuse": cluster.Refuse, "blackhole": cluster.Blackhole} {
 			t.Run(fmt.Sprint(policy, "/", name), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					c := formed(t, Options{Configure: func(cfg *cluster.Config) {
+					c := Formed(t, Options{Configure: func(cfg *cluster.Config) {
 						cfg.OwnerUnavailable = policy
 						cfg.Ring.ReplicationFactor = 1 // no replica to fail over to
 					}}, "n1", "n2")
-					key := ownedBy(c, "n1", "n2", "k", 1)[0]
+					key := OwnedBy(c, "n1", "n2", "k", 1)[0]
 					c.Peers.Cut(c.Member("n1").PeerAddr, c.Member("n2").PeerAddr, fault)
 					start := time.Now()
 					o, err := c.Check("n1", key, 10, 1)
@@ -194,8 +194,8 @@ func (p *abandoningPeers) Forward(ctx context.Context, addr string, reqs []check
 func TestAbandonedForwardFailsOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		abandon := &abandoningPeers{}
-		c := formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { abandon.Peers = p; return abandon })}, "n0", "n1", "n2")
-		key := ownedBy(c, "n0", "n1", "abandoned:", 1)[0]
+		c := Formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { abandon.Peers = p; return abandon })}, "n0", "n1", "n2")
+		key := OwnedBy(c, "n0", "n1", "abandoned:", 1)[0]
 		o, err := c.Check("n0", key, 10, 1)
 		if err != nil || !o.Allowed() {
 			t.Fatalf("answer %+v, %v; want a decision from the replica", o, err)

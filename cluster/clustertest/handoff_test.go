@@ -49,7 +49,7 @@ func (h *holdReplicates) Replicate(ctx context.Context, addr string, handoff boo
 func TestReclaimWaitsForThePush(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hold := &holdReplicates{pushed: make(chan struct{}), release: make(chan struct{})}
-		c := formed(t, Options{
+		c := Formed(t, Options{
 			// No leases: every check is decided where the test sends it.
 			Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 },
 			// n2, the key's new owner, must hold no copy of it when the
@@ -58,7 +58,7 @@ func TestReclaimWaitsForThePush(t *testing.T) {
 			Peers: peersOf("n1", func(p cluster.Peers) cluster.Peers { hold.Peers = p; return hold }),
 		}, "n0", "n1")
 		const limit, before = 10, 3
-		keys := ownedBy(c, "n1", "n1", "reclaim:", 40)
+		keys := OwnedBy(c, "n1", "n1", "reclaim:", 40)
 		for _, k := range keys {
 			if got := admitted(t, c, "n1", k, limit, before); got != before {
 				t.Fatalf("key %s: admitted %d of %d", k, got, before)
@@ -127,8 +127,8 @@ func TestReclaimWaitsForThePush(t *testing.T) {
 // the owner's answer names X.
 func TestReleasedKeyIsNotHandedOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n0", "n1", "n2")
-		keys := ownedBy(c, "n0", "n0", "released:", 40)
+		c := Formed(t, Options{}, "n0", "n1", "n2")
+		keys := OwnedBy(c, "n0", "n0", "released:", 40)
 		for _, k := range keys {
 			if got := admitted(t, c, "n0", k, 10, 3); got != 3 {
 				t.Fatalf("key %s: %d of 3 admitted", k, got)

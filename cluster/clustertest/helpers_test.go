@@ -2,7 +2,6 @@ package clustertest
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 
@@ -11,19 +10,6 @@ import (
 
 	"github.com/sluicehq/sluice/ring"
 )
-
-// formed returns a cluster of the named members, settled.
-func formed(t *testing.T, opts Options, names ...string) *Cluster {
-	t.Helper()
-	c := New(t, opts)
-	if err := c.AddMany(names...); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Settle(); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 // peersOf returns an Options.Peers that hands the peer calls of the
 // member named member to wrap (a test's fault on that node's calls), and
@@ -35,20 +21,6 @@ func peersOf(member string, wrap func(cluster.Peers) cluster.Peers) func(string,
 		}
 		return wrap(p)
 	}
-}
-
-// ownedBy returns the first n keys prefix0, prefix1, … that owner owns in
-// the table of member via.
-func ownedBy(c *Cluster, via, owner, prefix string, n int) []string {
-	tbl := c.Member(via).Node.Ring().Table()
-	var keys []string
-	for i := 0; len(keys) < n; i++ {
-		k := fmt.Sprint(prefix, i)
-		if o, _ := tbl.Owner(ring.Hash(LimitName, k)); o.Name == owner {
-			keys = append(keys, k)
-		}
-	}
-	return keys
 }
 
 // admitted sends n single hits against key (limit per Window) through via
@@ -95,7 +67,7 @@ func replicaTakesOver(t *testing.T, c *Cluster, owner, replica string, n int) []
 		t.Fatal(err)
 	}
 	var keys []string
-	for _, k := range ownedBy(c, replica, owner, "handed:", 200) {
+	for _, k := range OwnedBy(c, replica, owner, "handed:", 200) {
 		h := ring.Hash(LimitName, k)
 		row := tbl.Replicas(h, nil)
 		if next, _ := without.Owner(h); len(row) > 1 && row[1].Name == replica && next.Name == replica {

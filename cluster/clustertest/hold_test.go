@@ -33,12 +33,12 @@ func hold(t *testing.T, c *Cluster, via string, r check.Request) check.Outcome {
 // client's check cannot ask a lease operation.
 func TestConcurrencyLimitAcrossTheCluster(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+		r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 		c := r.C
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
-		key := ownedBy(c, "n1", "n1", "jobs", 1)[0]
+		key := OwnedBy(c, "n1", "n1", "jobs", 1)[0]
 		const limit, ttl = 3, 10 * time.Second
 		var leases []int64
 		for i, via := range []string{"n1", "n2", "n3", "n2", "n3"} {
@@ -102,7 +102,7 @@ func TestConcurrencyLimitAcrossTheCluster(t *testing.T) {
 // five hold a lease.
 func TestConcurrentAcquiresHoldExactlyTheLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+		r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 		c := r.C
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
@@ -141,11 +141,11 @@ func TestConcurrentAcquiresHoldExactlyTheLimit(t *testing.T) {
 // found nothing held.)
 func TestServePolicyDecidesLeaseOperations(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: func(cfg *cluster.Config) {
+		c := Formed(t, Options{Configure: func(cfg *cluster.Config) {
 			cfg.OwnerUnavailable = cluster.OwnerUnavailableServe
 			cfg.Ring.ReplicationFactor = 1 // no replica to fail over to
 		}}, "n1", "n2")
-		key := ownedBy(c, "n1", "n2", "served", 1)[0]
+		key := OwnedBy(c, "n1", "n2", "served", 1)[0]
 		c.Peers.Cut(c.Member("n1").PeerAddr, c.Member("n2").PeerAddr, cluster.Refuse)
 		o := hold(t, c, "n1", holdReq(key, check.OpAcquire, 2, time.Minute, 0))
 		if o.LeaseID == 0 || o.Owner != "n1" || o.Remaining != 1 {

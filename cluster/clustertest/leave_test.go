@@ -85,7 +85,7 @@ func incompleteLeave(t *testing.T, cut string) {
 	stall := newGatedReplicate(func(_ string, handoff bool) bool { return handoff })
 	logs := newLogLines()
 	const timeout = 200 * time.Millisecond
-	c := formed(t, Options{
+	c := Formed(t, Options{
 		Log:   slog.New(logs),
 		Peers: peersOf("n1", func(p cluster.Peers) cluster.Peers { stall.Peers = p; return stall }),
 		Configure: func(cfg *cluster.Config) {
@@ -99,7 +99,7 @@ func incompleteLeave(t *testing.T, cut string) {
 		t.Fatal(err)
 	}
 	const limit, before = 10, 3
-	keys := ownedBy(c, "n0", "n1", "leave:", 40)
+	keys := OwnedBy(c, "n0", "n1", "leave:", 40)
 	for _, k := range keys {
 		if o, err := c.Check("n0", k, limit, before); err != nil || o.Owner != "n1" || o.Decision.Remaining != limit-before {
 			t.Fatalf("%s: %+v, %v", k, o, err)
@@ -204,7 +204,7 @@ func TestGracefulLeaveHandsOn100kCounters(t *testing.T) {
 	}
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n0", "n1")
+		c := Formed(t, Options{}, "n0", "n1")
 		r := NewRunner(c)
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)

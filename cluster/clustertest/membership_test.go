@@ -18,7 +18,7 @@ import (
 // status lists it as left, not dead.
 func TestLeaveShrinksEveryRing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		if err := c.Leave("n3"); err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +48,7 @@ func TestLeaveShrinksEveryRing(t *testing.T) {
 // third joins, whichever node the checks go through.
 func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2")
+		c := Formed(t, Options{}, "n1", "n2")
 		const keys, limit, before = 200, 10, 6
 		for k := range keys {
 			key := fmt.Sprint("user:", k)
@@ -86,7 +86,7 @@ func TestJoinMovesCountersToTheNewOwner(t *testing.T) {
 // is left of its limit afterwards.
 func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		// Past the move windows of the formation: keys moved then are
 		// pulled on first touch, and a leave hands off only settled keys.
 		r := NewRunner(c)
@@ -94,7 +94,7 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 			t.Fatal(err)
 		}
 		tbl := c.Member("n1").Node.Ring().Table()
-		keys := ownedBy(c, "n1", "n3", "user:", 50)
+		keys := OwnedBy(c, "n1", "n3", "user:", 50)
 		const limit, before = 10, 6
 		for _, k := range keys {
 			if o, err := c.Check("n1", k, limit, before); err != nil || o.Owner != "n3" || o.Decision.Remaining != limit-before {
@@ -131,13 +131,13 @@ func TestGracefulLeaveHandsEveryCounterOn(t *testing.T) {
 // again.
 func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		r := NewRunner(c)
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
 		const limit = 6
-		keys := ownedBy(c, "n1", "n3", "multi:", 20)
+		keys := OwnedBy(c, "n1", "n3", "multi:", 20)
 		multi := func(via, k string, times int) int {
 			got := 0
 			for range times {
@@ -183,7 +183,7 @@ func TestGracefulLeaveHandsMultiLimitCountersOn(t *testing.T) {
 // algorithm and admitted the limit again.
 func TestAnotherAlgorithmIsRefusedAcrossTheCluster(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		const key = "user:7"
 		owner, _ := c.Member("n1").Node.Ring().Owner(ring.Hash(LimitName, key))
 		via := "n1" // a node that forwards to the owner
@@ -217,7 +217,7 @@ func TestAnotherAlgorithmIsRefusedAcrossTheCluster(t *testing.T) {
 // missing from the limit.
 func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		const key, limit = "user:42", 100
 		owner, _ := c.Member("n1").Node.Ring().Table().Owner(ring.Hash(LimitName, key))
 		nodes := c.Up()
@@ -255,7 +255,7 @@ func TestThreeNodesAdmitExactlyTheLimit(t *testing.T) {
 // with shares of the keys that add up to the whole.
 func TestEveryNodeAgreesOnOwnersAndMembers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		names := c.Up()
 		first := c.Member(names[0]).Node.Ring().Table()
 		for k := range 1000 {
@@ -297,7 +297,7 @@ func TestEveryNodeAgreesOnOwnersAndMembers(t *testing.T) {
 // key unsettled and pulled it at its first check.)
 func TestHandoffToTheReplicaSettlesTheKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		r := NewRunner(c)
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)

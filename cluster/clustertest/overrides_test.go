@@ -48,7 +48,7 @@ func waitOverride(t *testing.T, c *Cluster, key string, want []bucket.Limit) tim
 // missed it does not bring it back.
 func TestOverridesReachEveryNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		lim := []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: 3, WindowMS: Window.Milliseconds()}}
 		if err := c.Crash("n3"); err != nil {
 			t.Fatal(err)
@@ -124,7 +124,7 @@ func (r staticRules) Hash() string                              { return "static
 func TestOverridePrecedence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rule := []bucket.Limit{{Algorithm: bucket.FixedWindow, Limit: 4, WindowMS: Window.Milliseconds()}}
-		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.Rules = staticRules{LimitName: rule} }}, "n1", "n2", "n3")
+		c := Formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.Rules = staticRules{LimitName: rule} }}, "n1", "n2", "n3")
 		byRule := func(key string) check.Request { return check.Request{Name: LimitName, Key: key, Hits: 1} }
 		count := func(r check.Request, n int) int {
 			got := 0

@@ -16,7 +16,7 @@ import (
 // and the key's newest version wins: it is at its limit everywhere.
 func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3", "n4")
+		c := Formed(t, Options{}, "n1", "n2", "n3", "n4")
 		sides := [][]string{{"n1", "n2"}, {"n3", "n4"}}
 		if err := c.Partition(sides...); err != nil {
 			t.Fatal(err)
@@ -77,7 +77,7 @@ func TestPartitionEachSideEnforcesThenMerges(t *testing.T) {
 // started from nothing: 16 admitted for a limit of 10.)
 func TestServeDecisionsBeforeDetectionCountOnTheirSide(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: func(cfg *cluster.Config) {
+		c := Formed(t, Options{Configure: func(cfg *cluster.Config) {
 			// No replication within the test: the decisions must reach
 			// the new owner through its settle, not through a replication
 			// that may come after it has decided (and the fixed window's

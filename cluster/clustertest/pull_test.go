@@ -35,7 +35,7 @@ func pullFrom(t *testing.T, c *Cluster, from, puller, pullerName, key string) bu
 // key and what n2 got.
 func pulledAfterThree(t *testing.T, c *Cluster, pullerName string) (string, bucket.Counter) {
 	t.Helper()
-	key := ownedBy(c, "n1", "n1", "k", 1)[0]
+	key := OwnedBy(c, "n1", "n1", "k", 1)[0]
 	if got := admitted(t, c, "n1", key, 10, 3); got != 3 {
 		t.Fatalf("%d of 3 admitted", got)
 	}
@@ -77,7 +77,7 @@ func wantTakenBack(t *testing.T, c *Cluster, owner, key string) {
 func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2")
+		c := Formed(t, Options{}, "n1", "n2")
 		key, pulled := pulledAfterThree(t, c, "n2")
 		h, k := ring.Hash(LimitName, key), writeback.Key{Name: LimitName, Key: key}
 		if !c.Member("n1").Node.Cache().Fenced(h, k, time.Now().UnixNano()) {
@@ -111,7 +111,7 @@ func TestPullReleasesAndTheOwnerTakesItBack(t *testing.T) {
 func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2")
+		c := Formed(t, Options{}, "n1", "n2")
 		key, pulled := pulledAfterThree(t, c, "n2-restarted")
 		decideTwoFromPulled(t, c, "n2", pulled)
 		wantTakenBack(t, c, "n1", key)
@@ -130,8 +130,8 @@ func TestPullByANodeNotYetKnownStillTakesItBack(t *testing.T) {
 func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
-		key := ownedBy(c, "n1", "n1", "k", 1)[0]
+		c := Formed(t, Options{}, "n1", "n2", "n3")
+		key := OwnedBy(c, "n1", "n1", "k", 1)[0]
 		if got := admitted(t, c, "n1", key, 10, 1); got != 1 {
 			t.Fatalf("%d of 1 admitted", got)
 		}
@@ -159,8 +159,8 @@ func TestStaleHandoffDoesNotEndARelease(t *testing.T) {
 // same count, and a rolling restart lost a hit in about one run in 50.)
 func TestLeavingNodeDoesNotTakeBackAPulledKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.LeavePropagation = 5 * time.Second }}, "n1", "n2", "n3")
-		key := ownedBy(c, "n1", "n1", "leave", 1)[0]
+		c := Formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.LeavePropagation = 5 * time.Second }}, "n1", "n2", "n3")
+		key := OwnedBy(c, "n1", "n1", "leave", 1)[0]
 		h := ring.Hash(LimitName, key)
 		if got := admitted(t, c, "n1", key, 100, 5); got != 5 {
 			t.Fatalf("%d of 5 admitted before the leave", got)
@@ -238,7 +238,7 @@ func (h *holdPull) Pull(ctx context.Context, addr string, keys []bucket.Counter,
 func TestCrossedPullsLeaveOneDecider(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hold := &holdPull{to: "peer-n1", answered: make(chan struct{}), release: make(chan struct{})}
-		c := formed(t, Options{
+		c := Formed(t, Options{
 			// No leases: each check is decided where the test sends it.
 			Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 },
 			Peers:     peersOf("n0", func(p cluster.Peers) cluster.Peers { hold.Peers = p; return hold }),
@@ -248,7 +248,7 @@ func TestCrossedPullsLeaveOneDecider(t *testing.T) {
 		}
 		n0 := c.Member("n0").Node
 		const limit = 5
-		key := ownedBy(c, "n1", "n1", "crossed:", 1)[0]
+		key := OwnedBy(c, "n1", "n1", "crossed:", 1)[0]
 		if got := admitted(t, c, "n1", key, limit, limit-1); got != limit-1 {
 			t.Fatalf("admitted %d of %d", got, limit-1)
 		}
@@ -315,7 +315,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 		hour := func(k string, hits int64) check.Request {
 			return check.Request{Name: LimitName, Key: k, Hits: hits, Limit: bucket.Limit{Limit: 100, WindowMS: 3_600_000}}
 		}
-		c = formed(t, Options{Configure: func(cfg *cluster.Config) {
+		c = Formed(t, Options{Configure: func(cfg *cluster.Config) {
 			// No replicas: a node that gains a key holds no copy of it
 			// to decide from, only what a pull brings.
 			cfg.Ring.ReplicationFactor = 1
@@ -333,7 +333,7 @@ func TestCheckRightAfterTheTableChangesPullsTheKey(t *testing.T) {
 				}
 			}
 		}}, "n0", "n1", "n2")
-		keys = ownedBy(c, "n0", "n0", "moved:", 40)
+		keys = OwnedBy(c, "n0", "n0", "moved:", 40)
 		for _, k := range keys {
 			if o := checkVia(t, c, "n0", hour(k, 5)); !o.Allowed() {
 				t.Fatalf("%s: %+v", k, o)

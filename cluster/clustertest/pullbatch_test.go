@@ -18,14 +18,14 @@ import (
 func TestBatchAfterJoinSettlesInOneRoundOfPulls(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2")
+		c := Formed(t, Options{}, "n1", "n2")
 		if err := c.Add("n3"); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Settle(); err != nil {
 			t.Fatal(err)
 		}
-		keys := ownedBy(c, "n3", "n3", "k", 100)
+		keys := OwnedBy(c, "n3", "n3", "k", 100)
 		reqs := make([]check.Request, len(keys))
 		for i, k := range keys {
 			reqs[i] = Request(k, 10, 1)

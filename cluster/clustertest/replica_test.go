@@ -57,7 +57,7 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 		// Once armed, the first call is held.
 		var armed atomic.Bool
 		g := newGatedReplicate(func(string, bool) bool { return armed.CompareAndSwap(true, false) })
-		c := formed(t, Options{
+		c := Formed(t, Options{
 			Configure: func(cfg *cluster.Config) {
 				if cfg.Config.Name == "n0" {
 					// The periodic round's send outlasts the first
@@ -68,7 +68,7 @@ func TestReplicateNowWaitsForTheRoundInFlight(t *testing.T) {
 			Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { g.Peers = p; return g }),
 		}, "n0", "n1", "n2")
 		n0 := c.Member("n0").Node
-		key := ownedBy(c, "n0", "n0", "replicated:", 1)[0]
+		key := OwnedBy(c, "n0", "n0", "replicated:", 1)[0]
 		h := ring.Hash(LimitName, key)
 		reps := n0.Ring().Replicas(h, nil)
 		if len(reps) != 2 {
@@ -121,7 +121,7 @@ func TestHandedKeyReachesTheNewReplica(t *testing.T) {
 		g := newGatedReplicate(func(addr string, handoff bool) bool { return !handoff && addr == n1Addr })
 		var left sync.Once
 		dropped := make(chan struct{})
-		c := formed(t, Options{
+		c := Formed(t, Options{
 			Peers: peersOf("n3", func(p cluster.Peers) cluster.Peers { g.Peers = p; return g }),
 			Configure: func(cfg *cluster.Config) {
 				if cfg.Config.Name == "n1" {
@@ -222,10 +222,10 @@ func TestChangesOfOneMomentGoInOneRound(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		log := &replicateLog{}
-		c := formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { log.Peers = p; return log })},
+		c := Formed(t, Options{Peers: peersOf("n0", func(p cluster.Peers) cluster.Peers { log.Peers = p; return log })},
 			"n0", "n1", "n2")
 		every := cluster.DefaultConfig().ReplicationInterval
-		keys := ownedBy(c, "n0", "n0", "moment-", 4)
+		keys := OwnedBy(c, "n0", "n0", "moment-", 4)
 		time.Sleep(3 * every) // idle: the last round is long past
 		synctest.Wait()
 		log.take()

@@ -28,12 +28,12 @@ func settleReq(key, id string, actual int64) check.Request {
 // estimate charges the excess.
 func TestReserveThenSettle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+		r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 		c := r.C
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
-		key := ownedBy(c, "n1", "n1", "llm", 1)[0]
+		key := OwnedBy(c, "n1", "n1", "llm", 1)[0]
 		rq := tokenReq(key, 1000)
 		rq.ReserveTTLMS = 60_000
 		o := checkVia(t, c, "n2", rq)
@@ -99,12 +99,12 @@ func TestReserveThenSettle(t *testing.T) {
 // not reserved.
 func TestSettleAfterTheOwnerCrashed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+		r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 		c := r.C
 		if err := r.pastMoveWindow(); err != nil {
 			t.Fatal(err)
 		}
-		key := ownedBy(c, "n1", "n1", "llm", 1)[0]
+		key := OwnedBy(c, "n1", "n1", "llm", 1)[0]
 		rq := tokenReq(key, 600)
 		rq.ReserveTTLMS = 60_000
 		o := checkVia(t, c, "n2", rq)

@@ -24,7 +24,7 @@ func TestResetReachesTheReplicas(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := NewRunner(formed(t, Options{}, "n1", "n2", "n3"))
+				r := NewRunner(Formed(t, Options{}, "n1", "n2", "n3"))
 				c := r.C
 				if err := r.pastMoveWindow(); err != nil {
 					t.Fatal(err)
@@ -38,7 +38,7 @@ func TestResetReachesTheReplicas(t *testing.T) {
 					}
 					return q
 				}
-				keys := ownedBy(c, "n1", "n1", "r", 4)
+				keys := OwnedBy(c, "n1", "n1", "r", 4)
 				for _, k := range keys {
 					if o := checkVia(t, c, "n2", req(k, limit)); !o.Allowed() || o.Owner != "n1" {
 						t.Fatalf("%s: the whole quota: %+v", k, o)

@@ -16,7 +16,7 @@ import (
 func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		var reqs []check.Request
 		for k := range 30 {
 			reqs = append(reqs, Request(fmt.Sprint("user:", k), 5, 1))
@@ -52,8 +52,8 @@ func TestBatchMixesLocalRemoteAndInvalid(t *testing.T) {
 func TestForwardedIsNeverForwardedAgain(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2")
-		key := ownedBy(c, "n1", "n2", "user:", 1)[0]
+		c := Formed(t, Options{}, "n1", "n2")
+		key := OwnedBy(c, "n1", "n2", "user:", 1)[0]
 		n1 := c.Member("n1").Node
 		before := c.Peers.Calls()
 		out, moved := make([]check.Outcome, 1), make([]string, 1)

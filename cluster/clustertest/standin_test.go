@@ -89,7 +89,7 @@ func TestOwnerPullsWhatAStandInDecidedForIt(t *testing.T) {
 func TestStandInAtAReleasedKeyPullsWhereItWent(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 }}, "n1", "n2", "n3")
+		c := Formed(t, Options{Configure: func(cfg *cluster.Config) { cfg.HotKeyThreshold = 0 }}, "n1", "n2", "n3")
 		const key, limit = "moved", 100
 		owner, _ := c.Member("n1").Node.Ring().Table().Owner(ring.Hash(LimitName, key))
 		var a, b, x *Member // the owner, and two members that do not own the key

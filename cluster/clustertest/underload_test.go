@@ -191,7 +191,7 @@ func TestMembershipChangesUnderConcurrentChecks(t *testing.T) {
 				if *underloadTrace {
 					opts.Log = slog.New(slog.NewTextHandler(trace, &slog.HandlerOptions{Level: slog.LevelDebug}))
 				}
-				c := formed(t, opts, "n1", "n2", "n3")
+				c := Formed(t, opts, "n1", "n2", "n3")
 				l := newUnderLoad(10, 20)
 				l.target(c, "n1", "n2", "n3")
 				l.start(seed, 8, 2*time.Millisecond)

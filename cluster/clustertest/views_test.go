@@ -56,7 +56,7 @@ func joinUnseenBy(t *testing.T, c *Cluster, deaf, via string, limit int64) []str
 func TestHandedKeyIsDecidedWhereItWasHanded(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		const limit = 100
 		// n1 hears no gossip: it does not see n4 join.
 		keys := joinUnseenBy(t, c, "n1", "n2", limit)
@@ -128,7 +128,7 @@ func TestHandedKeyIsDecidedWhereItWasHanded(t *testing.T) {
 func TestOwnerThatHasNotSeenAJoinDefersToTheJoiner(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		c := formed(t, Options{}, "n1", "n2", "n3")
+		c := Formed(t, Options{}, "n1", "n2", "n3")
 		const limit = 100
 		keys := joinUnseenBy(t, c, "n2", "n1", limit)
 		old, cur := c.Member("n2").Node.Ring().Table(), c.Member("n4").Node.Ring().Table()
