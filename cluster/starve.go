@@ -110,6 +110,13 @@ func (e *cpuEvidence) follow() {
 // process's /proc/self/cgroup, names: v1 (the cpu controller's hierarchy)
 // or v2 (the unified one).
 func openCgroupCPUStat(b []byte) (*os.File, bool, string) {
+	return cgroupCPUFile(b, "cpu.stat")
+}
+
+// cgroupCPUFile opens the file name of the CPU cgroup that b, the
+// process's /proc/self/cgroup, names, and says whether it is cgroup v2's
+// and which directory it is in; nil where there is none.
+func cgroupCPUFile(b []byte, name string) (*os.File, bool, string) {
 	var v2path string
 	for _, line := range strings.Split(string(b), "\n") {
 		// hierarchy-ID:controller-list:path
@@ -124,7 +131,7 @@ func openCgroupCPUStat(b []byte) (*os.File, bool, string) {
 		for _, c := range strings.Split(parts[1], ",") {
 			if c == "cpu" {
 				for _, dir := range []string{"/sys/fs/cgroup/" + parts[1], "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"} {
-					if f, err := os.Open(dir + parts[2] + "/cpu.stat"); err == nil {
+					if f, err := os.Open(dir + parts[2] + "/" + name); err == nil {
 						return f, false, dir + parts[2]
 					}
 				}
@@ -132,11 +139,77 @@ func openCgroupCPUStat(b []byte) (*os.File, bool, string) {
 		}
 	}
 	if v2path != "" {
-		if f, err := os.Open("/sys/fs/cgroup" + v2path + "/cpu.stat"); err == nil {
+		if f, err := os.Open("/sys/fs/cgroup" + v2path + "/" + name); err == nil {
 			return f, true, "/sys/fs/cgroup" + v2path
 		}
 	}
 	return nil, false, ""
+}
+
+// CPULimit returns the CPU this process's cgroup allows it, in cores, and
+// whether it has a limit: cgroup v2's cpu.max, or v1's cpu.cfs_quota_us
+// over cpu.cfs_period_us. Only the process's own cgroup is read, not its
+// ancestors (a container's runtime hides them), as Go's runtime does for
+// its default GOMAXPROCS.
+func CPULimit() (cores float64, ok bool) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0, false
+	}
+	f, v2, _ := cgroupCPUFile(self, "cpu.max")
+	if f == nil || !v2 {
+		if f != nil {
+			f.Close()
+		}
+		f, _, dir := cgroupCPUFile(self, "cpu.cfs_quota_us")
+		if f == nil {
+			return 0, false
+		}
+		f.Close()
+		quota, err1 := os.ReadFile(dir + "/cpu.cfs_quota_us")
+		period, err2 := os.ReadFile(dir + "/cpu.cfs_period_us")
+		if err1 != nil || err2 != nil {
+			return 0, false
+		}
+		return cpuLimitV1(quota, period)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 256))
+	if err != nil {
+		return 0, false
+	}
+	return cpuLimitV2(b)
+}
+
+// cpuLimitV2 reads cgroup v2's cpu.max ("QUOTA PERIOD" in µs, or "max
+// PERIOD" for none).
+func cpuLimitV2(b []byte) (float64, bool) {
+	q, rest, ok := cutField(b)
+	if !ok {
+		return 0, false
+	}
+	p, _, ok := cutField(rest)
+	if !ok {
+		return 0, false
+	}
+	return quotaOver(q, p)
+}
+
+// cpuLimitV1 reads cgroup v1's cpu.cfs_quota_us (-1 for none) and
+// cpu.cfs_period_us.
+func cpuLimitV1(quota, period []byte) (float64, bool) {
+	return quotaOver(bytes.TrimSpace(quota), bytes.TrimSpace(period))
+}
+
+// quotaOver is quota/period for two decimal counts of µs; a quota that is
+// not a positive count ("max", "-1") is no limit.
+func quotaOver(quota, period []byte) (float64, bool) {
+	q, ok1 := parseDecimal(quota)
+	p, ok2 := parseDecimal(period)
+	if !ok1 || !ok2 || q <= 0 || p <= 0 {
+		return 0, false
+	}
+	return float64(q) / float64(p), true
 }
 
 func (e *cpuEvidence) close() {

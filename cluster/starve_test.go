@@ -120,3 +120,43 @@ func BenchmarkCPUEvidenceSample(b *testing.B) {
 		e.sample()
 	}
 }
+
+// TestCPULimitParsers: cgroup v2's cpu.max and v1's quota and period give
+// the cores a process may use; "max", -1 and anything malformed mean no
+// limit.
+func TestCPULimitParsers(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{"20000 100000\n", 0.2, true},
+		{"150000 100000\n", 1.5, true},
+		{"max 100000\n", 0, false},
+		{"20000\n", 0, false},
+		{"", 0, false},
+		{"0 100000\n", 0, false},
+		{"20000 0\n", 0, false},
+		{"-5 100000\n", 0, false},
+	} {
+		if got, ok := cpuLimitV2([]byte(c.in)); got != c.want || ok != c.ok {
+			t.Errorf("cpu.max %q: %v, %v; want %v, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+	for _, c := range []struct {
+		quota, period string
+		want          float64
+		ok            bool
+	}{
+		{"20000\n", "100000\n", 0.2, true},
+		{"250000\n", "100000\n", 2.5, true},
+		{"-1\n", "100000\n", 0, false},
+		{"20000\n", "x\n", 0, false},
+		{"", "100000\n", 0, false},
+	} {
+		if got, ok := cpuLimitV1([]byte(c.quota), []byte(c.period)); got != c.want || ok != c.ok {
+			t.Errorf("cfs quota %q over period %q: %v, %v; want %v, %v", c.quota, c.period, got, ok, c.want, c.ok)
+		}
+	}
+}

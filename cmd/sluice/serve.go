@@ -209,6 +209,7 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, tracing tra
 	}
 	go sec.watch(ctx, f.secretsInterval)
 	defer startGCFloor(uint64(f.gcMinHeap))()
+	defer startSubCoreProcs(lg)()
 	if f.rulesPath != "" {
 		w, err := rules.NewWatcher(f.rulesPath, lg, f.rulesInterval)
 		if err != nil {
