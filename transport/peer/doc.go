@@ -59,7 +59,7 @@
 //
 // PeerClient keeps one lazily made grpc.ClientConn per peer address. Forwards
 // to one peer are batched without a timer: if fewer than MaxInFlight
-// (default 1) batches are on the wire to that peer, a Forward goes at once on
+// (default 4) batches are on the wire to that peer, a Forward goes at once on
 // the caller's goroutine; otherwise it queues, and whichever batch finishes
 // next sends the whole queue (up to MaxBatch, default 1000 items) as one RPC.
 // A lone caller pays one round trip; under load the number of RPCs follows the

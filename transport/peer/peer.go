@@ -38,12 +38,17 @@ const (
 	// may be silent before the client pings it (gRPC's minimum is 10 s).
 	PeerKeepaliveTime = 10 * time.Second
 	// DefaultMaxInFlight is how many batches may be on the wire to one peer
-	// at once. One batch per peer gives the fewest RPCs and the most checks
-	// per second on 2 cores (BenchmarkForwardParallel on the stream,
-	// 2026-11-25: about 10.3 µs/op and 0.28 RPCs per forward at 1, 10.4 and
-	// 0.46 at 2, 12.7 and 0.72 at 4); more can help when the round trip,
-	// not the CPU, dominates.
-	DefaultMaxInFlight = 1
+	// at once. One batch per peer gives the fewest RPCs when the peer
+	// answers at once (BenchmarkForwardParallel on the stream, 2026-11-29:
+	// 10.4–12.9 µs of CPU and 0.26 RPCs per forward at 1, 12.3–13.1 µs and
+	// 0.72 at 4), but a peer that answers late holds every forward queued
+	// behind its one batch for a second round trip: at a CPU quota, nodes
+	// throttled for most of each period, forwards timed out and were stood
+	// in for. In sidecar capacity rounds of 8 nodes at 0.2 core
+	// (test/capacity.sh, 2026-11-29), 4 in flight answered 148,000–164,000
+	// checks/s with 535–1,852 stand-ins, against 102,000–120,000 and
+	// 12,770–23,181 at 1.
+	DefaultMaxInFlight = 4
 	// DefaultMaxCounters is the most counters (or keys) PeerClient puts in
 	// one Replicate or Pull RPC: with small states a few hundred KiB, well
 	// under the receiver's 4 MiB message limit.
