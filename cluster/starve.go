@@ -156,29 +156,27 @@ func CPULimit() (cores float64, ok bool) {
 	if err != nil {
 		return 0, false
 	}
-	f, v2, _ := cgroupCPUFile(self, "cpu.max")
-	if f == nil || !v2 {
-		if f != nil {
-			f.Close()
+	if f, v2, _ := cgroupCPUFile(self, "cpu.max"); f != nil {
+		if b, err := readAndClose(f); v2 && err == nil {
+			return cpuLimitV2(b)
 		}
-		f, _, dir := cgroupCPUFile(self, "cpu.cfs_quota_us")
-		if f == nil {
-			return 0, false
-		}
-		f.Close()
-		quota, err1 := os.ReadFile(dir + "/cpu.cfs_quota_us")
-		period, err2 := os.ReadFile(dir + "/cpu.cfs_period_us")
-		if err1 != nil || err2 != nil {
-			return 0, false
-		}
-		return cpuLimitV1(quota, period)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 256))
-	if err != nil {
+	f, _, dir := cgroupCPUFile(self, "cpu.cfs_quota_us")
+	if f == nil {
 		return 0, false
 	}
-	return cpuLimitV2(b)
+	quota, err1 := readAndClose(f)
+	period, err2 := os.ReadFile(dir + "/cpu.cfs_period_us")
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return cpuLimitV1(quota, period)
+}
+
+// readAndClose reads a small cgroup file (at most 256 bytes) and closes it.
+func readAndClose(f *os.File) ([]byte, error) {
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 256))
 }
 
 // cpuLimitV2 reads cgroup v2's cpu.max ("QUOTA PERIOD" in µs, or "max
